@@ -1,0 +1,86 @@
+"""The contract between the HTTP server and chat-completion compaction.
+
+The server owns sockets, headers and streaming; the compaction side owns parsing, state and the engine. They meet
+here: the server hands over an `IncomingChat` and gets back a `ForwardPlan` saying what to send upstream; when the
+upstream has answered, the server reports the outcome with `ChatOutcome` so usage can anchor the next estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class IncomingChat:
+    """A chat-completion request as the client sent it.
+
+    :param body: The raw request body, exactly as received.
+    :param headers: The client's request headers (case-insensitive mapping).
+    :param path: The request path, e.g. `/v1/chat/completions` or an Azure deployment path.
+    """
+
+    body: bytes
+    headers: Mapping[str, str]
+    path: str
+
+
+@dataclass
+class ForwardPlan:
+    """What the server forwards upstream for one chat completion, and how it relays the answer.
+
+    :param body: The body to send upstream: the client's own bytes when nothing was changed.
+    :param response_headers: Headers to add to the response the client receives (what compaction did).
+    :param stream: Whether the request asked for a streamed (SSE) response.
+    :param strip_usage_chunk: The proxy asked the upstream for a usage chunk the client did not ask for, so the
+        server must drop the usage-only final chunk from the stream it relays.
+    :param context: Opaque state the compaction side needs back in `ChatOutcome`.
+    """
+
+    body: bytes
+    response_headers: dict[str, str] = field(default_factory=dict)
+    stream: bool = False
+    strip_usage_chunk: bool = False
+    context: Any = None
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What the upstream answered to a forwarded chat completion.
+
+    :param status: The upstream's HTTP status.
+    :param usage: The `usage` object the upstream reported (final chunk when streaming), if any.
+    :param reply: The assistant message of the first choice, reassembled from the deltas when streaming:
+        `{"role": "assistant", "content": ..., "tool_calls": [...]}`; None when there was none.
+    :param error_body: The parsed JSON error body of a non-2xx answer, if it was JSON.
+    """
+
+    status: int
+    usage: Mapping[str, Any] | None = None
+    reply: Mapping[str, Any] | None = None
+    error_body: Mapping[str, Any] | None = None
+
+
+class ChatCompaction(Protocol):
+    """Decides what the upstream receives for each chat completion and learns from what it answers."""
+
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+        """Return what to forward for this request. Must never raise: on any internal error, forward as received."""
+        ...
+
+    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+        """Record the upstream's answer; return a plan to retry with (once) after a context overflow, else None."""
+        ...
+
+
+class PassThrough:
+    """A `ChatCompaction` that changes nothing: forwards every request as received and learns nothing."""
+
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+        """Forward the client's bytes unchanged."""
+        return ForwardPlan(body=chat.body)
+
+    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+        """Never retry."""
+        return None
