@@ -1,0 +1,20 @@
+"""Compaction strategies, each usable alone or in an ordered `CompactionChain`."""
+
+from proxy.engine.strategies.base import Strategy
+from proxy.engine.strategies.chain import CompactionChain, CompactionResult
+from proxy.engine.strategies.middle_out import MiddleOut
+from proxy.engine.strategies.sliding_window import SlidingWindow
+from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
+from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+
+__all__ = [
+    "CompactionChain",
+    "CompactionResult",
+    "MiddleOut",
+    "SlidingWindow",
+    "Strategy",
+    "Summarization",
+    "Summarizer",
+    "SummaryRequest",
+    "ToolResultPruning",
+]

@@ -1,0 +1,42 @@
+"""What every compaction strategy is: given a transcript and a target, an edit plan or None."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from proxy.engine.plan import EditPlan
+from proxy.engine.transcript import Transcript
+
+
+class Strategy(ABC):
+    """A way of making a conversation smaller.
+
+    Every strategy keeps the engine's invariants: leading instructions and the latest real user message survive,
+    tool calls and their results are kept or removed together, the input is never mutated, and `plan` returns None
+    unless the conversation gets smaller. `target_tokens` is a goal, not a guarantee: a strategy that cannot reach it
+    gets as close as its rules allow.
+    """
+
+    name: ClassVar[str]
+
+    def plan(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        """An edit plan that brings `transcript` toward `target_tokens` message tokens, or None.
+
+        None when the transcript is already at or under the target, when there is nothing this strategy may change,
+        or when its changes would not make the conversation smaller.
+        """
+        if transcript.total() <= target_tokens:
+            return None
+        return shrinking(transcript, self._propose(transcript, target_tokens))
+
+    @abstractmethod
+    def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        """The strategy's own plan for an over-target transcript, before the shrinkage check."""
+
+
+def shrinking(transcript: Transcript, plan: EditPlan | None) -> EditPlan | None:
+    """`plan` if it makes the transcript smaller, else None."""
+    if plan is None or plan.is_identity:
+        return None
+    return plan if transcript.edited(plan).total() < transcript.total() else None

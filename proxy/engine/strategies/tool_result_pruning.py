@@ -1,0 +1,108 @@
+"""Tool-result pruning: older large tool results give way to a short placeholder; the conversation keeps its shape."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.engine.grouping import agent_step_groups
+from proxy.engine.messages import is_tool_result, tool_calls_of, tool_name_of_call
+from proxy.engine.plan import Created, EditPlan, Entry, Kept
+from proxy.engine.strategies.base import Strategy
+from proxy.engine.transcript import Transcript, created
+
+DEFAULT_PLACEHOLDER = "[This tool result was removed to free up context. Call `{tool_name}` again if you need it.]"
+
+
+class ToolResultPruning(Strategy):
+    """Replaces the content of older tool results, oldest first, until the conversation reaches the target.
+
+    Tool output dominates a long agent run and mostly stops mattering once the model has acted on it. Rewriting the
+    result in place keeps every call paired with a result, so the model still sees what it ran and can run it again.
+
+    :param min_keep_steps: How many of the newest tool-calling steps keep their results untouched. At least 1: the
+        latest results are what the model is about to act on.
+    :param min_tokens: Only results larger than this many tokens are pruned; small ones cost little to keep.
+    :param placeholder: The text left in place of a result; `{tool_name}` is replaced by the tool's name.
+    :param skip_meta_keys: Results whose metadata holds any of these keys are left alone (for example results a
+        Haystack `ToolResultOffloadHook` already replaced with a reference the model needs to read them back).
+    :raises ValueError: If `min_keep_steps` is below 1 or `min_tokens` is negative.
+    """
+
+    name = "tool_result_pruning"
+
+    def __init__(
+        self,
+        *,
+        min_keep_steps: int = 1,
+        min_tokens: int = 200,
+        placeholder: str = DEFAULT_PLACEHOLDER,
+        skip_meta_keys: tuple[str, ...] = ("tool_result_offloaded",),
+    ) -> None:
+        if min_keep_steps < 1:
+            raise ValueError(
+                f"`min_keep_steps` must be at least 1, got {min_keep_steps}. The most recent tool-calling step "
+                f"contains results the model may still need."
+            )
+        if min_tokens < 0:
+            raise ValueError(f"`min_tokens` must be at least 0, got {min_tokens}.")
+        self.min_keep_steps = min_keep_steps
+        self.min_tokens = min_tokens
+        self.placeholder = placeholder
+        self.skip_meta_keys = tuple(skip_meta_keys)
+
+    def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        result_steps = [group[1:] for group in agent_step_groups(transcript, 0) if len(group) > 1]
+        protected = {index for step in result_steps[-self.min_keep_steps :] for index in step}
+        current = transcript.total()
+        entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
+        changed = False
+        for index in range(len(transcript)):
+            if index in protected or not self._prunable(transcript, index):
+                continue
+            replacement = self._pruned(transcript, index)
+            saved = transcript.tokens(index) - transcript.counter.message_tokens(replacement.message)
+            if saved <= 0:
+                continue
+            entries[index] = replacement
+            current -= saved
+            changed = True
+            if current <= target_tokens:
+                break
+        return EditPlan(len(transcript), tuple(entries)) if changed else None
+
+    def _prunable(self, transcript: Transcript, index: int) -> bool:
+        message = transcript.messages[index]
+        return (
+            is_tool_result(message)
+            and transcript.marker(index) is None
+            and not any(key in transcript.meta[index] for key in self.skip_meta_keys)
+            and transcript.tokens(index) > self.min_tokens
+        )
+
+    def _pruned(self, transcript: Transcript, index: int) -> Created:
+        message = transcript.messages[index]
+        text = self.placeholder.replace("{tool_name}", _tool_name(transcript, index))
+        return created(
+            {**message, "content": text},
+            self.name,
+            replacing=index,
+            base_meta=transcript.meta[index],
+            original_tokens=transcript.tokens(index),
+        )
+
+
+def _tool_name(transcript: Transcript, index: int) -> str:
+    """The name of the tool whose result is at `index`: from the call it answers, or a legacy message's `name`."""
+    message: Mapping[str, Any] = transcript.messages[index]
+    name = message.get("name")
+    if isinstance(name, str) and name:
+        return name
+    call_id = message.get("tool_call_id")
+    for position in reversed(range(index)):
+        if transcript.role(position) == "assistant":
+            for call in tool_calls_of(transcript.messages[position]):
+                if call.get("id") == call_id:
+                    return tool_name_of_call(call)
+            break
+    return "the tool"

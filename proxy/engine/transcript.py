@@ -1,0 +1,106 @@
+"""The conversation as compactors see it: messages, their metadata, and their token counts, counted once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from proxy.engine.counting import TokenCounter
+from proxy.engine.messages import Message
+from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
+
+_NO_META: Mapping[str, Any] = {}
+
+
+class Transcript:
+    """A read-only view of a conversation with lazily counted, remembered per-message token counts.
+
+    :param messages: The conversation, oldest first, as OpenAI dicts. Never modified.
+    :param counter: Measures each message (once per transcript; the counter caches across transcripts too).
+    :param meta: Per-message metadata from the front end: the Haystack hook passes each `ChatMessage.meta`, the
+        proxy the markers of the messages its earlier compactions created. Compactors recognize their own (and
+        Haystack's) notes and summaries by `COMPACTION_META_KEY`.
+    """
+
+    __slots__ = ("_tokens", "counter", "messages", "meta")
+
+    def __init__(
+        self,
+        messages: Sequence[Message],
+        counter: TokenCounter,
+        meta: Sequence[Mapping[str, Any]] | None = None,
+        tokens: Sequence[int | None] | None = None,
+    ) -> None:
+        if meta is not None and len(meta) != len(messages):
+            raise ValueError(f"Got {len(meta)} metadata entries for {len(messages)} messages.")
+        self.messages = messages
+        self.counter = counter
+        self.meta: Sequence[Mapping[str, Any]] = meta if meta is not None else [_NO_META] * len(messages)
+        self._tokens: list[int | None] = list(tokens) if tokens is not None else [None] * len(messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def tokens(self, index: int) -> int:
+        """Tokens of the message at `index`."""
+        count = self._tokens[index]
+        if count is None:
+            count = self._tokens[index] = self.counter.message_tokens(self.messages[index])
+        return count
+
+    def tokens_of(self, indices: Iterable[int]) -> int:
+        """Tokens of the messages at `indices`."""
+        return sum(self.tokens(index) for index in indices)
+
+    def total(self) -> int:
+        """Tokens of all messages (without the request's fixed overhead)."""
+        return self.tokens_of(range(len(self.messages)))
+
+    def role(self, index: int) -> str:
+        """The role of the message at `index`."""
+        role = self.messages[index].get("role")
+        return role if isinstance(role, str) else ""
+
+    def marker(self, index: int) -> Mapping[str, Any] | None:
+        """The compaction marker of the message at `index`, or None when compaction did not create it."""
+        marker = self.meta[index].get(COMPACTION_META_KEY)
+        return marker if isinstance(marker, Mapping) else None
+
+    def created_by(self, index: int, strategy: str) -> bool:
+        """Whether `strategy` created the message at `index`."""
+        marker = self.marker(index)
+        return marker is not None and marker.get("strategy") == strategy
+
+    def edited(self, plan: EditPlan) -> Transcript:
+        """The transcript the plan produces, keeping the counts already known for the messages it keeps."""
+        messages: list[Message] = []
+        meta: list[Mapping[str, Any]] = []
+        tokens: list[int | None] = []
+        for entry in plan.entries:
+            if isinstance(entry, Kept):
+                messages.append(self.messages[entry.index])
+                meta.append(self.meta[entry.index])
+                tokens.append(self._tokens[entry.index])
+            else:
+                messages.append(entry.message)
+                meta.append(entry.meta)
+                tokens.append(None)
+        return Transcript(messages, self.counter, meta, tokens)
+
+
+def created(
+    message: Message,
+    strategy: str,
+    *,
+    replacing: int | None = None,
+    base_meta: Mapping[str, Any] | None = None,
+    **details: Any,
+) -> Created:
+    """A `Created` entry marked with `strategy` and its details, carrying over `base_meta` (a replaced message's)."""
+    marker = {"strategy": strategy, **details}
+    return Created(message=message, meta={**(base_meta or {}), COMPACTION_META_KEY: marker}, replaces=replacing)
+
+
+def plan_of(transcript: Transcript, entries: Sequence[Kept | Created]) -> EditPlan:
+    """An edit plan over `transcript`."""
+    return EditPlan(len(transcript), tuple(entries))

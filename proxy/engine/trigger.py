@@ -1,0 +1,121 @@
+"""When to compact, and to what size: the one decision the proxy and the hook share.
+
+The estimate anchors on what the provider reported: its count for a prefix of the conversation (which already
+includes the system prompt, tool schemas and chat-template overhead as the provider sees them) plus a local count of
+the messages appended since. With no report, everything is counted locally. Compaction starts when the estimate
+reaches `compact_at` of the window and aims at `compact_to` of it, less what is not messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.engine.transcript import Transcript
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The window and the two fractions of it that drive compaction.
+
+    :param context_window: The model's context window in tokens.
+    :param compact_at: The fraction of the window at which compaction starts. Leave room above it for the reply and
+        the tool results it triggers, which land on top of what was measured.
+    :param compact_to: The fraction of the window compaction brings the conversation down to. Lower means compacting
+        less often but losing more each time.
+    :raises ValueError: If `context_window` is not positive or the fractions are not `0 < compact_to < compact_at <= 1`.
+    """
+
+    context_window: int
+    compact_at: float = 0.7
+    compact_to: float = 0.4
+
+    def __post_init__(self) -> None:
+        if self.context_window < 1:
+            raise ValueError(f"`context_window` must be a positive number of tokens, got {self.context_window}.")
+        if not 0 < self.compact_to < self.compact_at <= 1:
+            raise ValueError(
+                f"`compact_at` and `compact_to` must satisfy 0 < compact_to < compact_at <= 1, got "
+                f"compact_at={self.compact_at} and compact_to={self.compact_to}. A target at or above the trigger "
+                f"would leave the conversation over the trigger after compacting, so it would be attempted again "
+                f"every step."
+            )
+
+    @property
+    def trigger_tokens(self) -> float:
+        """The estimate at which compaction starts."""
+        return self.context_window * self.compact_at
+
+    def target_tokens(self, overhead_tokens: int) -> int:
+        """The message budget compaction aims for: `compact_to` of the window less the non-message overhead."""
+        return max(int(self.context_window * self.compact_to) - overhead_tokens, 0)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A provider-reported token count for the first `covered` messages of a conversation, overhead included."""
+
+    tokens: int
+    covered: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to compact, and the numbers behind it.
+
+    :param estimated_tokens: The estimated size of the request (an upper bound when `bounded`).
+    :param compact: Whether the estimate reached the trigger.
+    :param target_tokens: The message budget for compaction (0 when not compacting).
+    :param overhead_tokens: The estimated non-message part of the request.
+    :param bounded: The estimate is a cheap upper bound that was already clearly under the trigger, so nothing was
+        tokenized.
+    """
+
+    estimated_tokens: int
+    compact: bool
+    target_tokens: int = 0
+    overhead_tokens: int = 0
+    bounded: bool = False
+
+
+def estimate_tokens(transcript: Transcript, overhead_tokens: int, anchor: Anchor | None = None) -> int:
+    """The request's estimated size: the anchor plus the messages after it, or a full local count without one."""
+    if anchor is None or anchor.tokens <= 0:
+        return transcript.total() + overhead_tokens
+    covered = min(anchor.covered, len(transcript))
+    return anchor.tokens + transcript.tokens_of(range(covered, len(transcript)))
+
+
+def decide(
+    thresholds: Thresholds, transcript: Transcript, overhead_tokens: int, anchor: Anchor | None = None
+) -> Decision:
+    """Decide whether the conversation needs compacting, and to what message budget.
+
+    Before any tokenizing, a cheap upper bound (UTF-8 bytes for BPE counters) is compared with the trigger: a request
+    clearly under it is decided without counting.
+    """
+    bound = _upper_bound(transcript, overhead_tokens, anchor)
+    if bound < thresholds.trigger_tokens:
+        return Decision(estimated_tokens=bound, compact=False, bounded=True)
+    estimated = estimate_tokens(transcript, overhead_tokens, anchor)
+    if estimated < thresholds.trigger_tokens:
+        return Decision(estimated_tokens=estimated, compact=False)
+    # With an anchor, whatever the provider counted beyond our message counts is overhead: tool schemas, template.
+    overhead = estimated - transcript.total() if anchor is not None and anchor.tokens > 0 else overhead_tokens
+    return Decision(
+        estimated_tokens=estimated,
+        compact=True,
+        target_tokens=thresholds.target_tokens(overhead),
+        overhead_tokens=overhead,
+    )
+
+
+def _upper_bound(transcript: Transcript, overhead_tokens: int, anchor: Anchor | None) -> int:
+    start = 0
+    bound = overhead_tokens
+    if anchor is not None and anchor.tokens > 0:
+        start = min(anchor.covered, len(transcript))
+        bound = anchor.tokens
+    counter = transcript.counter
+    return bound + sum(
+        counter.message_upper_bound(transcript.messages[index]) for index in range(start, len(transcript))
+    )
