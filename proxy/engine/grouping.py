@@ -75,7 +75,7 @@ def historical_turn_groups(transcript: Transcript, instructions_end: int, task_i
         if transcript.role(index) == "user" and transcript.marker(index) is None
     ]
     ends = [*starts[1:], history_end]
-    return [list(range(start, end)) for start, end in zip(starts, ends, strict=True)]
+    return [list(range(start, end)) for start, end in zip(starts, ends, strict=False)]
 
 
 def flatten(groups: list[Group]) -> list[int]:

@@ -62,16 +62,20 @@ class SlidingWindow(Strategy):
             # Swapping an earlier note for a new one frees nothing.
             return None
         entries: list[Entry] = [Kept(index) for index in split.kept]
-        if self.omission_note:
-            note_text = self.omission_note.replace(NUM_REMOVED_PLACEHOLDER, str(len(split.removed)))
-            note = created(
-                {"role": "user", "content": note_text},
-                self.name,
-                removed_messages=len(split.removed),
-                kept_messages=len(split.kept),
-            )
-            entries.insert(split.note_position, note)
+        note = self._note(len(split.removed))
+        if note:
+            marked = created(note, self.name, removed_messages=len(split.removed), kept_messages=len(split.kept))
+            entries.insert(split.note_position, marked)
         return EditPlan(len(transcript), tuple(entries))
+
+    def _note(self, num_removed: int) -> dict[str, str] | None:
+        if not self.omission_note:
+            return None
+        return {"role": "user", "content": self.omission_note.replace(NUM_REMOVED_PLACEHOLDER, str(num_removed))}
+
+    def _note_tokens(self, transcript: Transcript) -> int:
+        note = self._note(len(transcript))
+        return transcript.counter.message_tokens(note) if note else 0
 
     def _is_note(self, transcript: Transcript, index: int) -> bool:
         return transcript.role(index) == "user" and transcript.created_by(index, self.name)
@@ -86,7 +90,8 @@ class SlidingWindow(Strategy):
             for group in historical_turn_groups(transcript, instructions_end, task_index)
         ]
         steps = current_step_groups(transcript, instructions_end, task_index)
-        budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task])
+        # The note is part of what must fit: reserve room for it, sized for the most messages it could report.
+        budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task]) - self._note_tokens(transcript)
 
         task_tokens = transcript.tokens_of(flatten(steps))
         if task_tokens > budget:
