@@ -1,0 +1,98 @@
+"""The outermost middleware: one access-log line and the metrics per request; no traceback ever reaches a client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.server.errors import internal_error
+from proxy.server.keys import METRICS, RECORD, SETTINGS
+from proxy.server.logging import ACCESS_LOGGER, SERVER_LOGGER
+from proxy.server.record import RequestRecord
+from proxy.server.routes import RouteKind, route_kind
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+server_log = logging.getLogger(SERVER_LOGGER)
+
+MAX_CONVERSATION_ID = 200
+"""Longest conversation id logged (characters); the rest is cut."""
+
+CLIENT_CLOSED = 499
+"""Status recorded when the client went away before any response was sent (nginx's convention)."""
+
+
+def _conversation_id(request: web.Request, header: str) -> str | None:
+    value = request.headers.get(header)
+    if value is None:
+        return None
+    return "".join(char for char in value[:MAX_CONVERSATION_ID] if char.isprintable())
+
+
+@web.middleware
+async def accounting(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Create the request's `RequestRecord`, run the handler, then log one line and update the metrics."""
+    settings = request.app[SETTINGS]
+    metrics = request.app[METRICS]
+    record = RequestRecord(
+        method=request.method,
+        route=route_kind(request.method, request.path),
+        conversation_id=_conversation_id(request, settings.conversation_header),
+    )
+    request[RECORD] = record
+    metrics.in_flight.inc()
+    try:
+        response = await handler(request)
+        record.status = response.status
+        return response
+    except web.HTTPException as exc:
+        record.status = exc.status
+        raise
+    except asyncio.CancelledError:
+        if record.status is None:
+            record.status = CLIENT_CLOSED
+        record.client_disconnected = True
+        raise
+    except Exception:
+        server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route.value}})
+        record.status = 500
+        record.error = record.error or "internal"
+        return internal_error()
+    finally:
+        metrics.in_flight.dec()
+        _account(request, record)
+
+
+def _account(request: web.Request, record: RequestRecord) -> None:
+    metrics = request.app[METRICS]
+    elapsed = record.elapsed()
+    route = record.route.value
+    metrics.requests.labels(route=route, status=str(record.status)).inc()
+    metrics.request_duration.labels(route=route).observe(elapsed)
+    if record.upstream_latency is not None:
+        metrics.upstream_latency.labels(route=route).observe(record.upstream_latency)
+    if record.error in ("unreachable", "timeout", "broken_stream"):
+        metrics.upstream_errors.labels(kind=record.error).inc()
+    fields = {
+        "method": record.method,
+        "path": request.rel_url.raw_path,
+        "route": route,
+        "status": record.status,
+        "upstream_status": record.upstream_status,
+        "latency_ms": round(elapsed * 1000, 1),
+        "upstream_latency_ms": None if record.upstream_latency is None else round(record.upstream_latency * 1000, 1),
+        "bytes_in": record.bytes_in,
+        "bytes_out": record.bytes_out,
+        "conversation_id": record.conversation_id,
+        "retried": record.retried or None,
+        "stripped_usage": record.stripped_usage or None,
+        "fail_open": ",".join(record.fail_open) or None,
+        "client_disconnected": record.client_disconnected or None,
+        "error": record.error,
+    }
+    level = logging.DEBUG if record.route is RouteKind.INTERNAL else logging.INFO
+    access_log.log(
+        level, "request", extra={"fields": {key: value for key, value in fields.items() if value is not None}}
+    )

@@ -1,0 +1,89 @@
+"""The app factory and its lifecycle: one pooled upstream client for the app's lifetime, readiness, routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.chat.exchange import ChatCompaction, PassThrough
+from proxy.config import Settings
+from proxy.server import health
+from proxy.server.accounting import accounting
+from proxy.server.forwarding import proxy_request
+from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
+from proxy.server.metrics import ProxyMetrics
+from proxy.server.readiness import Readiness
+from proxy.server.upstream import Upstream
+
+HANDLER_ARGS: dict[str, Any] = {
+    # Request bodies are forwarded as they came: never inflate a gzip-encoded upload.
+    "auto_decompress": False,
+    # A client that goes away cancels its handler, which closes the upstream response and stops the generation.
+    "handler_cancellation": True,
+    # The accounting middleware writes the access log (structured, without credentials).
+    "access_log": None,
+}
+"""Connection-handler options; set on the app, so they hold however it is run (AppRunner, TestServer, run_app)."""
+
+
+def create_app(
+    settings: Settings, chat: ChatCompaction | None = None, *, registry: CollectorRegistry | None = None
+) -> web.Application:
+    """Return the proxy as an aiohttp application.
+
+    :param settings: The validated settings.
+    :param chat: Decides what each chat completion forwards; `PassThrough` (forward as received) when None. If it
+        has a `register_metrics(registry)` method, that is called once here with the app's registry; if it has an
+        async `aclose()`, that is awaited when the app cleans up.
+    :param registry: The Prometheus registry `/metrics` serves; a fresh one per app when None.
+    """
+    metrics = ProxyMetrics(registry)
+    compaction: ChatCompaction = chat if chat is not None else PassThrough()
+    register_metrics = getattr(compaction, "register_metrics", None)
+    if callable(register_metrics):
+        register_metrics(metrics.registry)
+
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[accounting], handler_args=HANDLER_ARGS)
+    app[SETTINGS] = settings
+    app[CHAT] = compaction
+    app[METRICS] = metrics
+    app[READINESS] = Readiness()
+    health.add_routes(app)
+    app.router.add_route("*", "/{tail:.*}", proxy_request)
+    app.cleanup_ctx.append(_upstream_client)
+    app.on_startup.append(_ready)
+    app.on_shutdown.append(_stopping)
+    app.on_cleanup.append(_close_chat)
+    return app
+
+
+def runner_options(settings: Settings) -> dict[str, Any]:
+    """Options for `web.AppRunner` (or `run_app`) that the settings decide: the graceful-shutdown window."""
+    return {"shutdown_timeout": settings.shutdown_grace_seconds}
+
+
+async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
+    """Create the pooled upstream session on startup; close it on cleanup, after in-flight requests are done."""
+    session = Upstream.create_session(app[SETTINGS])
+    app[UPSTREAM] = Upstream(app[SETTINGS], session)
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+async def _ready(app: web.Application) -> None:
+    app[READINESS].started()
+
+
+async def _stopping(app: web.Application) -> None:
+    app[READINESS].stopping()
+
+
+async def _close_chat(app: web.Application) -> None:
+    aclose = getattr(app[CHAT], "aclose", None)
+    if callable(aclose):
+        await aclose()

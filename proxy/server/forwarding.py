@@ -1,0 +1,82 @@
+"""The catch-all route: everything that is not a chat completion is forwarded as-is, streamed both ways."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from yarl import URL
+
+from proxy.server import errors
+from proxy.server.chat import handle_chat
+from proxy.server.headers import upstream_request_headers
+from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
+from proxy.server.record import RequestRecord
+from proxy.server.relay import finish, pump, start_response
+from proxy.server.routes import is_chat_completion, safe_raw_path
+from proxy.server.upstream import UpstreamError, UpstreamTimeout
+
+
+class _BodyTooLarge(Exception):
+    """The client's streamed body passed `max_body_bytes`."""
+
+
+async def _client_body(request: web.Request, limit: int, record: RequestRecord) -> AsyncIterator[bytes]:
+    """Yield the client's body as it arrives, counting it and stopping at `limit`."""
+    async for chunk in request.content.iter_any():
+        record.bytes_in += len(chunk)
+        if record.bytes_in > limit:
+            raise _BodyTooLarge
+        yield chunk
+
+
+def upstream_error_response(request: web.Request, exc: UpstreamError) -> web.Response:
+    """Record a transport failure before any response was sent, and answer 502 or 504 OpenAI-style."""
+    request[RECORD].error = exc.kind
+    if isinstance(exc, UpstreamTimeout):
+        return errors.upstream_timeout(str(exc))
+    return errors.upstream_unreachable(str(exc))
+
+
+async def proxy_request(request: web.Request) -> web.StreamResponse:
+    """Handle any request: refuse unsafe paths, hand chat completions to `handle_chat`, forward the rest."""
+    raw_path = safe_raw_path(request.rel_url.raw_path)
+    if raw_path is None:
+        request[RECORD].error = "bad_path"
+        return errors.bad_path()
+    target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
+    if is_chat_completion(request.method, request.path):
+        return await handle_chat(request, target)
+    return await forward(request, target)
+
+
+async def forward(request: web.Request, target: URL) -> web.StreamResponse:
+    """Forward the request unchanged to `target` and relay the answer unchanged."""
+    settings = request.app[SETTINGS]
+    upstream = request.app[UPSTREAM]
+    record = request[RECORD]
+    limit = settings.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        record.error = "too_large"
+        return errors.too_large(limit)
+    body = _client_body(request, limit, record) if request.body_exists else None
+    sent = time.perf_counter()
+    try:
+        async with upstream.request(
+            request.method, target, upstream_request_headers(request.headers), body
+        ) as response:
+            record.upstream_latency = time.perf_counter() - sent
+            record.upstream_status = response.status
+            if record.bytes_in > limit:
+                record.error = "too_large"
+                return errors.too_large(limit)
+            out = await start_response(request, response)
+            if await pump(request, out, response):
+                await finish(request, out)
+            return out
+    except UpstreamError as exc:
+        if record.bytes_in > limit:
+            record.error = "too_large"
+            return errors.too_large(limit)
+        return upstream_error_response(request, exc)

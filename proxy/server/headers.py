@@ -1,0 +1,85 @@
+"""Which headers cross the proxy: hop-by-hop headers (RFC 9110 section 7.6.1) stop here, everything else passes.
+
+A transparent proxy must not forward headers that describe one connection (its framing, keep-alive, upgrades,
+proxy credentials) to the next one, and must let the upstream see its own Host. Everything end-to-end, including
+`Authorization`, `api-key`, `Content-Encoding` and the upstream's `retry-after`, `x-ratelimit-*` and `openai-*`
+answers, is copied as-is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {"connection", "keep-alive", "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection"}
+)
+"""Hop-by-hop header names (lower case); every `Proxy-*` header and whatever `Connection` lists are dropped too."""
+
+REQUEST_ONLY_DROPS: frozenset[str] = frozenset({"host", "expect"})
+"""Request headers the proxy sets itself: Host becomes the upstream's, `Expect: 100-continue` is answered here."""
+
+SENSITIVE: frozenset[str] = frozenset(
+    {"authorization", "api-key", "x-api-key", "cookie", "set-cookie", "proxy-authorization"}
+)
+"""Headers whose values must never appear in logs."""
+
+Headers = CIMultiDictProxy[str] | CIMultiDict[str]
+
+
+def connection_listed(headers: Headers) -> set[str]:
+    """Return the (lower-case) header names listed in the `Connection` header(s): they are hop-by-hop as well."""
+    listed: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        listed.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return listed
+
+
+def _end_to_end(headers: Headers, also_drop: Iterable[str]) -> CIMultiDict[str]:
+    drop = HOP_BY_HOP | connection_listed(headers) | set(also_drop)
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in drop or lower.startswith("proxy-"):
+            continue
+        kept.add(istr(name), value)
+    return kept
+
+
+def upstream_request_headers(headers: Headers, *, body_length: int | None = None) -> CIMultiDict[str]:
+    """Return the headers to send upstream for a client request.
+
+    :param headers: The client's request headers.
+    :param body_length: When the proxy sends a body of its own (a rewritten chat request), its length: replaces the
+        client's Content-Length. None keeps the client's framing header as it was.
+    """
+    kept = _end_to_end(headers, REQUEST_ONLY_DROPS)
+    if body_length is not None:
+        kept.popall("Content-Length", None)
+        kept["Content-Length"] = str(body_length)
+    return kept
+
+
+def client_response_headers(
+    headers: Headers, *, extra: Mapping[str, str] | None = None, drop_length: bool = False
+) -> CIMultiDict[str]:
+    """Return the headers to send the client for an upstream response.
+
+    :param headers: The upstream's response headers.
+    :param extra: Headers the proxy adds (what compaction did); they replace same-named upstream headers.
+    :param drop_length: The relayed body differs from the upstream's (a stripped usage chunk), so its
+        Content-Length no longer holds.
+    """
+    kept = _end_to_end(headers, ())
+    if drop_length:
+        kept.popall("Content-Length", None)
+    for name, value in (extra or {}).items():
+        kept[name] = value
+    return kept
+
+
+def content_encoding(headers: Headers) -> str:
+    """Return the body's content coding, lower case: `identity` when none is declared."""
+    value = headers.get("Content-Encoding", "").strip().lower()
+    return value or "identity"

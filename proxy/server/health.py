@@ -1,0 +1,36 @@
+"""The proxy's own endpoints: liveness, readiness and Prometheus metrics. Never forwarded."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.server.keys import METRICS, READINESS
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """200 while the process can answer at all."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 once started, 503 before that and from the moment shutdown begins."""
+    readiness = request.app[READINESS]
+    if readiness.ready:
+        return web.json_response({"status": "ready"})
+    state = "shutting_down" if readiness.shutting_down else "starting"
+    return web.json_response({"status": state}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The app's registry in the Prometheus text format."""
+    body, content_type = request.app[METRICS].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    """Register `/healthz`, `/readyz` and `/metrics` (GET and HEAD)."""
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)

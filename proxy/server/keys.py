@@ -1,0 +1,30 @@
+"""Typed keys for what the app and each request carry (aiohttp `AppKey` / `RequestKey`)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.chat.exchange import ChatCompaction
+from proxy.config import Settings
+from proxy.server.metrics import ProxyMetrics
+from proxy.server.readiness import Readiness
+from proxy.server.record import RequestRecord
+from proxy.server.upstream import Upstream
+
+SETTINGS = web.AppKey("settings", Settings)
+"""The validated settings the app was created with."""
+
+CHAT = web.AppKey("chat", ChatCompaction)
+"""The compaction side handling chat completions."""
+
+METRICS = web.AppKey("metrics", ProxyMetrics)
+"""The app's metrics; `app[METRICS].registry` is the Prometheus registry `/metrics` serves."""
+
+READINESS = web.AppKey("readiness", Readiness)
+"""Whether `/readyz` answers ready."""
+
+UPSTREAM = web.AppKey("upstream", Upstream)
+"""The upstream client (one pooled `aiohttp.ClientSession`); present between startup and cleanup."""
+
+RECORD = web.RequestKey("record", RequestRecord)
+"""What the handlers learned about the request, for the access log and metrics."""

@@ -1,0 +1,73 @@
+"""Structured logs: one JSON object per line (or `key=value` text), on stderr.
+
+Log calls pass their fields as `extra={"fields": {...}}`; the formatters add them to the line. Nothing here ever
+receives a body or a credential: the access log records method, route kind, status, latency, byte counts and the
+conversation id header, and nothing else from the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Final
+
+import orjson
+
+from proxy.config import LogFormat, Settings
+
+ACCESS_LOGGER: Final = "compaction_proxy.access"
+SERVER_LOGGER: Final = "compaction_proxy.server"
+_RESERVED: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = getattr(record, "fields", None)
+    extra = {key: value for key, value in record.__dict__.items() if key not in _RESERVED}
+    if isinstance(fields, dict):
+        extra.update(fields)
+    return extra
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"time", "level", "logger", "message", **fields, "exception"?}` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render the record as one line of JSON."""
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(_fields(record))
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger message key=value ...` for a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render the record as one human-readable line (plus a traceback when there is one)."""
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
+        pairs = " ".join(f"{key}={value}" for key, value in _fields(record).items() if value is not None)
+        line = f"{stamp} {record.levelname.lower():<7} {record.name} {record.getMessage()}" + (
+            f" {pairs}" if pairs else ""
+        )
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(settings: Settings) -> None:
+    """Send all logging (the proxy's, aiohttp's, the compaction side's) to stderr in the configured format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format is LogFormat.JSON else TextFormatter())
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(settings.log_level.value.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -1,0 +1,93 @@
+"""Prometheus metrics, on a registry of the app's own (never the process-global one).
+
+A registry per app keeps test apps and several apps in one process apart. The compaction side adds its own
+metrics (compactions by strategy, tokens before/after, estimate error) to the same registry, so `/metrics` serves
+both: either it receives `registry` (see `ProxyMetrics.registry`) or the `ChatCompaction` object offers
+`register_metrics(registry)`, which `create_app` calls once.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+"""Seconds; LLM calls range from milliseconds (models list) to minutes (long non-streamed generations)."""
+
+
+class ProxyMetrics:
+    """The transport's metrics. All names start with `compaction_proxy_`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Create the metrics on `registry`, or on a fresh registry when None."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        """The registry `/metrics` serves; register further collectors here."""
+        self.requests = Counter(
+            "compaction_proxy_requests",
+            "Requests answered, by route kind and HTTP status (499: client went away first).",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "compaction_proxy_request_duration_seconds",
+            "Time from request arrival to the end of the response (whole stream included), by route kind.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_latency = Histogram(
+            "compaction_proxy_upstream_latency_seconds",
+            "Time from sending a request upstream to the upstream's response headers, by route kind.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "compaction_proxy_upstream_errors",
+            "Upstream exchanges that failed in transport, by kind (unreachable, timeout, broken_stream).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.fail_open = Counter(
+            "compaction_proxy_fail_open",
+            "Chat requests forwarded unchanged because the compaction side raised, by stage (prepare, complete).",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "compaction_proxy_retries",
+            "Chat requests retried once with a new plan after the upstream refused the first (e.g. context overflow).",
+            registry=self.registry,
+        )
+        self.usage_chunks_stripped = Counter(
+            "compaction_proxy_usage_chunks_stripped",
+            "Usage-only stream chunks the proxy asked for and removed before the client saw them.",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "compaction_proxy_in_flight_requests",
+            "Requests being handled right now, streams included.",
+            registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """Return the exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

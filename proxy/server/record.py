@@ -1,0 +1,37 @@
+"""What one request did, filled in by the handlers and written out once by the access-log middleware."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from proxy.server.routes import RouteKind
+
+
+@dataclass
+class RequestRecord:
+    """Facts about one request: no bodies and no header values other than the conversation id.
+
+    :param method: HTTP method.
+    :param route: Route kind (bounded label).
+    :param conversation_id: Value of the configured conversation header, if present (truncated).
+    """
+
+    method: str
+    route: RouteKind
+    conversation_id: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    status: int | None = None
+    upstream_status: int | None = None
+    upstream_latency: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    fail_open: list[str] = field(default_factory=list)
+    retried: bool = False
+    stripped_usage: bool = False
+    client_disconnected: bool = False
+    error: str | None = None
+
+    def elapsed(self) -> float:
+        """Seconds since the request arrived."""
+        return time.perf_counter() - self.started

@@ -1,0 +1,96 @@
+"""Relaying an upstream response to the client as it arrives: status, end-to-end headers, raw body bytes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from proxy.server.headers import client_response_headers
+from proxy.server.keys import RECORD, UPSTREAM
+from proxy.server.logging import SERVER_LOGGER
+from proxy.server.upstream import UpstreamError
+
+log = logging.getLogger(SERVER_LOGGER)
+
+Transform = Callable[[bytes], bytes]
+"""Takes a chunk from the upstream, returns the bytes to relay for it (the same bytes unless editing)."""
+
+
+async def start_response(
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    *,
+    extra_headers: dict[str, str] | None = None,
+    drop_length: bool = False,
+) -> web.StreamResponse:
+    """Send the client the upstream's status line and headers (minus hop-by-hop, plus `extra_headers`)."""
+    out = web.StreamResponse(
+        status=response.status,
+        reason=response.reason,
+        headers=client_response_headers(response.headers, extra=extra_headers, drop_length=drop_length),
+    )
+    await out.prepare(request)
+    return out
+
+
+async def write(request: web.Request, out: web.StreamResponse, data: bytes) -> bool:
+    """Write bytes to the client; False (and recorded) when the client has gone away."""
+    record = request[RECORD]
+    try:
+        await out.write(data)
+    except ConnectionError:
+        record.client_disconnected = True
+        return False
+    record.bytes_out += len(data)
+    return True
+
+
+def abort(request: web.Request) -> None:
+    """Cut the client connection: a relayed body broke off mid-way, and a clean end would pass it off as whole."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def pump(
+    request: web.Request,
+    out: web.StreamResponse,
+    response: aiohttp.ClientResponse,
+    transform: Transform | None = None,
+) -> bool:
+    """Copy the upstream body to the client chunk by chunk, never holding more than one chunk.
+
+    :returns: True when the whole body was relayed; False when the client went away (the upstream response is then
+        closed by its context manager) or the upstream broke off (the client connection is then aborted).
+    """
+    upstream = request.app[UPSTREAM]
+    record = request[RECORD]
+    while True:
+        try:
+            chunk = await upstream.read_chunk(response)
+        except UpstreamError as exc:
+            record.error = "broken_stream" if exc.kind == "unreachable" else exc.kind
+            log.warning(
+                "upstream response broke off mid-body",
+                extra={"fields": {"error": str(exc), "route": record.route.value}},
+            )
+            abort(request)
+            return False
+        if not chunk:
+            return True
+        data = transform(chunk) if transform is not None else chunk
+        if data and not await write(request, out, data):
+            return False
+
+
+async def finish(request: web.Request, out: web.StreamResponse) -> bool:
+    """End the response (terminating chunk); False when the client has gone away."""
+    try:
+        await out.write_eof()
+    except ConnectionError:
+        request[RECORD].client_disconnected = True
+        return False
+    return True
