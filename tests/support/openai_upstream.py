@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 from proxy.engine.encodings import get_encoding
@@ -72,6 +73,9 @@ VALID_ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 SYSTEM_FINGERPRINT = "fp_fakeupstrm"
 MODEL_CREATED = 1_715_367_049
 MAX_BODY_BYTES = 256 * 1024 * 1024
+
+_CUT_AFTER_CHUNKS = web.RequestKey("cut_after_chunks", int)
+"""Set on a request whose scripted failure cuts its stream after that many chunks."""
 
 _INVALID_JSON_MESSAGE = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library "
@@ -699,9 +703,7 @@ class OpenAIUpstream:
         return app
 
     @web.middleware
-    async def _observe_and_inject(
-        self, request: web.Request, handler: Callable[[web.Request], Any]
-    ) -> web.StreamResponse:
+    async def _observe_and_inject(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Record the request, apply scripted failures and delays, and render `OpenAIError`s."""
         body = await request.read()
         self.requests.append(_record(request, body))
@@ -709,18 +711,18 @@ class OpenAIUpstream:
         delay = self.delay_first_byte + (failure.delay if failure else 0.0)
         if delay:
             await asyncio.sleep(delay)
-        if failure is not None and failure.cut_after_chunks is None:
-            if failure.reset:
+        if failure is not None:
+            if failure.cut_after_chunks is not None:
+                request[_CUT_AFTER_CHUNKS] = failure.cut_after_chunks
+            elif failure.reset:
                 _drop_connection(request)
                 return web.Response()
-            return _failure_response(failure)
-        if failure is not None:
-            request["cut_after_chunks"] = failure.cut_after_chunks
+            else:
+                return _failure_response(failure)
         try:
-            response: web.StreamResponse = await handler(request)
+            return await handler(request)
         except OpenAIError as error:
             return error.response()
-        return response
 
     async def _unknown_route(self, request: web.Request) -> web.Response:
         return OpenAIError(f"Invalid URL ({request.method} {request.path})", status=404).response()
@@ -781,7 +783,7 @@ class OpenAIUpstream:
         for name, value in self._response_headers().items():
             response.headers[name] = value
         await response.prepare(request)
-        cut_after = request.get("cut_after_chunks", self.cut_stream_after)
+        cut_after = request.get(_CUT_AFTER_CHUNKS, self.cut_stream_after)
         chunks = stream_chunks(
             completion,
             include_usage=include_usage,
