@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy import __version__
 from proxy.config import ConfigError, LogFormat, LogLevel, Mode, Settings, load_settings
+from proxy.request_commands import add_compact, add_count
 
 if TYPE_CHECKING:
     from proxy.chat.exchange import ChatCompaction
@@ -149,7 +150,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [add_serve]
+SUBCOMMANDS: list[Callable[[Any], None]] = [add_serve, add_count, add_compact]
 """Each entry adds one subcommand to the parser; append new ones here."""
 
 

@@ -5,6 +5,7 @@ Messages are OpenAI Chat Completions dicts. A `Transcript` wraps a conversation 
 `EditPlan` that each front end applies to its own message objects.
 """
 
+from proxy.engine.compaction import Outcome, compact_if_needed, compact_if_needed_async
 from proxy.engine.counting import ApproximateCounter, TiktokenCounter, TokenCounter, counter_for_model
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
@@ -18,11 +19,14 @@ from proxy.engine.strategies import (
     SummaryRequest,
     ToolResultPruning,
 )
+from proxy.engine.strategies.registry import DEFAULT_CHAIN, STRATEGY_NAMES, chain_by_names
 from proxy.engine.transcript import Transcript
 from proxy.engine.trigger import Anchor, Decision, Thresholds, decide, estimate_tokens
 
 __all__ = [
     "COMPACTION_META_KEY",
+    "DEFAULT_CHAIN",
+    "STRATEGY_NAMES",
     "Anchor",
     "ApproximateCounter",
     "CompactionChain",
@@ -32,6 +36,7 @@ __all__ = [
     "EditPlan",
     "Kept",
     "MiddleOut",
+    "Outcome",
     "SlidingWindow",
     "Strategy",
     "Summarization",
@@ -42,6 +47,9 @@ __all__ = [
     "TokenCounter",
     "ToolResultPruning",
     "Transcript",
+    "chain_by_names",
+    "compact_if_needed",
+    "compact_if_needed_async",
     "counter_for_model",
     "decide",
     "estimate_tokens",

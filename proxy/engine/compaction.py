@@ -1,0 +1,56 @@
+"""The whole decision in one call: estimate, trigger, compact.
+
+The proxy, the hook and the CLI all go through here, which is what makes them decide identically on the same
+conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.engine.strategies.chain import CompactionChain, CompactionResult
+from proxy.engine.transcript import Transcript
+from proxy.engine.trigger import Anchor, Decision, Thresholds, decide
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The decision, and the compaction it led to (None when not triggered or when nothing could be removed)."""
+
+    decision: Decision
+    result: CompactionResult | None = None
+
+    @property
+    def tokens_after(self) -> int:
+        """The estimated request size after compaction (the estimate before, when nothing changed)."""
+        if self.result is None:
+            return self.decision.estimated_tokens
+        return self.result.tokens_after + self.decision.overhead_tokens
+
+
+def compact_if_needed(
+    transcript: Transcript,
+    thresholds: Thresholds,
+    chain: CompactionChain,
+    overhead_tokens: int,
+    anchor: Anchor | None = None,
+) -> Outcome:
+    """Decide, and compact when the estimate reaches the trigger."""
+    decision = decide(thresholds, transcript, overhead_tokens, anchor)
+    if not decision.compact:
+        return Outcome(decision)
+    return Outcome(decision, chain.compact(transcript, decision.target_tokens))
+
+
+async def compact_if_needed_async(
+    transcript: Transcript,
+    thresholds: Thresholds,
+    chain: CompactionChain,
+    overhead_tokens: int,
+    anchor: Anchor | None = None,
+) -> Outcome:
+    """Like `compact_if_needed`, awaiting strategies that do I/O."""
+    decision = decide(thresholds, transcript, overhead_tokens, anchor)
+    if not decision.compact:
+        return Outcome(decision)
+    return Outcome(decision, await chain.compact_async(transcript, decision.target_tokens))

@@ -1,0 +1,134 @@
+"""`compaction-proxy count` and `compaction-proxy compact`: the engine run on one request body, no server.
+
+Useful on their own (how big is this request? what would the proxy send?) and for debugging a compaction: both
+read a chat-completion request body from a file or stdin and decide exactly as the proxy would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from proxy.chat.request import ChatRequest, InvalidChatRequest
+from proxy.engine import (
+    DEFAULT_CHAIN,
+    STRATEGY_NAMES,
+    ApproximateCounter,
+    Thresholds,
+    TokenCounter,
+    Transcript,
+    chain_by_names,
+    compact_if_needed,
+    counter_for_model,
+)
+
+USAGE_ERROR = 2
+
+
+class CommandError(Exception):
+    """A problem with the command's input, reported as one line and exit status 2."""
+
+
+def add_count(subcommands: Any) -> None:
+    """Register `count`: print the token count of a request body."""
+    count = subcommands.add_parser("count", help="print the token count of a chat-completion request body")
+    _add_common_arguments(count)
+    count.set_defaults(handler=_reporting_errors(count_command))
+
+
+def add_compact(subcommands: Any) -> None:
+    """Register `compact`: print the compacted request body."""
+    compact = subcommands.add_parser(
+        "compact", help="print the request body the proxy would forward, compacted to fit the context window"
+    )
+    _add_common_arguments(compact)
+    compact.add_argument("--context-window", type=int, required=True, help="the model's context window in tokens")
+    compact.add_argument("--compact-at", type=float, default=0.7, help="fraction of the window that triggers (0.7)")
+    compact.add_argument("--compact-to", type=float, default=0.4, help="fraction of the window to compact to (0.4)")
+    compact.add_argument(
+        "--strategy",
+        action="append",
+        choices=[name for name in STRATEGY_NAMES if name != "summarization"],
+        help=f"a strategy of the chain, in order; repeat for several (default: {' '.join(DEFAULT_CHAIN)})",
+    )
+    compact.set_defaults(handler=_reporting_errors(compact_command))
+
+
+def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the request body as JSON, or - for standard input")
+    parser.add_argument(
+        "--approximate", action="store_true", help="count with characters per token instead of tiktoken"
+    )
+
+
+def count_command(args: argparse.Namespace) -> int:
+    """Print the request's token count on stdout, and its breakdown on stderr."""
+    request, counter = _load(args)
+    message_tokens = counter.messages_tokens(request.messages)
+    overhead = counter.overhead_tokens(request.body)
+    print(message_tokens + overhead, file=sys.stdout)
+    print(
+        f"{len(request.messages)} messages: {message_tokens} tokens; tools and priming: {overhead} tokens "
+        f"({counter.name})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def compact_command(args: argparse.Namespace) -> int:
+    """Print the compacted request body on stdout, and one report line on stderr."""
+    try:
+        thresholds = Thresholds(args.context_window, compact_at=args.compact_at, compact_to=args.compact_to)
+        chain = chain_by_names(args.strategy or DEFAULT_CHAIN)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    request, counter = _load(args)
+    transcript = Transcript(request.messages, counter)
+    outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.body))
+    result = outcome.result
+    if result is None:
+        sys.stdout.write(args.raw.decode("utf-8", "replace"))
+        state = "under the trigger" if not outcome.decision.compact else "nothing could be removed"
+        print(f"tokens {outcome.decision.estimated_tokens}: unchanged ({state})", file=sys.stderr)
+        return 0
+    sys.stdout.write(request.with_messages(result.plan.apply_messages(request.messages)).decode())
+    sys.stdout.write("\n")
+    replaced = sum(1 for entry in result.plan.created() if entry.replaces is not None)
+    print(
+        f"tokens {outcome.decision.estimated_tokens} -> {outcome.tokens_after} "
+        f"(target {outcome.decision.target_tokens + outcome.decision.overhead_tokens}, window "
+        f"{thresholds.context_window}); strategies: {', '.join(result.strategies)}; "
+        f"removed {result.plan.removed_count()} messages, replaced {replaced}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[ChatRequest, TokenCounter]:
+    try:
+        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as error:
+        raise CommandError(f"cannot read {args.file}: {error.strerror}") from None
+    args.raw = raw
+    try:
+        request = ChatRequest.parse(raw)
+    except InvalidChatRequest as error:
+        raise CommandError(str(error)) from None
+    counter: TokenCounter = ApproximateCounter() if args.approximate else counter_for_model(request.model)
+    return request, counter
+
+
+def _reporting_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The command, with input problems turned into one line on stderr and exit status 2 (no traceback)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except CommandError as error:
+            print(f"compaction-proxy {args.command}: error: {error}", file=sys.stderr)
+            return USAGE_ERROR
+
+    return run

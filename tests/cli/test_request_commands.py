@@ -1,0 +1,84 @@
+"""`compaction-proxy count` and `compact`, run as a user runs them: a subprocess, a file or stdin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.engine import TiktokenCounter
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
+
+
+def long_request() -> dict[str, object]:
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You are a careful agent."}]
+    for turn in range(12):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "tell me more about it. " * 40})
+        messages.append({"role": "assistant", "content": "Here is what I know. " * 60})
+    messages.append({"role": "user", "content": "And finally, summarize."})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def test_count_prints_the_tiktoken_count(tmp_path: Path) -> None:
+    body = long_request()
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(body))
+    result = run("count", str(path))
+    assert result.returncode == 0, result.stderr
+    counter = TiktokenCounter()
+    assert int(result.stdout) == counter.messages_tokens(body["messages"]) + counter.overhead_tokens(body)  # type: ignore[arg-type]
+    assert b"26 messages" in result.stderr
+
+
+def test_compact_fits_the_window_and_reports(tmp_path: Path) -> None:
+    body = long_request()
+    result = run("compact", "-", "--context-window", "4000", stdin=json.dumps(body).encode())
+    assert result.returncode == 0, result.stderr
+    compacted = json.loads(result.stdout)
+    assert compacted["model"] == "gpt-4o"
+    assert compacted["messages"][0] == body["messages"][0]  # type: ignore[index]
+    assert compacted["messages"][-1] == body["messages"][-1]  # type: ignore[index]
+    report = result.stderr.decode()
+    assert "strategies: sliding_window" in report and "removed" in report
+    counter = TiktokenCounter()
+    assert counter.messages_tokens(compacted["messages"]) + 3 <= 0.4 * 4000
+
+
+def test_compact_under_the_trigger_prints_the_body_unchanged() -> None:
+    raw = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    result = run("compact", "-", "--context-window", "128000", stdin=raw)
+    assert result.returncode == 0
+    assert result.stdout == raw
+    assert b"unchanged (under the trigger)" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["count", "-"], b"{not json", b"not valid JSON"),
+        (["count", "-"], b"[1, 2]", b"must be a JSON object"),
+        (["count", "-"], b'{"model": "gpt-4o"}', b"no `messages` list"),
+        (["count", "-"], b'{"messages": ["hi"]}', b"`messages[0]` must be an object"),
+        (["count", "/nonexistent/request.json"], None, b"cannot read"),
+        (["compact", "-", "--context-window", "0"], b'{"messages": []}', b"`context_window` must be a positive"),
+        (
+            ["compact", "-", "--context-window", "100", "--compact-at", "0.3", "--compact-to", "0.5"],
+            b"{}",
+            b"0 < compact_to < compact_at <= 1",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(args: list[str], stdin: bytes | None, message: bytes) -> None:
+    result = run(*args, stdin=stdin)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert b"Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
