@@ -23,6 +23,7 @@ from proxy.engine import ApproximateCounter, TiktokenCounter
 from proxy.engine.counting import REPLY_PRIMING_TOKENS, encoding_for_model, render_tool_schemas
 from proxy.engine.encodings import get_encoding
 from proxy.engine.images import DEFAULT_IMAGE_TOKENS, image_tokens, tiled_image_tokens
+from proxy.engine.messages import message_key
 
 MODULES = [json, argparse, asyncio, collections, email, logging, pathlib, textwrap, unittest, typing]
 PROSE = "\n\n".join(module.__doc__ or "" for module in MODULES)
@@ -84,7 +85,6 @@ def test_counts_are_cached_per_message() -> None:
 
 
 def test_reply_resent_by_an_sdk_counts_and_hashes_the_same() -> None:
-    counter = TiktokenCounter()
     reply = {
         "role": "assistant",
         "content": None,
@@ -96,9 +96,9 @@ def test_reply_resent_by_an_sdk_counts_and_hashes_the_same() -> None:
         "annotations": [],
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b":2,"a":1}'}}],
     }
-    from proxy.engine.messages import message_key
-
     assert message_key(reply) == message_key(resent)
+    counter = TiktokenCounter()
+    assert counter.message_tokens(resent) == counter.message_tokens(reply)
 
 
 def _png(width: int, height: int) -> bytes:
