@@ -18,8 +18,14 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -644,3 +650,55 @@ def test_dockerfile_copies_what_the_wheel_needs() -> None:
     assert not dockerignore_allows("tests/test_encodings.py")
     assert not dockerignore_allows("proxy/__pycache__/x.pyc")
     assert dockerignore_allows("proxy/engine/encodings/o200k_base.tiktoken")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_the_image_health_check_against_the_real_server(tmp_path: Path) -> None:
+    """Run the proxy as the sidecar manifest configures it; the Dockerfile's HEALTHCHECK passes; SIGTERM stops it."""
+    [(_, template)] = pods(folder_docs(KUBE_DIR / "sidecar"))
+    [proxy] = [c for c in all_containers(template["spec"]) if is_proxy(c)]
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    environ.update({item["name"]: item["value"] for item in proxy["env"]})
+    environ.update({ENV_PREFIX + "HOST": "127.0.0.1", ENV_PREFIX + "PORT": str(port)})
+    environ.update({"PYTHONDONTWRITEBYTECODE": "1"})
+    instructions = dict(stages()[-1])
+    health_check = json.loads(instructions["HEALTHCHECK"].split(" CMD ", 1)[1])
+    entrypoint = json.loads(instructions["ENTRYPOINT"])
+    assert entrypoint[0] == "compaction-proxy"
+    command = [sys.executable, "-m", "proxy.cli", *entrypoint[1:]]
+    log = tmp_path / "proxy.log"
+    with log.open("wb") as sink:
+        server = subprocess.Popen(command, env=environ, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+                    assert response.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "the proxy did not become ready"
+                time.sleep(0.1)
+        checked = subprocess.run(
+            [sys.executable, *health_check[1:]], env=environ, capture_output=True, timeout=10, check=False
+        )
+        assert checked.returncode == 0, checked.stderr.decode()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=15) == 0, log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    # A failing health check exits non-zero (the server is gone now).
+    failed = subprocess.run(
+        [sys.executable, *health_check[1:]], env=environ, capture_output=True, timeout=10, check=False
+    )
+    assert failed.returncode != 0
