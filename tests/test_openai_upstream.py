@@ -608,3 +608,26 @@ async def test_runs_as_a_process(http: aiohttp.ClientSession) -> None:
     finally:
         process.terminate()
         assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+
+
+async def test_clear_forgets_what_was_recorded(http: aiohttp.ClientSession, openai_upstream: OpenAIUpstream) -> None:
+    await post_chat(http, openai_upstream, {"model": "gpt-4o", "messages": USER_HELLO})
+    openai_upstream.fail_next(500)
+    openai_upstream.clear()
+    async with http.get(f"{openai_upstream.base_url}/v1/models") as response:
+        assert response.status == 200
+    assert [r.path for r in openai_upstream.requests] == ["/v1/models"]
+    assert openai_upstream.usages == []
+
+
+async def test_client_leaving_mid_stream_is_quiet(
+    http: aiohttp.ClientSession, openai_upstream: OpenAIUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    openai_upstream.responder = fixed_responder("word " * 2000)
+    openai_upstream.stream_chunk_delay = 0.001
+    body = {"model": "gpt-4o", "messages": USER_HELLO, "stream": True}
+    async with http.post(f"{openai_upstream.base_url}/v1/chat/completions", json=body) as response:
+        await response.content.readuntil(b"\n\n")
+        response.close()
+    await openai_upstream.close()  # waits for the streaming handler to notice and finish
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]

@@ -683,6 +683,13 @@ class OpenAIUpstream:
         prefixes = [key for key in self.context_windows if model.startswith(key)]
         return self.context_windows[max(prefixes, key=len)] if prefixes else self.context_window
 
+    def clear(self) -> None:
+        """Forget recorded requests and usages, pending scripted failures and the simulated prompt cache."""
+        self.requests.clear()
+        self.usages.clear()
+        self._failures.clear()
+        self.prompt_cache.clear()
+
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
         """Parsed bodies of every chat-completion request received, in order (valid or not)."""
@@ -790,15 +797,18 @@ class OpenAIUpstream:
             encoding_name=encoding_name,
             tokens_per_chunk=self.stream_tokens_per_chunk,
         )
-        for sent, chunk in enumerate(chunks):
-            if cut_after is not None and sent >= cut_after:
-                _drop_connection(request)
-                return response
-            if sent and self.stream_chunk_delay:
-                await asyncio.sleep(self.stream_chunk_delay)
-            await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            for sent, chunk in enumerate(chunks):
+                if cut_after is not None and sent >= cut_after:
+                    _drop_connection(request)
+                    return response
+                if sent and self.stream_chunk_delay:
+                    await asyncio.sleep(self.stream_chunk_delay)
+                await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # The client (or the proxy under test) went away mid-stream: nothing left to send to.
         return response
 
     def _response_headers(self) -> dict[str, str]:
