@@ -1,0 +1,67 @@
+"""What compaction reports to Prometheus, beside the server's own request and latency metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
+
+
+class CompactionMetrics:
+    """Chat requests by what compaction did, compactions by strategy, tokens before and after, estimate error.
+
+    :param registry: The app's registry; a private one when None (metrics are then collected but not served).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "compaction_proxy_chat_requests",
+            "Chat-completion requests by what compaction did: compacted, unchanged, observed, skipped, "
+            "unknown_window, unparsed.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.compactions = Counter(
+            "compaction_proxy_compactions",
+            "Compactions by the strategy that changed the conversation.",
+            ["strategy"],
+            registry=registry,
+        )
+        self.tokens_before = Histogram(
+            "compaction_proxy_tokens_before",
+            "Estimated request tokens before a compaction.",
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.tokens_after = Histogram(
+            "compaction_proxy_tokens_after",
+            "Estimated request tokens after a compaction.",
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.estimate_error = Histogram(
+            "compaction_proxy_estimate_error_ratio",
+            "(estimated - reported) / reported prompt tokens, for requests the proxy estimated.",
+            buckets=(-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5),
+            registry=registry,
+        )
+        self.retries = Counter(
+            "compaction_proxy_overflow_retries",
+            "Context-overflow answers retried after compacting, by result.",
+            ["result"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "compaction_proxy_compaction_errors",
+            "Internal compaction errors; each forwarded the request unchanged (fail open).",
+            registry=registry,
+        )
+
+    def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
+        """Count one compaction."""
+        self.requests.labels("compacted").inc()
+        for strategy in strategies:
+            self.compactions.labels(strategy).inc()
+        self.tokens_before.observe(tokens_before)
+        self.tokens_after.observe(tokens_after)

@@ -1,0 +1,369 @@
+"""Chat-completion compaction for the proxy: rewrite memory, usage anchors, tenants, and the engine's decision.
+
+For every chat completion:
+
+1. The request's messages are hashed into a chain (element i identifies messages 0..i).
+2. *Rewrite memory*: the plan stored for the longest known prefix of that chain is reapplied, so the upstream sees
+   exactly the rewritten prefix it saw last turn (provider prompt caches keep hitting) and the engine only has to
+   look at what is new.
+3. *Anchoring*: the provider's reported usage for the longest known prefix of what is now being sent, plus a local
+   count of the rest, is the estimate; the engine compacts when it reaches the trigger.
+4. The compaction, if any, is composed onto the reapplied plan and remembered for the whole original request.
+
+Any internal error forwards the original request unchanged: the proxy must never fail a request that would have
+succeeded without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.overflow import context_overflow
+from proxy.chat.request import ChatRequest, InvalidChatRequest
+from proxy.config import Mode, Settings
+from proxy.engine import (
+    Anchor,
+    CompactionChain,
+    EditPlan,
+    Outcome,
+    Thresholds,
+    Transcript,
+    chain_by_names,
+    compact_if_needed,
+    counter_for_model,
+)
+from proxy.engine.messages import Message, chain_keys, message_key
+from proxy.engine.plan import Kept
+from proxy.state import MemoryStore, StateStore
+from proxy.windows import ContextWindows
+
+logger = logging.getLogger("proxy.compaction")
+
+COMPACTION_HEADER = "x-compaction"
+CONTEXT_WINDOW_HEADER = "x-context-window"
+_CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+@dataclass
+class _Exchange:
+    """What `prepare` learned about a request, handed back to `complete` through `ForwardPlan.context`."""
+
+    tenant: bytes
+    request: ChatRequest
+    model: str | None
+    sent_chain: list[bytes]
+    estimated_tokens: int | None
+    window: int | None
+    retried: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Rewritten:
+    """The request as the upstream will see it before any new compaction: the remembered rewrite applied.
+
+    :param messages: The upstream's view of the conversation.
+    :param keys: The message keys of `messages`.
+    :param meta: Per-message metadata (compaction markers of created messages), or None when nothing was rewritten.
+    :param plan: The remembered plan extended over the whole original request (identity when none was remembered).
+    :param original_chain: The chain of the original messages; its last element keys this request's rewrite.
+    """
+
+    messages: list[Message]
+    keys: list[bytes]
+    meta: list[Mapping[str, Any]] | None
+    plan: EditPlan
+    original_chain: list[bytes]
+
+    @property
+    def changed(self) -> bool:
+        """Whether the upstream's view differs from what the client sent."""
+        return self.meta is not None
+
+
+class ChatCompactionService:
+    """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
+
+    :param settings: The proxy's settings (thresholds, strategies, windows, mode, tenant key).
+    :param store: Where rewrites and anchors live; in memory, bounded by the settings, when None.
+    """
+
+    def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
+        self.settings = settings
+        self.mode = settings.mode
+        self.store: StateStore = store or MemoryStore(
+            max_entries=settings.state_max_conversations, ttl_seconds=settings.state_ttl_seconds
+        )
+        self.chain: CompactionChain = chain_by_names(settings.strategies)
+        self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
+        key = settings.tenant_key.get_secret_value() if settings.tenant_key else ""
+        self._tenant_key = key.encode() if key else secrets.token_bytes(32)
+        self.metrics = CompactionMetrics()
+        self._unknown_models_logged: set[str] = set()
+
+    def register_metrics(self, registry: Any) -> None:
+        """Put the compaction metrics on the app's registry, beside the server's."""
+        self.metrics = CompactionMetrics(registry)
+
+    async def close(self) -> None:
+        """Release the state store."""
+        await self.store.close()
+
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+        """What to forward for this request; the original bytes on any problem of ours."""
+        headers = {key.lower(): value for key, value in chat.headers.items()}
+        if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
+            self.metrics.requests.labels("skipped").inc()
+            return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
+        try:
+            request = ChatRequest.parse(chat.body)
+        except InvalidChatRequest:
+            # Not ours to judge: the provider answers it with its own error.
+            self.metrics.requests.labels("unparsed").inc()
+            return ForwardPlan(body=chat.body)
+        try:
+            return await self._prepare(chat, request, headers)
+        except Exception:
+            logger.exception("Compaction failed; forwarding the request unchanged.")
+            self.metrics.errors.inc()
+            return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
+
+    async def _prepare(self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str]) -> ForwardPlan:
+        tenant = self._tenant(headers)
+        model = request.model or _deployment_name(chat.path)
+        window = self.windows.resolve(model, _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
+        exchange = _Exchange(tenant, request, model, [], None, window)
+        view = await self._rewritten(tenant, request.messages)
+        if window is None:
+            self._log_unknown_model(model)
+            exchange.headers["X-Compaction"] = "unknown-window"
+            self.metrics.requests.labels("unknown_window").inc()
+            return self._forward(chat.body, request, exchange, view.messages, view.keys, changed=view.changed)
+
+        counter = counter_for_model(model)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        anchor = await self._anchor(tenant, chain_keys(view.keys))
+        outcome = compact_if_needed(
+            Transcript(view.messages, counter, view.meta),
+            thresholds,
+            self.chain,
+            counter.overhead_tokens(request.body),
+            anchor,
+        )
+        exchange.headers.update(_report(outcome, window))
+        exchange.estimated_tokens = None if outcome.decision.bounded else outcome.decision.estimated_tokens
+        result = outcome.result
+        if self.mode is Mode.OBSERVE:
+            self.metrics.requests.labels("observed" if result else "unchanged").inc()
+            return self._forward(chat.body, request, exchange, request.messages, None, changed=False)
+        if result is None:
+            self.metrics.requests.labels("unchanged").inc()
+            return self._forward(chat.body, request, exchange, view.messages, view.keys, changed=view.changed)
+
+        self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
+        full_plan = await self._remember(tenant, view, result.plan)
+        exchange.estimated_tokens = outcome.tokens_after
+        logger.info(
+            "Compacted a conversation.",
+            extra={
+                "model": model,
+                "tokens_before": outcome.decision.estimated_tokens,
+                "tokens_after": outcome.tokens_after,
+                "strategies": ",".join(result.strategies),
+                "conversation": headers.get(self.settings.conversation_header.lower()),
+            },
+        )
+        compacted = full_plan.apply_messages(request.messages)
+        return self._forward(chat.body, request, exchange, compacted, None, changed=True)
+
+    async def _rewritten(self, tenant: bytes, original: list[Message]) -> _Rewritten:
+        """The original messages with the rewrite remembered for their longest known prefix reapplied."""
+        original_keys = [message_key(message) for message in original]
+        original_chain = chain_keys(original_keys)
+        found = await self.store.latest_rewrite(tenant, original_chain)
+        if found is None:
+            return _Rewritten(original, original_keys, None, EditPlan.identity(len(original)), original_chain)
+        stored_at, stored = found
+        plan = stored.extended(len(original))
+        if stored_at + 1 < len(original):
+            # Store it at this request's head, so the next turn finds it in a step or two.
+            await self.store.save_rewrite(tenant, original_chain[-1], plan)
+        keys = [
+            original_keys[entry.index] if isinstance(entry, Kept) else message_key(entry.message)
+            for entry in plan.entries
+        ]
+        meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
+        return _Rewritten(plan.apply_messages(original), keys, meta, plan, original_chain)
+
+    async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> EditPlan:
+        """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
+        full = view.plan.then(compaction)
+        if view.original_chain:
+            await self.store.save_rewrite(tenant, view.original_chain[-1], full)
+        return full
+
+    async def _anchor(self, tenant: bytes, sent_chain: list[bytes]) -> Anchor | None:
+        found = await self.store.latest_anchor(tenant, sent_chain)
+        return Anchor(tokens=found[1], covered=found[0] + 1) if found else None
+
+    def _forward(
+        self,
+        raw: bytes,
+        request: ChatRequest,
+        exchange: _Exchange,
+        messages: list[Message],
+        keys: list[bytes] | None,
+        *,
+        changed: bool,
+    ) -> ForwardPlan:
+        """The plan forwarding `messages` (the original bytes when unchanged), asking a stream for its usage."""
+        exchange.sent_chain = chain_keys(keys if keys is not None else [message_key(m) for m in messages])
+        body = request.with_messages(messages) if changed else raw
+        strip_usage = False
+        if request.stream and self.mode is Mode.ENFORCE and not _asks_for_usage(request.body):
+            body = _with_usage_requested(body, request.body, changed)
+            strip_usage = True
+        return ForwardPlan(
+            body=body,
+            response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
+            stream=request.stream,
+            strip_usage_chunk=strip_usage,
+            context=exchange,
+        )
+
+    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+        """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
+        exchange = plan.context
+        if not isinstance(exchange, _Exchange):
+            return None
+        try:
+            if 200 <= outcome.status < 300:
+                await self._learn_usage(exchange, outcome)
+                return None
+            return await self._retry_after_overflow(exchange, outcome)
+        except Exception:
+            logger.exception("Recording the upstream's answer failed; it is relayed as it was.")
+            self.metrics.errors.inc()
+            return None
+
+    async def _learn_usage(self, exchange: _Exchange, outcome: ChatOutcome) -> None:
+        usage = outcome.usage
+        if not usage or not exchange.sent_chain:
+            return
+        prompt = usage.get("prompt_tokens")
+        if not isinstance(prompt, int) or prompt <= 0:
+            return
+        await self.store.save_anchor(exchange.tenant, exchange.sent_chain[-1], prompt)
+        total = usage.get("total_tokens")
+        if outcome.reply is not None and isinstance(total, int) and total >= prompt:
+            reply_chain = chain_keys([message_key(outcome.reply)], start=exchange.sent_chain[-1])[-1]
+            await self.store.save_anchor(exchange.tenant, reply_chain, total)
+        if exchange.estimated_tokens is not None:
+            self.metrics.estimate_error.observe((exchange.estimated_tokens - prompt) / prompt)
+
+    async def _retry_after_overflow(self, exchange: _Exchange, outcome: ChatOutcome) -> ForwardPlan | None:
+        overflow = context_overflow(outcome.status, outcome.error_body)
+        if overflow is None or exchange.retried or self.mode is Mode.OBSERVE:
+            return None
+        if overflow.window:
+            self.windows.learn(exchange.model, overflow.window)
+        window = overflow.window or exchange.window
+        if window is None:
+            return None
+        request = exchange.request
+        view = await self._rewritten(exchange.tenant, request.messages)
+        counter = counter_for_model(exchange.model)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        result = self.chain.compact(
+            Transcript(view.messages, counter, view.meta),
+            thresholds.target_tokens(counter.overhead_tokens(request.body)),
+        )
+        self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
+        if result is None:
+            return None
+        full_plan = await self._remember(exchange.tenant, view, result.plan)
+        retry = _Exchange(
+            exchange.tenant, request, exchange.model, [], None, window, retried=True, headers=dict(exchange.headers)
+        )
+        retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
+        retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
+        return self._forward(b"", request, retry, full_plan.apply_messages(request.messages), None, changed=True)
+
+    def _tenant(self, headers: Mapping[str, str]) -> bytes:
+        """A keyed hash of the caller's credential: state is scoped by it and no key is ever stored."""
+        credential = next((headers[name] for name in _CREDENTIAL_HEADERS if headers.get(name)), "")
+        return hmac.new(self._tenant_key, credential.encode(), hashlib.sha256).digest()[:16]
+
+    def _log_unknown_model(self, model: str | None) -> None:
+        name = model or "(no model)"
+        if name not in self._unknown_models_logged:
+            self._unknown_models_logged.add(name)
+            logger.warning(
+                "No context window is known for model %r: its requests are forwarded uncompacted. Set "
+                "context_windows in the config, default_context_window, or send X-Context-Window.",
+                name,
+            )
+
+
+def build_chat_compaction(settings: Settings) -> ChatCompactionService:
+    """The compaction side of the proxy for these settings."""
+    return ChatCompactionService(settings)
+
+
+def _report(outcome: Outcome, window: int) -> dict[str, str]:
+    """Response headers telling the client what was decided."""
+    decision = outcome.decision
+    headers = {
+        "X-Compaction": "compacted" if outcome.result else "unchanged",
+        "X-Compaction-Context-Window": str(window),
+        "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
+    }
+    if decision.bounded:
+        headers["X-Compaction-Tokens-Before"] = f"<={decision.estimated_tokens}"
+    if outcome.result:
+        headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
+        headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)
+    return headers
+
+
+def _deployment_name(path: str) -> str | None:
+    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
+    parts = path.strip("/").split("/")
+    if "deployments" in parts:
+        position = parts.index("deployments") + 1
+        return parts[position] if position < len(parts) else None
+    return None
+
+
+def _int_header(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _asks_for_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+def _with_usage_requested(body: bytes, parsed: Mapping[str, Any], changed: bool) -> bytes:
+    """The body with `stream_options.include_usage` set, splicing it into the original bytes when possible."""
+    if not changed and "stream_options" not in parsed:
+        stripped = body.rstrip()
+        if stripped.endswith(b"}"):
+            return stripped[:-1] + b',"stream_options":{"include_usage":true}}'
+    document = orjson.loads(body)
+    options = document.get("stream_options")
+    document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return orjson.dumps(document)

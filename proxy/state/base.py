@@ -1,0 +1,41 @@
+"""The state store interface: two kinds of record, both found by the longest matching conversation prefix.
+
+- A *rewrite*: the edit plan the proxy applied to a conversation's original prefix, keyed by that prefix's chain
+  hash, so the next request extending it is rewritten the same way.
+- An *anchor*: the provider-reported token count for a prefix of what was sent upstream, keyed by its chain hash,
+  so the next request extending it is estimated as anchor plus its new messages.
+
+Every key is scoped by the caller's tenant (a keyed hash of its credential): one caller can never find, read or
+overwrite another's records, even for byte-identical conversations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from proxy.engine.plan import EditPlan
+
+
+class StateStore(Protocol):
+    """Where rewrites and anchors live: in memory for a sidecar, Redis for replicas behind one Service."""
+
+    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
+        """The rewrite stored for the longest prefix of `chain`: (index of its last message, plan), or None."""
+        ...
+
+    async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> None:
+        """Remember `plan` for the original prefix whose chain ends in `chain_key`."""
+        ...
+
+    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, int] | None:
+        """The anchor stored for the longest prefix of `chain`: (index of its last message, tokens), or None."""
+        ...
+
+    async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
+        """Remember the provider's token count for the sent prefix whose chain ends in `chain_key`."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,88 @@
+"""Context windows of the models the proxy is likely to see, and how a request's window is resolved.
+
+The table holds each family's total context window (prompt plus reply) in tokens, matched by the longest model-name
+prefix, so dated snapshots (`gpt-4o-2024-08-06`) and provider prefixes (`openai/gpt-4o`) resolve too. Operators
+override it per model in config, clients per request with `X-Context-Window`, and the proxy learns a model's window
+from an overflow error that states it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
+    # OpenAI
+    "gpt-5": 400_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.5": 128_000,
+    "gpt-4o": 128_000,
+    "chatgpt-4o": 128_000,
+    "gpt-4-turbo": 128_000,
+    "gpt-4-1106": 128_000,
+    "gpt-4-0125": 128_000,
+    "gpt-4-32k": 32_768,
+    "gpt-4": 8_192,
+    "gpt-3.5-turbo": 16_385,
+    "o1-mini": 128_000,
+    "o1": 200_000,
+    "o3": 200_000,
+    "o4-mini": 200_000,
+    "gpt-oss": 131_072,
+    # Common OpenAI-compatible open models
+    "llama-3.1": 131_072,
+    "llama-3.2": 131_072,
+    "llama-3.3": 131_072,
+    "meta-llama/llama-3.1": 131_072,
+    "meta-llama/llama-3.3": 131_072,
+    "llama3": 8_192,
+    "mistral-large": 131_072,
+    "mistral-small": 32_768,
+    "mixtral-8x7b": 32_768,
+    "qwen2.5": 32_768,
+    "qwen3": 40_960,
+    "deepseek-chat": 65_536,
+    "deepseek-reasoner": 65_536,
+    "gemma-3": 131_072,
+    "claude": 200_000,
+    "gemini-2": 1_048_576,
+}
+
+
+def table_window(model: str | None, table: Mapping[str, int] = KNOWN_CONTEXT_WINDOWS) -> int | None:
+    """The window of the longest table entry that prefixes the model name, with or without a provider prefix."""
+    if not model:
+        return None
+    name = model.lower()
+    candidates = (name, name.rsplit("/", 1)[-1])
+    best: tuple[int, int] | None = None
+    for candidate in candidates:
+        for prefix, window in table.items():
+            if candidate.startswith(prefix.lower()) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), window)
+    return best[1] if best else None
+
+
+class ContextWindows:
+    """Resolves the context window for a request: per request, configured, learned, shipped, default.
+
+    :param configured: Per-model overrides from the proxy's settings (exact name or prefix).
+    :param default: The window for models nobody knows, or None to leave their requests uncompacted.
+    """
+
+    def __init__(self, configured: Mapping[str, int] | None = None, default: int | None = None) -> None:
+        self.configured = dict(configured or {})
+        self.default = default
+        self._learned: dict[str, int] = {}
+
+    def resolve(self, model: str | None, requested: int | None = None) -> int | None:
+        """The window for `model`; `requested` (from `X-Context-Window`) beats everything else."""
+        if requested is not None and requested > 0:
+            return requested
+        if model and model in self._learned:
+            return self._learned[model]
+        return table_window(model, self.configured) or table_window(model) or self.default
+
+    def learn(self, model: str | None, window: int) -> None:
+        """Remember a window an overflow error stated, for the rest of the process's life."""
+        if model and window > 0:
+            self._learned[model] = window
