@@ -9,6 +9,7 @@ import pytest
 
 from proxy.server.sse import EventSplitter, StreamObserver, event_data
 
+USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
 HEADER = '"id":"c1","object":"chat.completion.chunk","created":1,"model":"m"'
 
 
@@ -33,9 +34,7 @@ def stream(usage: bool) -> bytes:
         chunk('{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}', usage),
     ]
     if usage:
-        parts.append(
-            f'data: {{{HEADER},"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}}}\n\n'.encode()
-        )
+        parts.append(f'data: {{{HEADER},"choices":[],"usage":{USAGE}}}\n\n'.encode())
     parts.append(b"data: [DONE]\n\n")
     return b"".join(parts)
 
