@@ -242,9 +242,10 @@ class Settings(BaseModel):
         The compaction side scopes every state key with this, so one caller can never match, read or poison another's
         state, and nothing stored or logged reveals a credential. Callers without credentials share one tenant.
 
-        :param headers: The request headers, a case-insensitive mapping (as in `IncomingChat.headers`).
+        :param headers: The request headers (any mapping; names are matched case-insensitively).
         """
-        material = "\n".join(f"{name}:{headers.get(name, '')}" for name in CREDENTIAL_HEADERS)
+        lowered = {name.lower(): value for name, value in headers.items()}
+        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in CREDENTIAL_HEADERS)
         key = self.tenant_key.get_secret_value().encode()
         return hmac.new(key, material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
 

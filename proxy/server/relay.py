@@ -33,6 +33,7 @@ async def start_response(
         headers=client_response_headers(response.headers, extra=extra_headers, drop_length=drop_length),
     )
     await out.prepare(request)
+    request[RECORD].status = response.status
     return out
 
 
