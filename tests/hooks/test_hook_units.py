@@ -6,7 +6,7 @@ import inspect
 
 import haystack.hooks.compaction as haystack_compaction
 import pytest
-from haystack.dataclasses import ChatMessage, ToolCall
+from haystack.dataclasses import ChatMessage
 from haystack.token_counters import ApproximateTokenCounter as HaystackApproximate
 
 import hooks.compaction as ours
@@ -97,9 +97,7 @@ def test_kept_messages_are_the_callers_objects_with_meta_intact() -> None:
 
 def test_pruned_tool_result_still_answers_its_call() -> None:
     messages = long_conversation(10)
-    error_call = ToolCall(id="call_err", tool_name="search", arguments={"step": 99, "call": 0})
     messages[3] = ChatMessage.from_tool("x " * 400, origin=messages[2].tool_calls[0], error=True, meta={"keep": 1})
-    _ = error_call
     hook = CompactionHook(compactor=ToolResultPruningCompactor(), context_window=6000)
     state = state_with(messages)
     hook.run(state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ STEPS = 60
 def compactions(requests: list[dict[str, Any]]) -> int:
     """How many times the conversation the upstream saw shrank from one request to the next."""
     sizes = [sum(len(str(m.get("content") or "")) for m in r["messages"]) for r in requests]
-    return sum(1 for before, after in zip(sizes, sizes[1:], strict=False) if after < before)
+    return sum(1 for before, after in itertools.pairwise(sizes) if after < before)
 
 
 def assert_pairs_intact(messages: list[dict[str, Any]]) -> None:
@@ -61,9 +62,8 @@ def test_sliding_window_keeps_a_60_step_run_inside_an_8k_window(long_task_upstre
     assert compacted >= 5
     notes = [m for m in result["messages"] if m.meta.get("context_compaction", {}).get("strategy") == "sliding_window"]
     assert len(notes) == 1, "one omission note at most"
-    print(
-        f"sliding window: {STEPS} steps, {compacted} compactions, peak prompt {max(u['prompt_tokens'] for u in long_task_upstream.usages)}"
-    )
+    peak = max(usage["prompt_tokens"] for usage in long_task_upstream.usages)
+    print(f"sliding window: {STEPS} steps, {compacted} compactions, peak prompt {peak} tokens")
 
 
 def test_chain_prunes_then_slides(long_task_upstream: OpenAIUpstream) -> None:
