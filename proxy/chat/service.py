@@ -115,8 +115,8 @@ class ChatCompactionService:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
 
-    async def close(self) -> None:
-        """Release the state store."""
+    async def aclose(self) -> None:
+        """Release the state store (called at app cleanup)."""
         await self.store.close()
 
     async def prepare(self, chat: IncomingChat) -> ForwardPlan:
