@@ -48,6 +48,11 @@ class Transcript:
             count = self._tokens[index] = self.counter.message_tokens(self.messages[index])
         return count
 
+    def upper_bound(self, index: int) -> int:
+        """A bound no smaller than `tokens(index)`: the count when already known, else the counter's cheap bound."""
+        count = self._tokens[index]
+        return count if count is not None else self.counter.message_upper_bound(self.messages[index])
+
     def tokens_of(self, indices: Iterable[int]) -> int:
         """Tokens of the messages at `indices`."""
         return sum(self.tokens(index) for index in indices)

@@ -115,7 +115,4 @@ def _upper_bound(transcript: Transcript, overhead_tokens: int, anchor: Anchor | 
     if anchor is not None and anchor.tokens > 0:
         start = min(anchor.covered, len(transcript))
         bound = anchor.tokens
-    counter = transcript.counter
-    return bound + sum(
-        counter.message_upper_bound(transcript.messages[index]) for index in range(start, len(transcript))
-    )
+    return bound + sum(transcript.upper_bound(index) for index in range(start, len(transcript)))
