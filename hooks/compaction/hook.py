@@ -106,6 +106,7 @@ class CompactionHook:
         self._cache = MessageCache()
         self._counter = engine_counter(self.token_counter, self._cache)
         self._overhead: tuple[tuple[int, ...], list[Any], int] | None = None
+        self._estimated = 0
 
     def run(self, state: State) -> None:
         """Compact `state.data["messages"]` if the conversation fills too much of the window.
@@ -157,7 +158,6 @@ class CompactionHook:
         """Estimate the request and decide; None when it is not large enough to compact."""
         messages: list[ChatMessage] = list(state.data.get("messages") or [])
         context_tokens = int(state.data.get("context_tokens") or 0)
-        transcript, entries = self._cache.transcript(messages, self._counter)
         anchor: Anchor | None = None
         overhead = 0
         if context_tokens > 0:
@@ -165,27 +165,50 @@ class CompactionHook:
             # its count covers the whole conversation.
             last = last_assistant_index(messages)
             anchor = Anchor(tokens=context_tokens, covered=len(messages) if last < 0 else last + 1)
+            if self._under_trigger(messages[anchor.covered :], anchor.tokens):
+                self._tag(None)
+                return None
         else:
             overhead = self._overhead_tokens(state.data.get("tools"))
+        transcript, entries = self._cache.transcript(messages, self._counter)
         decision = decide(self._thresholds, transcript, overhead, anchor)
-        if decision.compact or not decision.bounded:
-            start = 0 if anchor is None or decision.compact else min(anchor.covered, len(messages))
-            MessageCache.record_tokens(transcript, entries, range(start, len(messages)))
+        # Remember the counts of the messages this estimate covers (only the new ones get counted), so the next
+        # call's estimate is a sum of known counts.
+        start = 0 if anchor is None or decision.compact else min(anchor.covered, len(messages))
+        MessageCache.record_tokens(transcript, entries, range(start, len(messages)))
 
-        span = tracer.current_span()
-        if span is not None:
-            span.set_tags(
-                tags={
-                    f"{_TAG}.strategy": generate_qualified_class_name(cls=type(self.compactor)),
-                    f"{_TAG}.estimated_context_tokens": decision.estimated_tokens,
-                    f"{_TAG}.triggered": decision.compact,
-                }
-            )
-            if decision.compact:
-                span.set_tag(key=f"{_TAG}.target_tokens", value=decision.target_tokens)
+        self._tag(decision)
         if not decision.compact:
             return None
         return _Prepared(messages, transcript, decision, context_tokens)
+
+    def _under_trigger(self, unreported: list[ChatMessage], reported_tokens: int) -> bool:
+        """Whether the provider's count plus the messages after it stays under the trigger.
+
+        The same engine decision over just the messages the provider has not counted yet, so a step that does not
+        compact costs only those, however long the conversation is.
+        """
+        transcript, entries = self._cache.transcript(unreported, self._counter)
+        decision = decide(self._thresholds, transcript, 0, Anchor(tokens=reported_tokens, covered=0))
+        MessageCache.record_tokens(transcript, entries, range(len(unreported)))
+        self._estimated = decision.estimated_tokens
+        return not decision.compact
+
+    def _tag(self, decision: Decision | None) -> None:
+        """Tag the current trace span the way Haystack's hook does."""
+        span = tracer.current_span()
+        if span is None:
+            return
+        estimated = self._estimated if decision is None else decision.estimated_tokens
+        span.set_tags(
+            tags={
+                f"{_TAG}.strategy": generate_qualified_class_name(cls=type(self.compactor)),
+                f"{_TAG}.estimated_context_tokens": estimated,
+                f"{_TAG}.triggered": decision is not None and decision.compact,
+            }
+        )
+        if decision is not None and decision.compact:
+            span.set_tag(key=f"{_TAG}.target_tokens", value=decision.target_tokens)
 
     def _overhead_tokens(self, tools: ToolsType | None) -> int:
         """The tool schemas' cost, remembered for the same tools (the Agent passes the same ones every step)."""
