@@ -77,6 +77,7 @@ class _Rewritten:
     :param meta: Per-message metadata (compaction markers of created messages), or None when nothing was rewritten.
     :param plan: The remembered plan extended over the whole original request (identity when none was remembered).
     :param original_chain: The chain of the original messages; its last element keys this request's rewrite.
+    :param chain: The chain of `messages`, what the upstream is sent unless compaction changes it.
     """
 
     messages: list[Message]
@@ -84,6 +85,7 @@ class _Rewritten:
     meta: list[Mapping[str, Any]] | None
     plan: EditPlan
     original_chain: list[bytes]
+    chain: list[bytes]
 
     @property
     def changed(self) -> bool:
@@ -148,11 +150,11 @@ class ChatCompactionService:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
-            return self._forward(chat.body, request, exchange, view.messages, view.keys, changed=view.changed)
+            return self._forward(chat.body, request, exchange, view.messages, view.chain, changed=view.changed)
 
         counter = counter_for_model(model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
-        anchor = await self._anchor(tenant, chain_keys(view.keys))
+        anchor = await self._anchor(tenant, view.chain)
         outcome = compact_if_needed(
             Transcript(view.messages, counter, view.meta),
             thresholds,
@@ -165,10 +167,10 @@ class ChatCompactionService:
         result = outcome.result
         if self.mode is Mode.OBSERVE:
             self.metrics.requests.labels("observed" if result else "unchanged").inc()
-            return self._forward(chat.body, request, exchange, request.messages, None, changed=False)
+            return self._forward(chat.body, request, exchange, request.messages, view.original_chain, changed=False)
         if result is None:
             self.metrics.requests.labels("unchanged").inc()
-            return self._forward(chat.body, request, exchange, view.messages, view.keys, changed=view.changed)
+            return self._forward(chat.body, request, exchange, view.messages, view.chain, changed=view.changed)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         full_plan = await self._remember(tenant, view, result.plan)
@@ -192,18 +194,17 @@ class ChatCompactionService:
         original_chain = chain_keys(original_keys)
         found = await self.store.latest_rewrite(tenant, original_chain)
         if found is None:
-            return _Rewritten(original, original_keys, None, EditPlan.identity(len(original)), original_chain)
+            return _Rewritten(
+                original, original_keys, None, EditPlan.identity(len(original)), original_chain, original_chain
+            )
         stored_at, stored = found
         plan = stored.extended(len(original))
         if stored_at + 1 < len(original):
             # Store it at this request's head, so the next turn finds it in a step or two.
             await self.store.save_rewrite(tenant, original_chain[-1], plan)
-        keys = [
-            original_keys[entry.index] if isinstance(entry, Kept) else message_key(entry.message)
-            for entry in plan.entries
-        ]
+        keys = [original_keys[entry.index] if isinstance(entry, Kept) else entry.key for entry in plan.entries]
         meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
-        return _Rewritten(plan.apply_messages(original), keys, meta, plan, original_chain)
+        return _Rewritten(plan.apply_messages(original), keys, meta, plan, original_chain, chain_keys(keys))
 
     async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> EditPlan:
         """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
@@ -222,12 +223,15 @@ class ChatCompactionService:
         request: ChatRequest,
         exchange: _Exchange,
         messages: list[Message],
-        keys: list[bytes] | None,
+        chain: list[bytes] | None,
         *,
         changed: bool,
     ) -> ForwardPlan:
-        """The plan forwarding `messages` (the original bytes when unchanged), asking a stream for its usage."""
-        exchange.sent_chain = chain_keys(keys if keys is not None else [message_key(m) for m in messages])
+        """The plan forwarding `messages` (the original bytes when unchanged), asking a stream for its usage.
+
+        :param chain: The chain of `messages` when already known; computed here otherwise.
+        """
+        exchange.sent_chain = chain if chain is not None else chain_keys([message_key(m) for m in messages])
         body = request.with_messages(messages) if changed else raw
         strip_usage = False
         if request.stream and self.mode is Mode.ENFORCE and not _asks_for_usage(request.body):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -81,11 +82,17 @@ def content_parts(message: Message) -> list[Mapping[str, Any]]:
 def _canonical_arguments(arguments: Any) -> Any:
     """Tool-call arguments in a form that survives a client re-serializing them (whitespace, key order)."""
     if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
+        return _canonical_json_text(arguments)
     return arguments
+
+
+@lru_cache(maxsize=65_536)
+def _canonical_json_text(text: str) -> str:
+    """`text` re-serialized with sorted keys and no whitespace when it is JSON; as it is otherwise."""
+    try:
+        return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONDecodeError:
+        return text
 
 
 def _normalized_call(call: Any) -> Any:
