@@ -31,7 +31,7 @@ async def start_proxy(upstream: OpenAIUpstream) -> AsyncIterator[StartProxy]:
     servers: list[TestServer] = []
 
     async def start(**overrides: Any) -> str:
-        settings = Settings(upstream=upstream.base_url, context_windows={MODEL: WINDOW}, **overrides)
+        settings = Settings(**{"upstream": upstream.base_url, "context_windows": {MODEL: WINDOW}, **overrides})
         server = TestServer(create_app(settings, ChatCompactionService(settings)), host="127.0.0.1", port=0)
         await server.start_server()
         servers.append(server)

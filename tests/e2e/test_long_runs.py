@@ -135,9 +135,10 @@ async def test_observe_mode_forwards_byte_identical_bodies(upstream: OpenAIUpstr
     history = [{"role": "user" if turn % 2 == 0 else "assistant", "content": FILE_TEXT * 20} for turn in range(40)]
     # Deliberately odd formatting: observe mode must not even re-serialize it.
     raw = json.dumps({"model": MODEL, "messages": history, "stream": True}, indent=1).encode()
-    async with aiohttp.ClientSession() as http, http.post(
-        f"{base_url}/chat/completions", data=raw, headers={"Authorization": "Bearer sk-test"}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base_url}/chat/completions", data=raw, headers={"Authorization": "Bearer sk-test"}) as response,
+    ):
         assert response.status == 200
         assert response.headers["X-Compaction"] == "compacted"  # what enforce would have done
         await response.read()
