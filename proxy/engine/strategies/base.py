@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
-from proxy.engine.plan import EditPlan
+from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.engine.transcript import Transcript
 
 
@@ -33,6 +34,37 @@ class Strategy(ABC):
     @abstractmethod
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The strategy's own plan for an over-target transcript, before the shrinkage check."""
+
+
+def replace_until_target(
+    transcript: Transcript,
+    target_tokens: int,
+    candidates: Iterable[int],
+    stand_in: Callable[[int, int], Created | None],
+) -> EditPlan | None:
+    """Replace messages one at a time, in the order of `candidates`, until the transcript fits `target_tokens`.
+
+    :param stand_in: Given a message's index and how many tokens the transcript is still over, the message to put in
+        its place, or None to leave it. A stand-in that saves nothing is not used.
+    :returns: The plan with every replacement made, or None when none was.
+    """
+    current = transcript.total()
+    entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
+    changed = False
+    for index in candidates:
+        excess = current - target_tokens
+        if excess <= 0:
+            break
+        replacement = stand_in(index, excess)
+        if replacement is None:
+            continue
+        saved = transcript.tokens(index) - transcript.counter.message_tokens(replacement.message)
+        if saved <= 0:
+            continue
+        entries[index] = replacement
+        current -= saved
+        changed = True
+    return EditPlan(len(transcript), tuple(entries)) if changed else None
 
 
 def shrinking(transcript: Transcript, plan: EditPlan | None) -> EditPlan | None:

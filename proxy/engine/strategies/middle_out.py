@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine.grouping import latest_user_index
-from proxy.engine.plan import Created, EditPlan, Entry, Kept
-from proxy.engine.strategies.base import Strategy
+from proxy.engine.plan import Created, EditPlan
+from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.transcript import Transcript, created
 
 DEFAULT_NOTICE = (
@@ -46,23 +46,9 @@ class MiddleOut(Strategy):
             (index for index in range(len(transcript)) if index != task_index),
             key=lambda index: (-transcript.tokens(index), index),
         )
-        current = transcript.total()
-        entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
-        changed = False
-        for index in candidates:
-            excess = current - target_tokens
-            if excess <= 0:
-                break
-            replacement = self._cut(transcript, index, excess)
-            if replacement is None:
-                continue
-            saved = transcript.tokens(index) - transcript.counter.message_tokens(replacement.message)
-            if saved <= 0:
-                continue
-            entries[index] = replacement
-            current -= saved
-            changed = True
-        return EditPlan(len(transcript), tuple(entries)) if changed else None
+        return replace_until_target(
+            transcript, target_tokens, candidates, lambda index, excess: self._cut(transcript, index, excess)
+        )
 
     def _cut(self, transcript: Transcript, index: int, excess: int) -> Created | None:
         message = transcript.messages[index]

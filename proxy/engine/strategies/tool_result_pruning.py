@@ -7,8 +7,8 @@ from typing import Any
 
 from proxy.engine.grouping import agent_step_groups
 from proxy.engine.messages import is_tool_result, tool_calls_of, tool_name_of_call
-from proxy.engine.plan import Created, EditPlan, Entry, Kept
-from proxy.engine.strategies.base import Strategy
+from proxy.engine.plan import Created, EditPlan
+from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.transcript import Transcript, created
 
 DEFAULT_PLACEHOLDER = "[This tool result was removed to free up context. Call `{tool_name}` again if you need it.]"
@@ -54,22 +54,13 @@ class ToolResultPruning(Strategy):
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         result_steps = [group[1:] for group in agent_step_groups(transcript, 0) if len(group) > 1]
         protected = {index for step in result_steps[-self.min_keep_steps :] for index in step}
-        current = transcript.total()
-        entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
-        changed = False
-        for index in range(len(transcript)):
-            if index in protected or not self._prunable(transcript, index):
-                continue
-            replacement = self._pruned(transcript, index)
-            saved = transcript.tokens(index) - transcript.counter.message_tokens(replacement.message)
-            if saved <= 0:
-                continue
-            entries[index] = replacement
-            current -= saved
-            changed = True
-            if current <= target_tokens:
-                break
-        return EditPlan(len(transcript), tuple(entries)) if changed else None
+        # Oldest first, so as much recent output as possible stays.
+        candidates = (
+            index for index in range(len(transcript)) if index not in protected and self._prunable(transcript, index)
+        )
+        return replace_until_target(
+            transcript, target_tokens, candidates, lambda index, _excess: self._pruned(transcript, index)
+        )
 
     def _prunable(self, transcript: Transcript, index: int) -> bool:
         message = transcript.messages[index]
