@@ -145,6 +145,14 @@ class Settings(BaseModel):
     state_max_conversations: int = Field(
         default=100_000, gt=0, description="Bound on conversations kept by the in-memory store (least recent go)."
     )
+    rewrite_memory: bool = Field(
+        default=True,
+        description=(
+            "Remember each compaction and replay it byte for byte on later turns of the same conversation, so the"
+            " upstream's prompt cache keeps hitting and a summary is paid for once. Off: every request is compacted"
+            " afresh from what the client sent (only useful to measure what the memory saves)."
+        ),
+    )
     tenant_key: SecretStr = Field(
         default_factory=_random_tenant_key,
         description=(

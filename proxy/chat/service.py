@@ -44,7 +44,7 @@ from proxy.engine import (
 )
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.plan import Kept
-from proxy.state import MemoryStore, StateStore
+from proxy.state import StateStore, open_store
 from proxy.windows import ContextWindows
 
 logger = logging.getLogger("proxy.compaction")
@@ -97,16 +97,17 @@ class ChatCompactionService:
     """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
 
     :param settings: The proxy's settings (thresholds, strategies, windows, mode, tenant key).
-    :param store: Where rewrites and anchors live; in memory, bounded by the settings, when None.
+    :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
+    :param chain: The compaction chain; the one `settings.strategies` names when None.
     """
 
-    def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: StateStore | None = None, chain: CompactionChain | None = None
+    ) -> None:
         self.settings = settings
         self.mode = settings.mode
-        self.store: StateStore = store or MemoryStore(
-            max_entries=settings.state_max_conversations, ttl_seconds=settings.state_ttl_seconds
-        )
-        self.chain: CompactionChain = chain_by_names(settings.strategies)
+        self.store: StateStore = store or open_store(settings)
+        self.chain: CompactionChain = chain or chain_by_names(settings.strategies)
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         key = settings.tenant_key.get_secret_value() if settings.tenant_key else ""
         self._tenant_key = key.encode() if key else secrets.token_bytes(32)
@@ -192,7 +193,7 @@ class ChatCompactionService:
         """The original messages with the rewrite remembered for their longest known prefix reapplied."""
         original_keys = [message_key(message) for message in original]
         original_chain = chain_keys(original_keys)
-        found = await self.store.latest_rewrite(tenant, original_chain)
+        found = await self.store.latest_rewrite(tenant, original_chain) if self.settings.rewrite_memory else None
         if found is None:
             return _Rewritten(
                 original, original_keys, None, EditPlan.identity(len(original)), original_chain, original_chain
@@ -209,7 +210,7 @@ class ChatCompactionService:
     async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> EditPlan:
         """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
         full = view.plan.then(compaction)
-        if view.original_chain:
+        if view.original_chain and self.settings.rewrite_memory:
             await self.store.save_rewrite(tenant, view.original_chain[-1], full)
         return full
 

@@ -2,5 +2,6 @@
 
 from proxy.state.base import StateStore
 from proxy.state.memory import MemoryStore
+from proxy.state.open import open_store
 
-__all__ = ["MemoryStore", "StateStore"]
+__all__ = ["MemoryStore", "StateStore", "open_store"]
