@@ -32,7 +32,7 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -230,7 +230,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     """Parse a request body that must be a JSON object, or raise OpenAI's "could not parse" error."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         raise OpenAIError(_INVALID_JSON_MESSAGE) from None
     if not isinstance(body, dict):
         raise OpenAIError(_INVALID_JSON_MESSAGE)
@@ -471,6 +471,16 @@ def stream_chunks(
         yield {**header, "choices": [], "usage": completion.usage}
 
 
+def _sse_event(chunk: Mapping[str, Any]) -> bytes:
+    """One SSE event as OpenAI frames it: `data: <compact JSON>` and a blank line."""
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _sse_body(chunks: Iterable[Mapping[str, Any]]) -> bytes:
+    """The whole SSE body for `chunks`, `[DONE]` included, exactly as `_stream` sends it."""
+    return b"".join(_sse_event(chunk) for chunk in chunks) + b"data: [DONE]\n\n"
+
+
 def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     text = json.dumps(body, indent=2, ensure_ascii=False)
     return web.Response(text=text, status=status, headers=headers, content_type="application/json")
@@ -578,6 +588,14 @@ class OpenAIUpstream:
     :param stream_tokens_per_chunk: Tokens of content per SSE chunk.
     :param cut_stream_after: If set, every stream is cut (connection reset) after this many chunks.
     :param cache_max_blocks: Bound on remembered 128-token prompt blocks for simulated prompt caching.
+    :param stream_digests: Add `X-Stream-Sha256` (sha256 of the SSE body about to be sent, when not cut) and
+        `X-Stream-Sha256-Without-Usage` (of the body the same completion would have had without
+        `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
+        even when the fake runs in another process.
+
+    Observations besides `requests`: `streams_started`, `streams_completed` and `streams_aborted` count streamed
+    answers begun, sent whole, and broken off because the client (the proxy) went away mid-stream; `abort_event`
+    is set on each abort, so a test can wait for the disconnect to reach the upstream.
     """
 
     def __init__(
@@ -594,6 +612,7 @@ class OpenAIUpstream:
         stream_tokens_per_chunk: int = 1,
         cut_stream_after: int | None = None,
         cache_max_blocks: int = 200_000,
+        stream_digests: bool = False,
     ) -> None:
         self.responder: Responder = responder or default_responder
         self.context_window = context_window
@@ -603,6 +622,11 @@ class OpenAIUpstream:
         self.stream_chunk_delay = stream_chunk_delay
         self.stream_tokens_per_chunk = stream_tokens_per_chunk
         self.cut_stream_after = cut_stream_after
+        self.stream_digests = stream_digests
+        self.streams_started = 0
+        self.streams_completed = 0
+        self.streams_aborted = 0
+        self.abort_event = asyncio.Event()
         self.requests: list[RecordedRequest] = []
         self.usages: list[dict[str, Any]] = []
         self.prompt_cache = PromptCache(cache_max_blocks)
@@ -788,33 +812,57 @@ class OpenAIUpstream:
     async def _stream(
         self, request: web.Request, completion: _Completion, include_usage: bool, encoding_name: str
     ) -> web.StreamResponse:
-        """Send `completion` as SSE, each chunk its own write; cut the connection if a fault says so."""
+        """Send `completion` as SSE, each chunk its own write; cut the connection if a fault says so.
+
+        A client that goes away mid-stream (a write fails, or the handler is cancelled) counts in `streams_aborted`.
+        """
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
         )
         for name, value in self._response_headers().items():
             response.headers[name] = value
-        await response.prepare(request)
-        cut_after = request.get(_CUT_AFTER_CHUNKS, self.cut_stream_after)
-        chunks = stream_chunks(
-            completion,
-            include_usage=include_usage,
-            encoding_name=encoding_name,
-            tokens_per_chunk=self.stream_tokens_per_chunk,
+        chunks = list(
+            stream_chunks(
+                completion,
+                include_usage=include_usage,
+                encoding_name=encoding_name,
+                tokens_per_chunk=self.stream_tokens_per_chunk,
+            )
         )
+        if self.stream_digests:
+            plain = stream_chunks(
+                completion,
+                include_usage=False,
+                encoding_name=encoding_name,
+                tokens_per_chunk=self.stream_tokens_per_chunk,
+            )
+            response.headers["X-Stream-Sha256"] = hashlib.sha256(_sse_body(chunks)).hexdigest()
+            response.headers["X-Stream-Sha256-Without-Usage"] = hashlib.sha256(_sse_body(plain)).hexdigest()
+        self.streams_started += 1
+        cut_after = request.get(_CUT_AFTER_CHUNKS, self.cut_stream_after)
         try:
+            await response.prepare(request)
             for sent, chunk in enumerate(chunks):
                 if cut_after is not None and sent >= cut_after:
                     _drop_connection(request)
                     return response
                 if sent and self.stream_chunk_delay:
                     await asyncio.sleep(self.stream_chunk_delay)
-                await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+                await response.write(_sse_event(chunk))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:
-            pass  # The client (or the proxy under test) went away mid-stream: nothing left to send to.
+            self._aborted()  # The client (or the proxy under test) went away mid-stream: nothing left to send to.
+            return response
+        except asyncio.CancelledError:
+            self._aborted()
+            raise
+        self.streams_completed += 1
         return response
+
+    def _aborted(self) -> None:
+        self.streams_aborted += 1
+        self.abort_event.set()
 
     def _response_headers(self) -> dict[str, str]:
         return {
@@ -891,7 +939,7 @@ class OpenAIUpstream:
 def _record(request: web.Request, body: bytes) -> RecordedRequest:
     try:
         parsed: Any | None = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         parsed = None
     return RecordedRequest(
         method=request.method,
@@ -951,6 +999,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tool-loop", metavar="TOOL", help="answer with tool_loop_responder(TOOL, --steps)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--stream-chunk-delay", type=float, default=0.0, help="seconds between SSE chunks")
+    parser.add_argument("--stream-digests", action="store_true", help="add X-Stream-Sha256 headers to streams")
     return parser.parse_args(argv)
 
 
@@ -958,7 +1008,13 @@ async def _serve(args: argparse.Namespace) -> None:
     windows = {model: int(tokens) for model, tokens in (item.split("=", 1) for item in args.model_window)}
     responder = tool_loop_responder(args.tool_loop, args.steps, parallel=args.parallel) if args.tool_loop else None
     upstream = OpenAIUpstream(
-        responder, context_window=args.context_window, context_windows=windows, host=args.host, port=args.port
+        responder,
+        context_window=args.context_window,
+        context_windows=windows,
+        host=args.host,
+        port=args.port,
+        stream_chunk_delay=args.stream_chunk_delay,
+        stream_digests=args.stream_digests,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
