@@ -1,0 +1,135 @@
+"""An upstream that answers chat completions instantly: the fixed point every latency figure is measured against.
+
+It reads the whole request body (as any server must) but never parses it, and answers a canned chat completion,
+so its own work is the same small constant for direct and proxied requests. `usage.prompt_tokens` is the body's
+length divided by `--bytes-per-token` (the bench payloads' measured ratio), so the proxy anchors on plausible
+counts, including after it compacted a request.
+
+Request headers steer it (the proxy forwards them untouched):
+
+- `X-Bench-Stream: 1` answers Server-Sent Events (role, content, finish and usage chunks, then `[DONE]`);
+- `X-Bench-Delay: SECONDS` waits that long after reading the body (a slow upstream, for the memory figures).
+
+    python -m bench.instant_upstream --port 0 [--bytes-per-token 4.0]
+
+prints its base URL (`http://127.0.0.1:PORT`) on stdout once it listens, and serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import orjson
+from aiohttp import web
+
+BYTES_PER_TOKEN = web.AppKey("bytes_per_token", float)
+
+STREAM_HEADER = "X-Bench-Stream"
+DELAY_HEADER = "X-Bench-Delay"
+
+REPLY_TEXT = "ok"
+COMPLETION_TOKENS = 1
+
+
+def completion(prompt_tokens: int) -> bytes:
+    """The canned non-streamed answer, with usage for `prompt_tokens`."""
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": "gpt-4.1",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": REPLY_TEXT},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _usage(prompt_tokens),
+        }
+    )
+
+
+def _usage(prompt_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": COMPLETION_TOKENS,
+        "total_tokens": prompt_tokens + COMPLETION_TOKENS,
+    }
+
+
+def stream_events(prompt_tokens: int) -> list[bytes]:
+    """The canned streamed answer as separate SSE events (each is written and flushed on its own)."""
+    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "gpt-4.1"}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": REPLY_TEXT}, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": _usage(prompt_tokens)},
+    ]
+    return [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks] + [b"data: [DONE]\n\n"]
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    """Read the body, optionally wait, and answer (JSON or SSE) without looking inside the body."""
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+    delay = request.headers.get(DELAY_HEADER)
+    if delay:
+        await asyncio.sleep(float(delay))
+    prompt_tokens = max(1, int(size / request.app[BYTES_PER_TOKEN]))
+    if request.headers.get(STREAM_HEADER) != "1":
+        return web.Response(body=completion(prompt_tokens), content_type="application/json")
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await out.prepare(request)
+    for event in stream_events(prompt_tokens):
+        await out.write(event)
+    await out.write_eof()
+    return out
+
+
+def make_app(bytes_per_token: float) -> web.Application:
+    """The application: every method and path gets the canned answer."""
+    app = web.Application(client_max_size=1 << 30, handler_args={"auto_decompress": False})
+    app[BYTES_PER_TOKEN] = bytes_per_token
+    app.router.add_route("*", "/{tail:.*}", answer)
+    return app
+
+
+async def serve(host: str, port: int, bytes_per_token: float) -> None:
+    """Listen, print the base URL, and serve until SIGTERM/SIGINT."""
+    runner = web.AppRunner(make_app(bytes_per_token), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        bound = runner.addresses[0][1]
+        print(f"http://{host}:{bound}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the flags and serve."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("--bytes-per-token", type=float, default=4.0, help="reported prompt_tokens = bytes / this")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.host, args.port, args.bytes_per_token))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
