@@ -26,7 +26,17 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
 
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection", "host"}
+    {
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+        "host",
+    }
 )
 
 

@@ -71,7 +71,9 @@ async def run(
     statuses: Counter[int] = Counter()
     errors: Counter[str] = Counter()
     compaction: Counter[str] = Counter()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+    ) as session:
         warm = iter(range(warmup))
 
         async def warm_worker() -> None:
