@@ -1,0 +1,144 @@
+"""A compact, versioned byte form of `EditPlan`, for state stores that keep plans outside the process (Redis).
+
+The form is one orjson array::
+
+    [1, source_length, [entry, ...]]
+
+where each entry is either a run of kept source indices, `[start, stop]` (stop exclusive, so a plan that keeps 500
+messages in order costs a few bytes, not 500 numbers), or a created message, `{"m": message, "t": meta}` plus
+`"r": index` when it replaces an original. The leading `1` is the format version: a reader meeting a version it does
+not know raises `PlanDecodeError`, and stores treat that record as absent rather than misapply it.
+
+Created messages keep their key order through the round trip: the proxy forwards them as they come back, and two
+replicas must send the upstream the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy.engine.plan import Created, EditPlan, Entry, Kept
+
+FORMAT_VERSION = 1
+"""The version written first in every encoded plan."""
+
+
+class PlanDecodeError(ValueError):
+    """The bytes are not a plan this build can read (corrupt, or written by a newer format version)."""
+
+
+def _default(value: object) -> object:
+    """Serialize the mappings and sequences orjson does not know natively (e.g. `MappingProxyType`)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"cannot encode a {type(value).__name__} in a plan")
+
+
+def _encode_created(entry: Created) -> dict[str, Any]:
+    item: dict[str, Any] = {"m": entry.message, "t": entry.meta}
+    if entry.replaces is not None:
+        item["r"] = entry.replaces
+    return item
+
+
+def encode_entries(entries: tuple[Entry, ...]) -> list[Any]:
+    """The wire form of `entries`: consecutive ascending kept indices folded into `[start, stop]` runs."""
+    encoded: list[Any] = []
+    run: list[int] | None = None
+    for entry in entries:
+        if isinstance(entry, Kept):
+            if run is not None and run[1] == entry.index:
+                run[1] += 1
+            else:
+                run = [entry.index, entry.index + 1]
+                encoded.append(run)
+        else:
+            run = None
+            encoded.append(_encode_created(entry))
+    return encoded
+
+
+def encode_plan(plan: EditPlan) -> bytes:
+    """`plan` as bytes (see the module docstring for the form)."""
+    return orjson.dumps([FORMAT_VERSION, plan.source_length, encode_entries(plan.entries)], default=_default)
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """One entry's wire form, on its own: what `supersedes` compares entries by."""
+    if isinstance(entry, Kept):
+        return orjson.dumps(entry.index)
+    return orjson.dumps(_encode_created(entry), default=_default)
+
+
+def decode_plan(data: bytes) -> EditPlan:
+    """The plan `encode_plan` wrote.
+
+    :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version.
+    """
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        raise PlanDecodeError("not JSON") from error
+    if not isinstance(document, list) or len(document) != 3:
+        raise PlanDecodeError("not a plan")
+    version, source_length, items = document
+    if version != FORMAT_VERSION:
+        raise PlanDecodeError(f"unknown plan format version {version!r}")
+    if not _is_index(source_length) or not isinstance(items, list):
+        raise PlanDecodeError("malformed plan header")
+    entries: list[Entry] = []
+    for item in items:
+        if isinstance(item, list):
+            if len(item) != 2 or not all(_is_index(bound) for bound in item) or not item[0] < item[1] <= source_length:
+                raise PlanDecodeError("malformed run of kept messages")
+            entries.extend(Kept(index) for index in range(item[0], item[1]))
+        elif isinstance(item, dict):
+            entries.append(_decode_created(item, source_length))
+        else:
+            raise PlanDecodeError("malformed plan entry")
+    return EditPlan(source_length, tuple(entries))
+
+
+def _decode_created(item: dict[str, Any], source_length: int) -> Created:
+    message, meta, replaces = item.get("m"), item.get("t"), item.get("r")
+    if not isinstance(message, dict) or not isinstance(meta, dict):
+        raise PlanDecodeError("malformed created message")
+    if replaces is not None and not (_is_index(replaces) and replaces < source_length):
+        raise PlanDecodeError("malformed replaced index")
+    return Created(message=message, meta=meta, replaces=replaces)
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def supersedes(new: EditPlan, stored: EditPlan) -> bool:
+    """Whether `new` may replace `stored` under the same key: it is a later compaction of the same conversation.
+
+    Under one key both plans cover the same original prefix. A later compaction is `stored.then(compaction)`: it
+    keeps some of `stored`'s entries in their order and adds only created messages, and since a compaction always
+    makes the conversation smaller, it drops or replaces at least one of them. Anything else, such as an older plan
+    merely carried forward, or a sibling compaction of the same base that another replica made concurrently, must
+    not replace what is stored: the first plan written stays, so every replica goes on replaying the same prefix.
+    A plan over a longer source (never under one key in practice) supersedes one over a shorter source.
+    """
+    if new.source_length != stored.source_length:
+        return new.source_length > stored.source_length
+    stored_wire = [encode_entry(entry) for entry in stored.entries]
+    position = 0
+    shared = 0
+    for entry in new.entries:
+        wire = encode_entry(entry)
+        match = next((at for at in range(position, len(stored_wire)) if stored_wire[at] == wire), None)
+        if match is not None:
+            position = match + 1
+            shared += 1
+        elif isinstance(entry, Kept):
+            # An original that `stored` no longer has (or not at this place): `new` does not build on `stored`.
+            return False
+    return shared < len(stored_wire)
