@@ -23,7 +23,7 @@ from hooks.compaction.convert import MessageCache, from_openai, tool_specs
 from proxy.engine import ApproximateCounter, TiktokenCounter
 from proxy.engine import TokenCounter as EngineCounter
 from proxy.engine.counting import render_tool_schemas
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, MessageKey
 
 
 class _EngineBackedCounter:
@@ -157,8 +157,8 @@ class HaystackCounterAdapter(EngineCounter):
         """`haystack:<class name>`."""
         return f"haystack:{type(self.counter).__name__}"
 
-    def message_tokens(self, message: Message) -> int:
-        """What the Haystack counter says the message's `ChatMessage` costs."""
+    def message_tokens(self, message: Message, key: MessageKey | None = None) -> int:
+        """What the Haystack counter says the message's `ChatMessage` costs (`key` is not needed)."""
         original = self.cache.original(message) if self.cache is not None else None
         if original is None:
             original = from_openai(message)

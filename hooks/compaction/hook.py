@@ -24,7 +24,7 @@ from haystack.utils.deserialization import deserialize_component_inplace
 from hooks.compaction.compactors import EngineCompactor
 from hooks.compaction.convert import MessageCache, apply_plan, last_assistant_index
 from hooks.compaction.counters import ApproximateTokenCounter, engine_counter, overhead_tokens
-from proxy.engine import Anchor, CompactionResult, Decision, Thresholds, Transcript, decide
+from proxy.engine import Anchor, Calibration, CompactionResult, Decision, Thresholds, Transcript, decide
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ class CompactionHook:
         self._counter = engine_counter(self.token_counter, self._cache)
         self._overhead: tuple[tuple[int, ...], list[Any], int] | None = None
         self._estimated = 0
+        # Learns how the provider's counts (`context_tokens`) compare with the counter's, as the proxy does per model.
+        self._calibration = Calibration()
 
     def run(self, state: State) -> None:
         """Compact `state.data["messages"]` if the conversation fills too much of the window.
@@ -165,13 +167,14 @@ class CompactionHook:
             # its count covers the whole conversation.
             last = last_assistant_index(messages)
             anchor = Anchor(tokens=context_tokens, covered=len(messages) if last < 0 else last + 1)
+            self._calibrate(messages[: anchor.covered], anchor.tokens, state.data.get("tools"))
             if self._under_trigger(messages[anchor.covered :], anchor.tokens):
                 self._tag(None)
                 return None
         else:
             overhead = self._overhead_tokens(state.data.get("tools"))
         transcript, entries = self._cache.transcript(messages, self._counter)
-        decision = decide(self._thresholds, transcript, overhead, anchor)
+        decision = decide(self._thresholds, transcript, overhead, anchor, self._calibration.ratio)
         # Remember the counts of the messages this estimate covers (only the new ones get counted), so the next
         # call's estimate is a sum of known counts.
         start = 0 if anchor is None or decision.compact else min(anchor.covered, len(messages))
@@ -182,6 +185,12 @@ class CompactionHook:
             return None
         return _Prepared(messages, transcript, decision, context_tokens)
 
+    def _calibrate(self, reported: list[ChatMessage], reported_tokens: int, tools: ToolsType | None) -> None:
+        """Compare the provider's count of the reported messages with the counter's, as the proxy does."""
+        transcript, entries = self._cache.transcript(reported, self._counter)
+        MessageCache.record_tokens(transcript, entries, range(len(reported)))
+        self._calibration.observe(transcript.total() + self._overhead_tokens(tools), reported_tokens)
+
     def _under_trigger(self, unreported: list[ChatMessage], reported_tokens: int) -> bool:
         """Whether the provider's count plus the messages after it stays under the trigger.
 
@@ -189,7 +198,8 @@ class CompactionHook:
         compact costs only those, however long the conversation is.
         """
         transcript, entries = self._cache.transcript(unreported, self._counter)
-        decision = decide(self._thresholds, transcript, 0, Anchor(tokens=reported_tokens, covered=0))
+        anchor = Anchor(tokens=reported_tokens, covered=0)
+        decision = decide(self._thresholds, transcript, 0, anchor, self._calibration.ratio)
         MessageCache.record_tokens(transcript, entries, range(len(unreported)))
         self._estimated = decision.estimated_tokens
         return not decision.compact
@@ -249,7 +259,10 @@ class CompactionHook:
             # included. Counting the tool results after it too would have a second hook count them twice.
             last = last_assistant_index(compacted)
             accounted = range(len(compacted) if last < 0 else last + 1)
-            state.set("context_tokens", transcript.tokens_of(accounted) + prepared.decision.overhead_tokens)
+            decision = prepared.decision
+            state.set(
+                "context_tokens", round(decision.scale * transcript.tokens_of(accounted)) + decision.overhead_tokens
+            )
         logger.debug(
             "Compacted the Agent's conversation at step %s from %d to %d messages, targeting %d tokens.",
             state.data.get("step_count", 0),

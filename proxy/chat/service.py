@@ -33,6 +33,7 @@ from proxy.chat.request import ChatRequest, InvalidChatRequest
 from proxy.config import Mode, Settings
 from proxy.engine import (
     Anchor,
+    Calibration,
     CompactionChain,
     EditPlan,
     Outcome,
@@ -109,6 +110,7 @@ class ChatCompactionService:
         self.store: StateStore = store or open_store(settings)
         self.chain: CompactionChain = chain or chain_by_names(settings.strategies)
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
+        self.calibrations: dict[str, Calibration] = {}
         key = settings.tenant_key.get_secret_value() if settings.tenant_key else ""
         self._tenant_key = key.encode() if key else secrets.token_bytes(32)
         self.metrics = CompactionMetrics()
@@ -157,11 +159,12 @@ class ChatCompactionService:
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         anchor = await self._anchor(tenant, view.chain)
         outcome = compact_if_needed(
-            Transcript(view.messages, counter, view.meta),
+            Transcript(view.messages, counter, view.meta, keys=view.keys),
             thresholds,
             self.chain,
             counter.overhead_tokens(request.body),
             anchor,
+            calibration=self._calibration(model),
         )
         exchange.headers.update(_report(outcome, window))
         exchange.estimated_tokens = None if outcome.decision.bounded else outcome.decision.estimated_tokens
@@ -289,10 +292,9 @@ class ChatCompactionService:
         view = await self._rewritten(exchange.tenant, request.messages)
         counter = counter_for_model(exchange.model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
-        result = self.chain.compact(
-            Transcript(view.messages, counter, view.meta),
-            thresholds.target_tokens(counter.overhead_tokens(request.body)),
-        )
+        scale = self._calibration(exchange.model).ratio
+        target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
+        result = self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
@@ -303,6 +305,14 @@ class ChatCompactionService:
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
         return self._forward(b"", request, retry, full_plan.apply_messages(request.messages), None, changed=True)
+
+    def _calibration(self, model: str | None) -> Calibration:
+        """The calibration of local counts against the provider's for `model`, learned across conversations."""
+        name = model or ""
+        calibration = self.calibrations.get(name)
+        if calibration is None:
+            calibration = self.calibrations[name] = Calibration()
+        return calibration
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of the caller's credential: state is scoped by it and no key is ever stored."""

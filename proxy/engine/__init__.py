@@ -5,7 +5,8 @@ Messages are OpenAI Chat Completions dicts. A `Transcript` wraps a conversation 
 `EditPlan` that each front end applies to its own message objects.
 """
 
-from proxy.engine.compaction import Outcome, compact_if_needed, compact_if_needed_async
+from proxy.engine.calibration import Calibration
+from proxy.engine.compaction import Outcome, calibrated_decision, compact_if_needed, compact_if_needed_async
 from proxy.engine.counting import ApproximateCounter, TiktokenCounter, TokenCounter, counter_for_model
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
@@ -29,6 +30,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "Anchor",
     "ApproximateCounter",
+    "Calibration",
     "CompactionChain",
     "CompactionResult",
     "Created",
@@ -47,6 +49,7 @@ __all__ = [
     "TokenCounter",
     "ToolResultPruning",
     "Transcript",
+    "calibrated_decision",
     "chain_by_names",
     "compact_if_needed",
     "compact_if_needed_async",

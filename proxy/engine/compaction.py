@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.engine.calibration import Calibration
 from proxy.engine.strategies.chain import CompactionChain, CompactionResult
 from proxy.engine.transcript import Transcript
 from proxy.engine.trigger import Anchor, Decision, Thresholds, decide
@@ -22,10 +23,31 @@ class Outcome:
 
     @property
     def tokens_after(self) -> int:
-        """The estimated request size after compaction (the estimate before, when nothing changed)."""
+        """The estimated request size after compaction, in the provider's tokens (the estimate before, if unchanged)."""
         if self.result is None:
             return self.decision.estimated_tokens
-        return self.result.tokens_after + self.decision.overhead_tokens
+        return round(self.decision.scale * self.result.tokens_after) + self.decision.overhead_tokens
+
+
+def calibrated_decision(
+    transcript: Transcript,
+    thresholds: Thresholds,
+    overhead_tokens: int,
+    anchor: Anchor | None = None,
+    *,
+    calibration: Calibration | None = None,
+) -> Decision:
+    """Decide, first learning from the anchor how the provider's counts compare with ours.
+
+    The anchored prefix was counted by the provider and, message by message, by us: their ratio calibrates how the
+    messages after it are estimated.
+    """
+    if calibration is None:
+        return decide(thresholds, transcript, overhead_tokens, anchor)
+    if anchor is not None and anchor.tokens > 0 and anchor.covered > 0:
+        covered = range(min(anchor.covered, len(transcript)))
+        calibration.observe(transcript.tokens_of(covered) + overhead_tokens, anchor.tokens)
+    return decide(thresholds, transcript, overhead_tokens, anchor, calibration.ratio)
 
 
 def compact_if_needed(
@@ -34,9 +56,11 @@ def compact_if_needed(
     chain: CompactionChain,
     overhead_tokens: int,
     anchor: Anchor | None = None,
+    *,
+    calibration: Calibration | None = None,
 ) -> Outcome:
     """Decide, and compact when the estimate reaches the trigger."""
-    decision = decide(thresholds, transcript, overhead_tokens, anchor)
+    decision = calibrated_decision(transcript, thresholds, overhead_tokens, anchor, calibration=calibration)
     if not decision.compact:
         return Outcome(decision)
     return Outcome(decision, chain.compact(transcript, decision.target_tokens))
@@ -48,9 +72,11 @@ async def compact_if_needed_async(
     chain: CompactionChain,
     overhead_tokens: int,
     anchor: Anchor | None = None,
+    *,
+    calibration: Calibration | None = None,
 ) -> Outcome:
     """Like `compact_if_needed`, awaiting strategies that do I/O."""
-    decision = decide(thresholds, transcript, overhead_tokens, anchor)
+    decision = calibrated_decision(transcript, thresholds, overhead_tokens, anchor, calibration=calibration)
     if not decision.compact:
         return Outcome(decision)
     return Outcome(decision, await chain.compact_async(transcript, decision.target_tokens))

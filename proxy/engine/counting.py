@@ -23,7 +23,15 @@ import orjson
 
 from proxy.engine.encodings import get_encoding
 from proxy.engine.images import image_tokens
-from proxy.engine.messages import Message, content_parts, content_texts, message_key, role_of, tool_calls_of
+from proxy.engine.messages import (
+    Message,
+    MessageKey,
+    content_parts,
+    content_texts,
+    message_key,
+    role_of,
+    tool_calls_of,
+)
 
 TOKENS_PER_MESSAGE = 3
 """The chat format's framing around every message (OpenAI's `<|start|>role ... <|end|>`)."""
@@ -87,9 +95,9 @@ class TokenCounter(ABC):
         tail_chars = int((keep_tokens - keep_tokens // 2) * chars_per_token)
         return text[:head_chars], text[len(text) - tail_chars :] if tail_chars else ""
 
-    def message_tokens(self, message: Message) -> int:
-        """Tokens one message costs in a request, cached by the message's key."""
-        key = message_key(message)
+    def message_tokens(self, message: Message, key: MessageKey | None = None) -> int:
+        """Tokens one message costs in a request, cached by the message's key (pass it when already computed)."""
+        key = key if key is not None else message_key(message)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy.engine.counting import TokenCounter
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, MessageKey
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 
 _NO_META: Mapping[str, Any] = {}
@@ -20,9 +20,11 @@ class Transcript:
     :param meta: Per-message metadata from the front end: the Haystack hook passes each `ChatMessage.meta`, the
         proxy the markers of the messages its earlier compactions created. Compactors recognize their own (and
         Haystack's) notes and summaries by `COMPACTION_META_KEY`.
+    :param tokens: Counts already known, by position (None where unknown).
+    :param keys: The messages' keys when the caller already computed them, so counting does not hash again.
     """
 
-    __slots__ = ("_tokens", "counter", "messages", "meta")
+    __slots__ = ("_keys", "_tokens", "counter", "messages", "meta")
 
     def __init__(
         self,
@@ -30,6 +32,7 @@ class Transcript:
         counter: TokenCounter,
         meta: Sequence[Mapping[str, Any]] | None = None,
         tokens: Sequence[int | None] | None = None,
+        keys: Sequence[MessageKey] | None = None,
     ) -> None:
         if meta is not None and len(meta) != len(messages):
             raise ValueError(f"Got {len(meta)} metadata entries for {len(messages)} messages.")
@@ -37,6 +40,7 @@ class Transcript:
         self.counter = counter
         self.meta: Sequence[Mapping[str, Any]] = meta if meta is not None else [_NO_META] * len(messages)
         self._tokens: list[int | None] = list(tokens) if tokens is not None else [None] * len(messages)
+        self._keys = keys
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -45,7 +49,8 @@ class Transcript:
         """Tokens of the message at `index`."""
         count = self._tokens[index]
         if count is None:
-            count = self._tokens[index] = self.counter.message_tokens(self.messages[index])
+            key = self._keys[index] if self._keys is not None else None
+            count = self._tokens[index] = self.counter.message_tokens(self.messages[index], key)
         return count
 
     def upper_bound(self, index: int) -> int:

@@ -8,6 +8,7 @@ reaches `compact_at` of the window and aims at `compact_to` of it, less what is 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from proxy.engine.transcript import Transcript
@@ -60,14 +61,16 @@ class Anchor:
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether to compact, and the numbers behind it.
+    """Whether to compact, and the numbers behind it, in the provider's tokens.
 
     :param estimated_tokens: The estimated size of the request (an upper bound when `bounded`).
     :param compact: Whether the estimate reached the trigger.
-    :param target_tokens: The message budget for compaction (0 when not compacting).
+    :param target_tokens: The message budget for compaction in *local* tokens, the unit compactors measure in (0
+        when not compacting).
     :param overhead_tokens: The estimated non-message part of the request.
     :param bounded: The estimate is a cheap upper bound that was already clearly under the trigger, so nothing was
         tokenized.
+    :param scale: Provider tokens per local token, as calibrated; local counts were multiplied by it.
     """
 
     estimated_tokens: int
@@ -75,44 +78,66 @@ class Decision:
     target_tokens: int = 0
     overhead_tokens: int = 0
     bounded: bool = False
+    scale: float = 1.0
 
 
-def estimate_tokens(transcript: Transcript, overhead_tokens: int, anchor: Anchor | None = None) -> int:
-    """The request's estimated size: the anchor plus the messages after it, or a full local count without one."""
+def estimate_tokens(
+    transcript: Transcript, overhead_tokens: int, anchor: Anchor | None = None, scale: float = 1.0
+) -> int:
+    """The request's estimated size: the anchor plus the messages after it, or a full local count without one.
+
+    Local counts are multiplied by `scale`, the calibrated provider tokens per local token.
+    """
     if anchor is None or anchor.tokens <= 0:
-        return transcript.total() + overhead_tokens
+        return round(scale * (transcript.total() + overhead_tokens))
     covered = min(anchor.covered, len(transcript))
-    return anchor.tokens + transcript.tokens_of(range(covered, len(transcript)))
+    return anchor.tokens + round(scale * transcript.tokens_of(range(covered, len(transcript))))
 
 
 def decide(
-    thresholds: Thresholds, transcript: Transcript, overhead_tokens: int, anchor: Anchor | None = None
+    thresholds: Thresholds,
+    transcript: Transcript,
+    overhead_tokens: int,
+    anchor: Anchor | None = None,
+    scale: float = 1.0,
 ) -> Decision:
     """Decide whether the conversation needs compacting, and to what message budget.
 
     Before any tokenizing, a cheap upper bound (UTF-8 bytes for BPE counters) is compared with the trigger: a request
     clearly under it is decided without counting.
+
+    :param overhead_tokens: The local count of what is not messages (tool schemas, reply priming); unused with an
+        anchor, which already includes it as the provider counts it.
+    :param scale: Provider tokens per local token (see `Calibration`).
     """
-    bound = _upper_bound(transcript, overhead_tokens, anchor)
+    bound = _upper_bound(transcript, overhead_tokens, anchor, scale)
     if bound < thresholds.trigger_tokens:
-        return Decision(estimated_tokens=bound, compact=False, bounded=True)
-    estimated = estimate_tokens(transcript, overhead_tokens, anchor)
+        return Decision(estimated_tokens=bound, compact=False, bounded=True, scale=scale)
+    estimated = estimate_tokens(transcript, overhead_tokens, anchor, scale)
     if estimated < thresholds.trigger_tokens:
-        return Decision(estimated_tokens=estimated, compact=False)
+        return Decision(estimated_tokens=estimated, compact=False, scale=scale)
     # With an anchor, whatever the provider counted beyond our message counts is overhead: tool schemas, template.
-    overhead = estimated - transcript.total() if anchor is not None and anchor.tokens > 0 else overhead_tokens
+    if anchor is not None and anchor.tokens > 0:
+        overhead = estimated - round(scale * transcript.total())
+    else:
+        overhead = round(scale * overhead_tokens)
+    budget = thresholds.context_window * thresholds.compact_to - overhead
     return Decision(
         estimated_tokens=estimated,
         compact=True,
-        target_tokens=thresholds.target_tokens(overhead),
+        target_tokens=max(int(budget / scale), 0),
         overhead_tokens=overhead,
+        scale=scale,
     )
 
 
-def _upper_bound(transcript: Transcript, overhead_tokens: int, anchor: Anchor | None) -> int:
+def _upper_bound(transcript: Transcript, overhead_tokens: int, anchor: Anchor | None, scale: float) -> int:
     start = 0
-    bound = overhead_tokens
+    base = 0
+    local = overhead_tokens
     if anchor is not None and anchor.tokens > 0:
         start = min(anchor.covered, len(transcript))
-        bound = anchor.tokens
-    return bound + sum(transcript.upper_bound(index) for index in range(start, len(transcript)))
+        base = anchor.tokens
+        local = 0
+    local += sum(transcript.upper_bound(index) for index in range(start, len(transcript)))
+    return base + math.ceil(scale * local)

@@ -114,20 +114,28 @@ def test_pruned_tool_result_still_answers_its_call() -> None:
 def test_anchor_is_the_providers_count_plus_the_tool_results_after_the_last_reply() -> None:
     counter = TiktokenTokenCounter()
     messages = long_conversation(3)
-    hook = CompactionHook(compactor=SlidingWindowCompactor(), context_window=10_000, token_counter=counter)
-    trailing = counter.count(messages[-1:])
-    # Through the last assistant message the provider counted 6900 - trailing tokens: the estimate lands right below
-    # the trigger (7000), so nothing happens; one token more and it compacts.
-    below = state_with(messages, context_tokens=7000 - trailing - 1)
-    hook.run(below)
+    last = max(i for i, m in enumerate(messages) if m.role.value == "assistant")
+    trailing = counter.count(messages[last + 1 :])
+    # A provider that counts exactly as we do (reply priming included): calibration stays at 1, so the estimate is
+    # the provider's count plus the local count of the tool results after the last reply.
+    reported = counter.count(messages[: last + 1]) + 3
+    window = reported + trailing  # compact_at=1.0: the trigger is the window itself
+
+    def hook() -> CompactionHook:
+        return CompactionHook(
+            compactor=SlidingWindowCompactor(), context_window=window, compact_at=1.0, token_counter=counter
+        )
+
+    below = state_with(messages, context_tokens=reported - 1)
+    hook().run(below)
     assert below.data["messages"] is messages or below.data["messages"] == messages
 
-    at = state_with(list(messages), context_tokens=7000 - trailing)
-    hook.run(at)
+    at = state_with(list(messages), context_tokens=reported)
+    hook().run(at)
     assert len(at.data["messages"]) < len(messages)
     # The new count covers the compacted conversation through its last assistant message, plus the overhead the
     # provider's count implied.
-    overhead = 7000 - counter.count(messages)
+    overhead = reported + trailing - counter.count(messages)
     compacted = at.data["messages"]
     last = max(i for i, m in enumerate(compacted) if m.role.value == "assistant")
     assert at.data["context_tokens"] == counter.count(compacted[: last + 1]) + overhead
