@@ -3,6 +3,9 @@
 Log calls pass their fields as `extra={"fields": {...}}`; the formatters add them to the line. Nothing here ever
 receives a body or a credential: the access log records method, route kind, status, latency, byte counts and the
 conversation id header, and nothing else from the request.
+
+Exceptions are logged by type and stack only, never by their message: a parser's or a library's exception text can
+quote the data it choked on (a message, a header value), and logs must never carry either.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
+from types import TracebackType
 from typing import Any, Final
 
 import orjson
@@ -21,6 +26,39 @@ SERVER_LOGGER: Final = "compaction_proxy.server"
 _RESERVED: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+
+def redacted_exception(exc_info: ExcInfo) -> str:
+    """Render an exception like a traceback, but with each exception's type only: its message is left out.
+
+    Chained causes and contexts are rendered too, oldest first, as Python does.
+    """
+    exc = exc_info[1]
+    chain: list[tuple[BaseException, str]] = []  # newest first: (exception, how the next-older one led to it)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__cause__ is not None:
+            chain.append((exc, "The above exception was the direct cause of the following exception:"))
+            exc = exc.__cause__
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            chain.append((exc, "During handling of the above exception, another exception occurred:"))
+            exc = exc.__context__
+        else:
+            chain.append((exc, ""))
+            exc = None
+    parts: list[str] = []
+    for error, link in reversed(chain):
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        stack = "".join(traceback.format_tb(error.__traceback__))
+        if link:  # `error` was raised while handling (or from) the one rendered just before
+            parts.append(f"\n\n{link}\n\n")
+        parts.append(f"Traceback (most recent call last):\n{stack}{name} (message withheld)")
+    return "".join(parts)
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, "fields", None)
     extra = {key: value for key, value in record.__dict__.items() if key not in _RESERVED}
@@ -29,7 +67,15 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return extra
 
 
-class JsonFormatter(logging.Formatter):
+class _RedactingFormatter(logging.Formatter):
+    """A formatter whose tracebacks leave exception messages out."""
+
+    def formatException(self, ei: Any) -> str:
+        """Render an exception by type and stack only (see `redacted_exception`)."""
+        return redacted_exception(ei)
+
+
+class JsonFormatter(_RedactingFormatter):
     """`{"time", "level", "logger", "message", **fields, "exception"?}` on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -46,7 +92,7 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_RedactingFormatter):
     """`time level logger message key=value ...` for a terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
