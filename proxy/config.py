@@ -180,6 +180,34 @@ class Settings(BaseModel):
         default=300.0,
         description="Seconds the upstream may stay silent while sending a response body (e.g. between SSE events).",
     )
+    client_body_timeout: PositiveSeconds = Field(
+        default=60.0,
+        description=(
+            "Seconds a client may pause while sending its request body; a slower client gets 408 and its connection"
+            " closed, so a trickling upload cannot hold a handler (and an upstream connection) open indefinitely."
+        ),
+    )
+    max_header_bytes: int = Field(
+        default=8190,
+        ge=1024,
+        description=(
+            "Longest request line and longest single header (name and value) accepted from a client, in bytes;"
+            " longer ones are refused with 400 before any handler runs."
+        ),
+    )
+    max_headers: int = Field(
+        default=128, ge=8, description="Most request headers accepted from a client; more are refused with 400."
+    )
+    proxy_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description=(
+            "Inbound authentication for a shared gateway: when not empty, every forwarded request must carry one of"
+            " these secrets in `X-Proxy-Key: <key>` or `Proxy-Authorization: Bearer <key>` (else 401); the header is"
+            " removed before forwarding. `/healthz`, `/readyz` and `/metrics` stay open. Each key at least 16"
+            " characters. Empty (the default): off. From the environment: a JSON list or comma-separated keys."
+            " Never logged."
+        ),
+    )
     shutdown_grace_seconds: float = Field(
         default=30.0,
         ge=0,
@@ -238,6 +266,17 @@ class Settings(BaseModel):
             raise ValueError("must be at least 16 characters")
         return value
 
+    @field_validator("proxy_keys")
+    @classmethod
+    def _check_proxy_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for key in value:
+            secret = key.get_secret_value()
+            if len(secret) < 16:
+                raise ValueError("each proxy key must be at least 16 characters")
+            if secret != secret.strip() or any(not 0x21 <= ord(char) <= 0x7E for char in secret):
+                raise ValueError("proxy keys must be printable ASCII without spaces (they travel in a header)")
+        return value
+
     @model_validator(mode="after")
     def _check_thresholds(self) -> Settings:
         if not self.compact_to < self.compact_at:
@@ -288,7 +327,7 @@ def _split_mapping(raw: str) -> Any:
 
 def _from_env(field: str, raw: str) -> Any:
     """Turn one environment string into what the model validates: lists and dicts get parsed, empty means None."""
-    if field == "strategies":
+    if field in ("strategies", "proxy_keys"):
         return _split_list(raw)
     if field == "context_windows":
         return _split_mapping(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,11 +13,15 @@ from proxy.chat.exchange import ChatCompaction, PassThrough
 from proxy.config import Settings
 from proxy.server import health
 from proxy.server.accounting import accounting
+from proxy.server.auth import inbound_auth
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
+from proxy.server.logging import SERVER_LOGGER
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
+
+log = logging.getLogger(SERVER_LOGGER)
 
 HANDLER_ARGS: dict[str, Any] = {
     # Request bodies are forwarded as they came: never inflate a gzip-encoded upload.
@@ -27,6 +32,16 @@ HANDLER_ARGS: dict[str, Any] = {
     "access_log": None,
 }
 """Connection-handler options; set on the app, so they hold however it is run (AppRunner, TestServer, run_app)."""
+
+
+def handler_args(settings: Settings) -> dict[str, Any]:
+    """`HANDLER_ARGS` plus the request-head limits from the settings (longest line and header, most headers)."""
+    return {
+        **HANDLER_ARGS,
+        "max_line_size": settings.max_header_bytes,
+        "max_field_size": settings.max_header_bytes,
+        "max_headers": settings.max_headers,
+    }
 
 
 def create_app(
@@ -46,7 +61,11 @@ def create_app(
     if callable(register_metrics):
         register_metrics(metrics.registry)
 
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[accounting], handler_args=HANDLER_ARGS)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[accounting, inbound_auth],
+        handler_args=handler_args(settings),
+    )
     app[SETTINGS] = settings
     app[CHAT] = compaction
     app[METRICS] = metrics
@@ -84,6 +103,10 @@ async def _stopping(app: web.Application) -> None:
 
 
 async def _close_chat(app: web.Application) -> None:
+    """Release the compaction side; a failure there is logged, never allowed to abort the shutdown."""
     aclose = getattr(app[CHAT], "aclose", None)
     if callable(aclose):
-        await aclose()
+        try:
+            await aclose()
+        except Exception as exc:
+            log.error("closing the compaction side failed", extra={"fields": {"error": type(exc).__name__}})

@@ -25,6 +25,7 @@ from yarl import URL
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.server import errors
+from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
@@ -41,13 +42,16 @@ DECOMPRESSED_LIMIT: Final = 64 * 1024 * 1024
 """A compressed response is decompressed (a copy, for parsing only) up to this many bytes."""
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | None:
-    """Read the whole request body, or return None as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: web.Request, limit: int, pause_limit: float) -> bytes | None:
+    """Read the whole request body, or return None as soon as it is known to exceed `limit` bytes.
+
+    :raises ClientBodyTimeout: The client paused more than `pause_limit` seconds between two pieces of its body.
+    """
     if request.content_length is not None and request.content_length > limit:
         return None
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
+    async for chunk in client_chunks(request, pause_limit):
         size += len(chunk)
         if size > limit:
             return None
@@ -181,7 +185,10 @@ async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
     """Handle one chat completion (see the module docstring)."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
-    body = await read_body(request, settings.max_body_bytes)
+    try:
+        body = await read_body(request, settings.max_body_bytes, settings.client_body_timeout)
+    except ClientBodyTimeout:
+        return errors.client_timeout(settings.client_body_timeout)
     if body is None:
         record.error = "too_large"
         return errors.too_large(settings.max_body_bytes)

@@ -38,6 +38,18 @@ def too_large(limit: int) -> web.Response:
     )
 
 
+def client_timeout(seconds: float) -> web.Response:
+    """408 when the client paused longer than `client_body_timeout` while sending its body; the connection closes."""
+    response = error_response(
+        408,
+        f"The request body did not arrive in time (no data for {seconds:g} seconds).",
+        type_="invalid_request_error",
+        code="request_timeout",
+    )
+    response.force_close()
+    return response
+
+
 def upstream_unreachable(detail: str) -> web.Response:
     """502 when the upstream could not be connected to or broke the connection before answering."""
     return error_response(

@@ -9,6 +9,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.server import errors
+from proxy.server.body import CLIENT_TIMEOUT, client_chunks
 from proxy.server.chat import handle_chat
 from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
@@ -22,9 +23,11 @@ class _BodyTooLarge(Exception):
     """The client's streamed body passed `max_body_bytes`."""
 
 
-async def _client_body(request: web.Request, limit: int, record: RequestRecord) -> AsyncIterator[bytes]:
-    """Yield the client's body as it arrives, counting it and stopping at `limit`."""
-    async for chunk in request.content.iter_any():
+async def _client_body(
+    request: web.Request, limit: int, pause_limit: float, record: RequestRecord
+) -> AsyncIterator[bytes]:
+    """Yield the client's body as it arrives, counting it and stopping at `limit` or when it stalls."""
+    async for chunk in client_chunks(request, pause_limit):
         record.bytes_in += len(chunk)
         if record.bytes_in > limit:
             raise _BodyTooLarge
@@ -60,7 +63,7 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
     if request.content_length is not None and request.content_length > limit:
         record.error = "too_large"
         return errors.too_large(limit)
-    body = _client_body(request, limit, record) if request.body_exists else None
+    body = _client_body(request, limit, settings.client_body_timeout, record) if request.body_exists else None
     sent = time.perf_counter()
     try:
         async with upstream.request(
@@ -68,6 +71,8 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
         ) as response:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = response.status
+            if record.error == CLIENT_TIMEOUT:
+                return errors.client_timeout(settings.client_body_timeout)
             if record.bytes_in > limit:
                 record.error = "too_large"
                 return errors.too_large(limit)
@@ -76,6 +81,8 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
                 await finish(request, out)
             return out
     except UpstreamError as exc:
+        if record.error == CLIENT_TIMEOUT:
+            return errors.client_timeout(settings.client_body_timeout)
         if record.bytes_in > limit:
             record.error = "too_large"
             return errors.too_large(limit)

@@ -17,11 +17,12 @@ HOP_BY_HOP: frozenset[str] = frozenset(
 )
 """Hop-by-hop header names (lower case); every `Proxy-*` header and whatever `Connection` lists are dropped too."""
 
-REQUEST_ONLY_DROPS: frozenset[str] = frozenset({"host", "expect"})
-"""Request headers the proxy sets itself: Host becomes the upstream's, `Expect: 100-continue` is answered here."""
+REQUEST_ONLY_DROPS: frozenset[str] = frozenset({"host", "expect", "x-proxy-key"})
+"""Request headers the proxy sets itself or consumes: Host becomes the upstream's, `Expect: 100-continue` is answered
+here, and `X-Proxy-Key` (the proxy's own inbound credential, see `proxy.server.auth`) never leaves it."""
 
 SENSITIVE: frozenset[str] = frozenset(
-    {"authorization", "api-key", "x-api-key", "cookie", "set-cookie", "proxy-authorization"}
+    {"authorization", "api-key", "x-api-key", "cookie", "set-cookie", "proxy-authorization", "x-proxy-key"}
 )
 """Headers whose values must never appear in logs."""
 
