@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ def run_cell(targets: list[Target], payload: Payload, load: Load) -> list[dict[s
 
 def write_progress(line: str, log: Path | None = None) -> None:
     """Tell the operator what is being measured (stderr, so the table on stdout stays clean)."""
+    line = f"{time.strftime('%H:%M:%S')} {line}"
     print(line, file=sys.stderr, flush=True)
     if log is not None:
         with log.open("a") as handle:

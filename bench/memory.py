@@ -1,0 +1,97 @@
+"""Resident memory of a relay process at idle and while N very large requests are in flight against a slow upstream.
+
+For each N a fresh relay process (the proxy, or the bare relay for comparison) is started, its idle VmRSS read, then
+N copies of the very large body are sent at once with `X-Bench-Delay` so the upstream holds them all; VmRSS is
+sampled every 20 ms until the answers are back, and the peak kept. Per in-flight request = (peak - idle) / N.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.latency import Load, Target, run_load
+from bench.payloads import Payload
+from bench.processes import Server, rss_kib
+
+SAMPLE_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One measurement (sizes in MiB)."""
+
+    relay: str
+    in_flight: int
+    idle_mib: float
+    warm_mib: float
+    peak_mib: float
+    per_request_mib: float
+    body_mib: float
+
+
+def _peak_during(pid: int, work: Callable[[], Any]) -> int:
+    """Run `work` while sampling the process's VmRSS; return the highest reading, in KiB."""
+    peak = rss_kib(pid)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            try:
+                peak = max(peak, rss_kib(pid))
+            except (OSError, RuntimeError):
+                return
+            time.sleep(SAMPLE_SECONDS)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        work()
+    finally:
+        done.set()
+        sampler.join()
+    return peak
+
+
+def measure(
+    relay: str,
+    start: Callable[[], AbstractContextManager[Server]],
+    payload: Payload,
+    warm_payload: Payload,
+    *,
+    in_flight: int,
+    delay_seconds: float,
+) -> MemoryRow:
+    """Idle and peak VmRSS of a fresh relay process while `in_flight` copies of `payload` wait on the upstream.
+
+    `warm` is read after one small request (`warm_payload`), which loads what every first request loads (the
+    tokenizer's tables); the per-request figure is counted from there.
+    """
+    with start() as server:
+        time.sleep(0.5)
+        idle = rss_kib(server.pid)
+        run_load(Target(relay, server.url), warm_payload, Load(concurrency=1, requests=1, warmup=0, max_seconds=30.0))
+        time.sleep(0.2)
+        warm = rss_kib(server.pid)
+        load = Load(concurrency=in_flight, requests=in_flight, warmup=0, max_seconds=60.0)
+        target = Target(relay, server.url, {"X-Bench-Delay": str(delay_seconds)})
+        peak = _peak_during(server.pid, lambda: run_load(target, payload, load))
+    return MemoryRow(
+        relay=relay,
+        in_flight=in_flight,
+        idle_mib=idle / 1024,
+        warm_mib=warm / 1024,
+        peak_mib=peak / 1024,
+        per_request_mib=(peak - warm) / 1024 / in_flight,
+        body_mib=payload.size / 1024 / 1024,
+    )
+
+
+def as_dicts(rows: list[MemoryRow]) -> list[dict[str, Any]]:
+    """The rows as JSON-ready dicts."""
+    return [asdict(row) for row in rows]

@@ -1,0 +1,399 @@
+"""The benchmark: every figure the README quotes, measured in one run on one machine, printed as a markdown table.
+
+    python -m bench [--quick] [--output bench/results/bench.json]
+
+Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end whatever happens):
+
+- `bench.instant_upstream`: answers every chat completion at once without parsing it (the fixed point);
+- `bench.bare_relay`: the floor, an aiohttp relay with no parsing, in front of the same upstream;
+- `proxy.cli serve`: the proxy, as deployed, in front of the same upstream, with a window large enough that nothing
+  compacts (`X-Context-Window` on the "compacting" rows makes every request compact, then replay its rewrite);
+- `bench.loadgen`: the load generator, one process per measured cell.
+
+Then: resident memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with
+rewrite memory on and off (`bench.long_run`), the re-sent 400k-token conversation (`bench.resend`) and our hook
+against Haystack's (`bench.hook_vs_haystack`), each in its own process.
+
+`--quick` runs a few seconds' worth of everything (CI smoke test): its figures are not worth quoting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import long_run, memory
+from bench.latency import Load, Target, run_cell, write_progress
+from bench.payloads import Payload, build
+from bench.processes import ROOT, Server
+
+RESULTS = Path(__file__).parent / "results" / "bench.json"
+NO_COMPACTION_WINDOW = 4_000_000
+"""`--default-context-window` of the proxy: no payload comes near 70% of it."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big the run is."""
+
+    sizes: dict[str, int]
+    concurrencies: list[int]
+    requests: dict[str, dict[int, int]]
+    max_seconds: float
+    memory_in_flight: list[int]
+    memory_delay_seconds: float
+    long_run_tasks: int
+    long_run_steps: int
+    resend_tokens: int
+    resend_repeat: int
+    hook_args: list[str]
+
+
+FULL = Plan(
+    sizes={"small": 1_000, "large": 100_000, "very large": 400_000},
+    concurrencies=[1, 64, 256],
+    requests={
+        "small": {1: 3000, 64: 6000, 256: 6000},
+        "large": {1: 300, 64: 640, 256: 768},
+        "very large": {1: 60, 64: 192, 256: 256},
+    },
+    max_seconds=10.0,
+    memory_in_flight=[1, 8, 32],
+    memory_delay_seconds=3.0,
+    long_run_tasks=10,
+    long_run_steps=20,
+    resend_tokens=400_000,
+    resend_repeat=3,
+    hook_args=[],
+)
+
+QUICK = Plan(
+    sizes={"small": 1_000, "large": 20_000, "very large": 40_000},
+    concurrencies=[1, 8],
+    requests={"small": {1: 100, 8: 100}, "large": {1: 10, 8: 16}, "very large": {1: 5, 8: 8}},
+    max_seconds=2.0,
+    memory_in_flight=[2],
+    memory_delay_seconds=0.5,
+    long_run_tasks=1,
+    long_run_steps=4,
+    resend_tokens=20_000,
+    resend_repeat=1,
+    hook_args=["--smoke"],
+)
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+@contextmanager
+def servers(workdir: Path, bytes_per_token: float) -> Iterator[dict[str, Server]]:
+    """The instant upstream, the bare relay and the proxy, running; stopped on exit."""
+    with ExitStack() as stack:
+        upstream = stack.enter_context(
+            Server(
+                "upstream",
+                ["-m", "bench.instant_upstream", "--port", "0", "--bytes-per-token", f"{bytes_per_token:.3f}"],
+                workdir,
+            )
+        )
+        relay = stack.enter_context(
+            Server("bare-relay", ["-m", "bench.bare_relay", "--port", "0", "--upstream", upstream.url], workdir)
+        )
+        proxy = stack.enter_context(start_proxy(workdir, upstream.url, "proxy"))
+        yield {"upstream": upstream, "relay": relay, "proxy": proxy}
+
+
+def start_proxy(workdir: Path, upstream: str, name: str) -> Server:
+    """A proxy process (not yet started) in front of `upstream`, with a window that never compacts."""
+    args = ["-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream]
+    args += ["--default-context-window", str(NO_COMPACTION_WINDOW)]
+    return Server(name, args, workdir, url_on_stderr=True)
+
+
+def latency_rows(plan: Plan, payloads: dict[str, Payload], procs: dict[str, Server], log: Path) -> list[dict[str, Any]]:
+    """Every latency cell: direct, bare relay, proxy, and proxy compacting, for each size and concurrency."""
+    results: list[dict[str, Any]] = []
+    for name, payload in payloads.items():
+        compact_window = int(payload.tokens / 0.75)
+        targets = [
+            Target("direct", procs["upstream"].url),
+            Target("bare relay", procs["relay"].url),
+            Target("proxy", procs["proxy"].url),
+            Target("proxy, compacting", procs["proxy"].url, {"X-Context-Window": str(compact_window)}),
+        ]
+        for concurrency in plan.concurrencies:
+            count = plan.requests[name][concurrency]
+            load = Load(concurrency, count, warmup=max(concurrency, min(50, count // 10)), max_seconds=plan.max_seconds)
+            write_progress(f"latency: {name} ({payload.size} B), concurrency {concurrency}, {count} requests", log)
+            results += run_cell(targets, payload, load)
+        if name != "very large":
+            load = Load(1, plan.requests[name][1], warmup=10, max_seconds=plan.max_seconds, stream=True)
+            write_progress(f"latency: {name}, streamed, sequential", log)
+            results += run_cell(targets[:3], payload, load)
+    return results
+
+
+def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (payload, concurrency, streamed) with direct, relay, proxy and compacting figures side by side."""
+    groups: dict[tuple[str, int, bool], dict[str, dict[str, Any]]] = {}
+    for cell in cells:
+        groups.setdefault((cell["payload"], cell["concurrency"], cell["stream"]), {})[cell["target"]] = cell
+    rows = []
+    for (payload, concurrency, stream), by_target in groups.items():
+        direct, relay, proxy = by_target["direct"], by_target["bare relay"], by_target["proxy"]
+        compacting = by_target.get("proxy, compacting")
+        key = "ttfb_" if stream else ""
+        row = {
+            "payload": payload,
+            "body_bytes": direct["body_bytes"],
+            "concurrency": concurrency,
+            "stream": stream,
+            "direct_p50_ms": direct[f"{key}p50_ms"],
+            "direct_p99_ms": direct[f"{key}p99_ms"],
+            "relay_added_p50_ms": relay[f"{key}p50_ms"] - direct[f"{key}p50_ms"],
+            "relay_added_p99_ms": relay[f"{key}p99_ms"] - direct[f"{key}p99_ms"],
+            "proxy_added_p50_ms": proxy[f"{key}p50_ms"] - direct[f"{key}p50_ms"],
+            "proxy_added_p99_ms": proxy[f"{key}p99_ms"] - direct[f"{key}p99_ms"],
+            "direct_rps": direct["rps"],
+            "relay_rps": relay["rps"],
+            "proxy_rps": proxy["rps"],
+            "proxy_vs_relay_p50": proxy[f"{key}p50_ms"] / relay[f"{key}p50_ms"] if relay[f"{key}p50_ms"] else 0.0,
+            "relay_vs_proxy_rps": relay["rps"] / proxy["rps"] if proxy["rps"] else 0.0,
+            "problems": [cell["problem"] for cell in by_target.values() if "problem" in cell],
+        }
+        if compacting is not None:
+            row["compacting_added_p50_ms"] = compacting["p50_ms"] - direct["p50_ms"]
+            row["compacting_added_p99_ms"] = compacting["p99_ms"] - direct["p99_ms"]
+            row["compacting_rps"] = compacting["rps"]
+            row["compacting_decisions"] = compacting["x_compaction"]
+        rows.append(row)
+    return rows
+
+
+def run_module(args: list[str], timeout: float) -> str:
+    """Run `python <args>` from the repository root; return its stdout (raise with its stderr if it fails)."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return done.stdout
+
+
+def resend(plan: Plan) -> dict[str, Any]:
+    """`bench.resend` in its own process: cold decision vs the same conversation re-sent with two new messages."""
+    out = run_module(
+        ["-m", "bench.resend", "--tokens", str(plan.resend_tokens), "--repeat", str(plan.resend_repeat)], 900
+    )
+    figures: dict[str, Any] = json.loads(out[out.index("{") :])
+    return figures
+
+
+def hook_vs_haystack(plan: Plan, workdir: Path) -> dict[str, Any]:
+    """`bench.hook_vs_haystack` in its own process; its JSON results."""
+    output = workdir / "hook_vs_haystack.json"
+    run_module(["-m", "bench.hook_vs_haystack", *plan.hook_args, "--output", str(output)], 1800)
+    figures: dict[str, Any] = json.loads(output.read_text())
+    return figures
+
+
+def render(results: dict[str, Any]) -> str:
+    """The markdown report."""
+    lines: list[str] = []
+    machine = results["machine"]
+    lines.append(
+        f"Machine: {machine['cores']} cores ({machine['cpu']}), Python {machine['python']}, {machine['system']}; "
+        f"command `{results['command']}`; total {results['seconds']:.0f} s."
+    )
+    lines.append("")
+    lines.append("### Added latency over direct calls to an instant loopback upstream")
+    lines.append("")
+    lines.append(
+        "| request | concurrency | direct p50 / p99 | bare relay added p50 / p99 | proxy added p50 / p99 "
+        "| proxy compacting added p50 / p99 | req/s direct / relay / proxy / compacting | proxy vs relay (p50, req/s) |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in results["latency"]:
+        label = (
+            f"{row['payload']} ({row['body_bytes'] / 1024:.0f} KiB){', streamed: time to first byte' * row['stream']}"
+        )
+        compacting = (
+            f"{_ms(row['compacting_added_p50_ms'])} / {_ms(row['compacting_added_p99_ms'])}"
+            if "compacting_added_p50_ms" in row
+            else "-"
+        )
+        compacting_rps = f" / {row['compacting_rps']:.0f}" if "compacting_rps" in row else ""
+        lines.append(
+            f"| {label} | {row['concurrency']} | {_ms(row['direct_p50_ms'])} / {_ms(row['direct_p99_ms'])} "
+            f"| {_ms(row['relay_added_p50_ms'])} / {_ms(row['relay_added_p99_ms'])} "
+            f"| {_ms(row['proxy_added_p50_ms'])} / {_ms(row['proxy_added_p99_ms'])} | {compacting} "
+            f"| {row['direct_rps']:.0f} / {row['relay_rps']:.0f} / {row['proxy_rps']:.0f}{compacting_rps} req/s "
+            f"| {_ratio(row['proxy_vs_relay_p50'])} latency, {_ratio(row['relay_vs_proxy_rps'])} fewer req/s |"
+        )
+    problems = [problem for row in results["latency"] for problem in row["problems"]]
+    if problems:
+        lines.append("")
+        lines.append(f"Problems: {'; '.join(problems)}")
+    lines.append("")
+    lines.append("### Resident memory (VmRSS) while very large requests wait on a slow upstream")
+    lines.append("")
+    lines.append(
+        "| process | in flight | body | idle at start | after one small request | peak | per in-flight request |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in results["memory"]:
+        lines.append(
+            f"| {row['relay']} | {row['in_flight']} | {row['body_mib']:.2f} MiB | {row['idle_mib']:.1f} MiB "
+            f"| {row['warm_mib']:.1f} MiB "
+            f"| {row['peak_mib']:.1f} MiB | {row['per_request_mib']:.2f} MiB |"
+        )
+    lines.append("")
+    lines.append(f"### Long tool-using run through the proxy ({long_run.WINDOW}-token window)")
+    lines.append("")
+    lines.append(
+        "| rewrite memory | turns | compacted turns | mean identical prefix share "
+        "| turns extending the previous prompt | prompt tokens forwarded | of which cached | largest prompt |"
+    )
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in results["long_run"]:
+        lines.append(
+            f"| {'on' if row['rewrite_memory'] else 'off'} | {row['turns']} | {row['compacted_turns']} "
+            f"| {row['mean_identical_prefix_share'] * 100:.1f} % | {row['turns_fully_extending_previous']} "
+            f"| {row['prompt_tokens_forwarded']} tokens | {row['cached_share'] * 100:.1f} % "
+            f"| {row['max_prompt_tokens']} tokens |"
+        )
+    lines.append("")
+    lines.append("### Compaction decision on a large conversation (`bench.resend`, no sockets)")
+    lines.append("")
+    figures = results["resend"]
+    lines.append("| conversation | body | cold decision | re-sent + 2 messages | re-sent / cold |")
+    lines.append("| --- | ---: | ---: | ---: | ---: |")
+    lines.append(
+        f"| {figures['tokens']} tokens, {figures['messages']} messages | {figures['body_bytes'] / 1024 / 1024:.2f} MiB "
+        f"| {_ms(figures['cold_ms'])} | {_ms(figures['resend_ms'])} | {figures['resend_fraction'] * 100:.1f} % |"
+    )
+    lines.append("")
+    hook = results["hook_vs_haystack"]
+    settings = hook["settings"]
+    lines.append(
+        f"### Our hook vs Haystack's `CompactionHook` (`bench.hook_vs_haystack`: {settings['steps']} steps, "
+        f"{settings['window']}-token window, CPU time)"
+    )
+    lines.append("")
+    lines.append("| compactor / counter / usage | ours per call | Haystack per call | Haystack / ours |")
+    lines.append("| --- | ---: | ---: | ---: |")
+    for row in hook["rows"]:
+        ours, theirs = row["ours"]["ms_per_call"], row["haystack"]["ms_per_call"]
+        label = f"{row['compactor']} / {row['counter']} / {'usage' if row['usage'] else 'no usage'}"
+        speedup = theirs / ours if ours else float("inf")
+        lines.append(f"| {label} | {_ms(ours)} | {_ms(theirs)} | {_ratio(speedup)} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run everything, print the markdown table, write the JSON results."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few seconds of everything (CI smoke run)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file (default %(default)s)")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "command": "python -m bench" + (" --quick" if args.quick else ""),
+        "machine": machine(),
+        "plan": asdict(plan),
+    }
+    with tempfile.TemporaryDirectory(prefix="compaction-bench-") as temp:
+        workdir = Path(temp)
+        log = workdir / "progress.log"
+        write_progress("building payloads", log)
+        payloads = {name: build(name, tokens, workdir) for name, tokens in plan.sizes.items()}
+        results["payloads"] = {
+            name: {"tokens": p.tokens, "bytes": p.size, "messages": p.messages} for name, p in payloads.items()
+        }
+        bytes_per_token = payloads[max(payloads, key=lambda n: payloads[n].tokens)].bytes_per_token
+        with servers(workdir, bytes_per_token) as procs:
+            results["idle_rss_mib"] = {name: server.rss_kib() / 1024 for name, server in procs.items()}
+            results["latency_cells"] = latency_rows(plan, payloads, procs, log)
+            results["latency"] = summarize_latency(results["latency_cells"])
+            upstream_url = procs["upstream"].url
+            write_progress("memory", log)
+            very_large = payloads["very large"]
+            rows = []
+            for in_flight in plan.memory_in_flight:
+                rows.append(
+                    memory.measure(
+                        "proxy",
+                        lambda: start_proxy(workdir, upstream_url, "proxy-memory"),
+                        very_large,
+                        payloads["small"],
+                        in_flight=in_flight,
+                        delay_seconds=plan.memory_delay_seconds,
+                    )
+                )
+                rows.append(
+                    memory.measure(
+                        "bare relay",
+                        lambda: Server(
+                            "relay-memory",
+                            ["-m", "bench.bare_relay", "--port", "0", "--upstream", upstream_url],
+                            workdir,
+                        ),
+                        very_large,
+                        payloads["small"],
+                        in_flight=in_flight,
+                        delay_seconds=plan.memory_delay_seconds,
+                    )
+                )
+            results["memory"] = memory.as_dicts(rows)
+        write_progress("long tool-using run, rewrite memory on and off", log)
+        results["long_run"] = long_run.run(plan.long_run_tasks, plan.long_run_steps, workdir)
+        write_progress("bench.resend", log)
+        results["resend"] = resend(plan)
+        write_progress("bench.hook_vs_haystack", log)
+        results["hook_vs_haystack"] = hook_vs_haystack(plan, workdir)
+    results["seconds"] = time.perf_counter() - started
+    report = render(results)
+    print(report)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
