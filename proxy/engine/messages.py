@@ -79,80 +79,63 @@ def content_parts(message: Message) -> list[Mapping[str, Any]]:
     return [part for part in content if isinstance(part, Mapping)]
 
 
-def _canonical_arguments(arguments: Any) -> Any:
-    """Tool-call arguments in a form that survives a client re-serializing them (whitespace, key order)."""
-    if isinstance(arguments, str):
-        return _canonical_json_text(arguments)
-    return arguments
-
-
 @lru_cache(maxsize=65_536)
-def _canonical_json_text(text: str) -> str:
+def _canonical_json_text(text: str) -> bytes:
     """`text` re-serialized with sorted keys and no whitespace when it is JSON; as it is otherwise."""
     try:
-        return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+        return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONDecodeError:
-        return text
+        return text.encode("utf-8", "surrogatepass")
 
 
-def _normalized_call(call: Any) -> Any:
+def _value_bytes(value: Any) -> bytes:
+    """A field's value as bytes: text as UTF-8, absent or empty as nothing, anything else as canonical JSON."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if value is None or value in ("", [], {}):
+        return b""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return repr(value).encode("utf-8", "replace")
+
+
+def _call_bytes(call: Any) -> bytes:
+    """One tool call as the model reads it: id, function name, canonical arguments."""
     if not isinstance(call, Mapping):
-        return call
+        return b"?" + _value_bytes(call)
     function = call.get("function")
-    if isinstance(function, Mapping):
-        function = {
-            "name": function.get("name"),
-            "arguments": _canonical_arguments(function.get("arguments")),
-        }
-    return {"id": call.get("id"), "function": function}
-
-
-def _normalized_content(content: Any) -> Any:
-    if content is None or content in ("", []):
-        return ""
-    return content
-
-
-_IDENTITY_FIELDS = ("name", "tool_call_id", "tool_calls", "function_call")
-"""Fields besides role and content that change what the model reads; empty or null ones count as absent."""
-
-
-def normalized(message: Message) -> dict[str, Any]:
-    """The parts of a message that define it, in a form that survives a client's round trip.
-
-    A client re-sends the assistant reply it received, but rarely byte for byte: SDKs add `refusal: null` and
-    `annotations: []`, drop null content, and re-serialize tool-call arguments. Normalization keeps only what the
-    model reads (role, content, name, tool calls, tool call id, function call) and canonicalizes the rest, so the
-    re-sent reply is recognized as the same message.
-    """
-    out: dict[str, Any] = {"role": message.get("role"), "content": _normalized_content(message.get("content"))}
-    for key in ("name", "tool_call_id"):
-        if value := message.get(key):
-            out[key] = value
-    if calls := message.get("tool_calls"):
-        out["tool_calls"] = [_normalized_call(call) for call in calls] if isinstance(calls, list) else calls
-    if function_call := message.get("function_call"):
-        out["function_call"] = _normalized_call({"function": function_call})
-    return out
+    if not isinstance(function, Mapping):
+        return b"?" + _value_bytes(call)
+    arguments = function.get("arguments")
+    canonical = _canonical_json_text(arguments) if isinstance(arguments, str) else _value_bytes(arguments)
+    return b"\0".join((_value_bytes(call.get("id")), _value_bytes(function.get("name")), canonical))
 
 
 def message_key(message: Message) -> MessageKey:
-    """A stable digest of the normalized message: equal for messages the model reads the same way."""
-    role = message.get("role")
-    content = message.get("content")
-    # The common case, a plain text message, is hashed without building and serializing a normalized copy.
-    if (
-        isinstance(role, str)
-        and isinstance(content, str)
-        and content
-        and not any(message.get(field) for field in _IDENTITY_FIELDS)
-    ):
-        data = b"s\0" + role.encode() + b"\0" + content.encode("utf-8", "surrogatepass")
-        return hashlib.blake2b(data, digest_size=16).digest()
-    try:
-        data = b"j\0" + orjson.dumps(normalized(message), option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        data = b"r\0" + repr(normalized(message)).encode("utf-8", "replace")
+    """A stable digest of what the model reads of a message, equal for messages it reads the same way.
+
+    A client re-sends the assistant reply it received, but rarely byte for byte: SDKs add `refusal: null` and
+    `annotations: []`, drop null content, and re-serialize tool-call arguments. The key covers only role, content,
+    name, tool calls (id, name, canonical arguments), tool call id and function call, with empty and null alike, so
+    the re-sent reply is recognized as the same message. Each field is length-prefixed, so no two different
+    messages can run together into the same bytes.
+    """
+    pieces = [
+        _value_bytes(message.get("role")),
+        _value_bytes(message.get("content")),
+        _value_bytes(message.get("name")),
+        _value_bytes(message.get("tool_call_id")),
+    ]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        pieces.extend(_call_bytes(call) for call in calls)
+    elif calls:
+        pieces.append(b"?" + _value_bytes(calls))
+    function_call = message.get("function_call")
+    if function_call:
+        pieces.append(b"f" + _call_bytes({"function": function_call}))
+    data = b"".join(b"%d:%b" % (len(piece), piece) for piece in pieces)
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
