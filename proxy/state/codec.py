@@ -121,24 +121,36 @@ def supersedes(new: EditPlan, stored: EditPlan) -> bool:
     """Whether `new` may replace `stored` under the same key: it is a later compaction of the same conversation.
 
     Under one key both plans cover the same original prefix. A later compaction is `stored.then(compaction)`: it
-    keeps some of `stored`'s entries in their order and adds only created messages, and since a compaction always
-    makes the conversation smaller, it drops or replaces at least one of them. Anything else, such as an older plan
-    merely carried forward, or a sibling compaction of the same base that another replica made concurrently, must
-    not replace what is stored: the first plan written stays, so every replica goes on replaying the same prefix.
+    keeps some of `stored`'s entries in their order and adds only created messages, and, since a compaction always
+    makes the conversation smaller, it either keeps fewer of the originals or, when it only reworked messages that
+    compaction had created, holds fewer created bytes. Anything else must not replace what is stored: an older plan
+    merely carried forward by another replica (replacing would lose the compaction), or a sibling compaction of the
+    same base that is not a further compaction of the stored one (replacing would fork the conversation: later turns
+    would replay a prefix other than the one the upstream already saw). Of two siblings, the one that is a further
+    compaction of the other wins in whatever order they land; of two incomparable ones, the first written stays.
     A plan over a longer source (never under one key in practice) supersedes one over a shorter source.
     """
     if new.source_length != stored.source_length:
         return new.source_length > stored.source_length
     stored_wire = [encode_entry(entry) for entry in stored.entries]
     position = 0
-    shared = 0
     for entry in new.entries:
         wire = encode_entry(entry)
         match = next((at for at in range(position, len(stored_wire)) if stored_wire[at] == wire), None)
         if match is not None:
             position = match + 1
-            shared += 1
         elif isinstance(entry, Kept):
             # An original that `stored` no longer has (or not at this place): `new` does not build on `stored`.
             return False
-    return shared < len(stored_wire)
+    new_kept, stored_kept = _kept_count(new), _kept_count(stored)
+    if new_kept != stored_kept:
+        return new_kept < stored_kept
+    return _created_bytes(new) < _created_bytes(stored)
+
+
+def _kept_count(plan: EditPlan) -> int:
+    return sum(1 for entry in plan.entries if isinstance(entry, Kept))
+
+
+def _created_bytes(plan: EditPlan) -> int:
+    return sum(len(encode_entry(entry)) for entry in plan.entries if isinstance(entry, Created))
