@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -125,10 +126,10 @@ def openai_error(body: bytes) -> dict[str, Any]:
     return dict(error)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll `predicate` until it holds, failing after `timeout` seconds."""
+async def wait_for(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll `predicate` until it holds, failing after `within` seconds."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not predicate():
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
@@ -147,10 +148,8 @@ class FullBacklogPort:
         for _ in range(4):
             filler = socket.socket()
             filler.setblocking(False)
-            try:
+            with contextlib.suppress(BlockingIOError):  # the handshake completes (or not) in the background
                 filler.connect(("127.0.0.1", port))
-            except BlockingIOError:
-                pass
             self.fillers.append(filler)
         return port
 

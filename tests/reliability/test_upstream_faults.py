@@ -191,6 +191,7 @@ async def test_error_statuses_reach_the_client_with_the_upstreams_headers_and_bo
     upstream: OpenAIUpstream,
     proxy: Proxy,
     http: aiohttp.ClientSession,
+    *,
     status: int,
     stream: bool,
     body: bytes | None,
