@@ -16,6 +16,8 @@ caller's tenant, lookups find the longest stored prefix of a conversation), with
   empty or already holds the same plan, and otherwise refreshes the TTL and returns what is stored; the replica then
   decides in Python, and, to replace, runs the script again naming the plan it decided to replace, which writes only
   if that is still what is stored (compare-and-set), retrying a few times if another write slipped in between.
+- **Bounded connections.** A blocking pool of `max_connections`: a burst of requests queues for a connection
+  instead of failing.
 - **Failing fast.** Timeouts are short and a refused connection is retried once without backoff, so a Redis that is
   down costs a request milliseconds; the service treats the store's error as its own and forwards unchanged.
 
@@ -29,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -62,7 +64,9 @@ class RedisStore:
     :param ttl_seconds: How long a record lives after it was last written (fractions allowed; stored in ms).
     :param key_prefix: Prepended to every key, so several deployments can share one Redis.
     :param scan_limit: How many of a chain's newest elements a lookup considers.
-    :param timeout_seconds: Connect and per-command socket timeout: a stalled Redis must not stall requests.
+    :param timeout_seconds: Connect, per-command and pool-wait timeout: a stalled Redis must not stall requests.
+    :param max_connections: Connections per replica; a burst beyond them waits (up to the timeout) for a free one
+        instead of failing, as redis-py's default pool would after 100.
     :param max_save_attempts: Compare-and-set rounds a contested rewrite save tries before leaving the stored plan.
     """
 
@@ -74,6 +78,7 @@ class RedisStore:
         *,
         scan_limit: int = DEFAULT_SCAN_LIMIT,
         timeout_seconds: float = 1.0,
+        max_connections: int = 64,
         max_save_attempts: int = 8,
     ) -> None:
         if ttl_seconds <= 0:
@@ -84,8 +89,10 @@ class RedisStore:
         self._prefix = key_prefix
         self._scan_limit = scan_limit
         self._max_save_attempts = max(1, max_save_attempts)
-        self._pool: ConnectionPool = ConnectionPool.from_url(
+        self._pool: BlockingConnectionPool = BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout_seconds,
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             retry=Retry(NoBackoff(), 1),
