@@ -32,7 +32,9 @@ json_values = st.recursive(
 def created_entries(draw: st.DrawFn, source_length: int) -> Created:
     message = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
     message = {"role": draw(st.sampled_from(["user", "assistant", "tool", "system"])), **message}
-    meta = {COMPACTION_META_KEY: {"strategy": draw(st.sampled_from(["sliding_window", "summarization"]))}}
+    meta: dict[str, Any] = {
+        COMPACTION_META_KEY: {"strategy": draw(st.sampled_from(["sliding_window", "summarization"]))}
+    }
     meta.update(draw(st.dictionaries(st.text(max_size=6), json_scalars, max_size=2)))
     replaces = draw(st.none() | st.integers(min_value=0, max_value=source_length - 1)) if source_length else None
     return Created(message=message, meta=meta, replaces=replaces)
@@ -72,7 +74,13 @@ def test_created_messages_keep_their_key_order(plan: EditPlan) -> None:
 def test_kept_runs_are_start_stop_pairs() -> None:
     note = Created({"role": "user", "content": "[5 earlier messages were removed.]"}, {COMPACTION_META_KEY: {}})
     stub = Created({"role": "tool", "tool_call_id": "c1", "content": "pruned"}, {COMPACTION_META_KEY: {}}, replaces=9)
-    entries = (Kept(0), note, *(Kept(i) for i in range(6, 9)), stub, *(Kept(i) for i in range(10, 500)))
+    entries: tuple[Entry, ...] = (
+        Kept(0),
+        note,
+        *(Kept(i) for i in range(6, 9)),
+        stub,
+        *(Kept(i) for i in range(10, 500)),
+    )
     plan = EditPlan(500, entries)
     document = orjson.loads(encode_plan(plan))
     assert document[0] == FORMAT_VERSION

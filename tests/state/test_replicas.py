@@ -73,7 +73,9 @@ async def run_alternating(base_urls: list[str], tasks: int, steps: int) -> list[
             messages.append({"role": "user", "content": f"Task {task}: review the handlers in src/ and report."})
             for step in range(steps + 1):
                 raw = await next(rotation).chat.completions.with_raw_response.create(
-                    model=MODEL, messages=messages, tools=TOOLS
+                    model=MODEL,
+                    messages=messages,
+                    tools=TOOLS,  # type: ignore[arg-type]
                 )
                 headers.append(raw.headers.get("x-compaction", ""))
                 message = raw.parse().choices[0].message.model_dump(exclude_none=True)
@@ -105,10 +107,10 @@ async def test_alternating_replicas_send_the_upstream_a_byte_identical_prefix(
     replica_a, _ = await start_proxy(state_url=state_url)
     replica_b, _ = await start_proxy(state_url=state_url)
 
-    headers = await run_alternating([replica_a, replica_b], tasks=5, steps=12)
+    headers = await run_alternating([replica_a, replica_b], tasks=4, steps=12)
     prompts = forwarded_prompts(upstream)
 
-    assert len(prompts) == len(headers) >= 50
+    assert len(prompts) == len(headers) >= 40
     compactions = headers.count("compacted")
     assert compactions >= 2, f"only {compactions} compactions in {len(headers)} turns: the test proves nothing"
     assert "error" not in headers
@@ -125,7 +127,7 @@ async def test_alternating_replicas_send_the_upstream_a_byte_identical_prefix(
     upstream.clear()
     upstream.responder = agent_responder()
     single, _ = await start_proxy()
-    assert await run_alternating([single], tasks=5, steps=12) == headers
+    assert await run_alternating([single], tasks=4, steps=12) == headers
     assert forwarded_prompts(upstream) == prompts
 
 
@@ -152,7 +154,7 @@ async def test_redis_down_forwards_unchanged_and_fast(upstream: OpenAIUpstream, 
 
 
 async def test_redis_failing_after_the_answer_still_relays_it(
-    upstream: OpenAIUpstream, start_proxy: StartProxy, redis_url: str
+    upstream: OpenAIUpstream, start_proxy: StartProxy, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store fails while recording the upstream's usage (`complete`): the client still gets its answer."""
     base_url, service = await start_proxy(state_url=redis_url)
@@ -161,7 +163,7 @@ async def test_redis_failing_after_the_answer_still_relays_it(
     async def refuse(*_args: Any) -> None:
         raise redis.exceptions.ConnectionError("Redis went away")
 
-    service.store.save_anchor = refuse  # type: ignore[method-assign]
+    monkeypatch.setattr(service.store, "save_anchor", refuse)
     errors_before = service.metrics.errors._value.get()
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
         reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from typing import Any
 
 import pytest
 
@@ -143,24 +144,29 @@ async def test_redis_keys_are_tenant_scoped_and_carry_no_plain_text(redis_store:
     keys = chain(2)
     await redis_store.save_rewrite(TENANT, keys[1], compacted(2))
     await redis_store.save_anchor(TENANT, keys[1], 42)
-    stored = sorted(key.decode() for key in await redis_store._redis.keys(redis_store._prefix + "*"))
+    stored = sorted(
+        key.decode() if isinstance(key, bytes) else key
+        for key in await redis_store._redis.keys(redis_store._prefix + "*")
+    )
     prefix = redis_store._prefix
     assert stored == sorted([f"{prefix}r:{TENANT.hex()}:{keys[1].hex()}", f"{prefix}a:{TENANT.hex()}:{keys[1].hex()}"])
     assert await redis_store._redis.get(stored[1]) == encode_plan(compacted(2))
 
 
-async def test_redis_lookup_is_one_mget_bounded_to_the_newest_512(redis_store: RedisStore) -> None:
+async def test_redis_lookup_is_one_mget_bounded_to_the_newest_512(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     long = chain(DEFAULT_SCAN_LIMIT + 100)
     await redis_store.save_rewrite(TENANT, long[50], compacted(51))  # 100 + 462 elements back: beyond the scan
     await redis_store.save_anchor(TENANT, long[150], 7)  # just inside it
     calls: list[int] = []
     original = redis_store._redis.mget
 
-    async def counting_mget(keys: list[str]) -> list[bytes | None]:
+    async def counting_mget(keys: list[str]) -> Any:
         calls.append(len(keys))
         return await original(keys)
 
-    redis_store._redis.mget = counting_mget  # type: ignore[method-assign]
+    monkeypatch.setattr(redis_store._redis, "mget", counting_mget)
     assert await redis_store.latest_rewrite(TENANT, long) is None
     assert await redis_store.latest_anchor(TENANT, long) == (150, 7)
     assert calls == [DEFAULT_SCAN_LIMIT, DEFAULT_SCAN_LIMIT]
