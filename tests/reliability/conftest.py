@@ -162,3 +162,8 @@ class FullBacklogPort:
 def full_backlog_port() -> Iterator[int]:
     with FullBacklogPort() as port:
         yield port
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the `load` marker: the 1,000-stream test (~30 s); CI runs it, `-m "not load"` skips it locally."""
+    config.addinivalue_line("markers", "load: heavy load test (1,000 concurrent streams); deselect with -m 'not load'")
