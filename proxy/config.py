@@ -145,6 +145,50 @@ class Settings(BaseModel):
     state_max_conversations: int = Field(
         default=100_000, gt=0, description="Bound on conversations kept by the in-memory store (least recent go)."
     )
+    summary_model: str | None = Field(
+        default=None,
+        description=(
+            "Model that writes summaries when `summarization` is in the chain; the request's own model when unset"
+            " (the only choice that lets the provider's prompt cache serve the summarized prefix)."
+        ),
+    )
+    summary_api_key: SecretStr | None = Field(
+        default=None,
+        description="Credential for summary calls; the caller's own `Authorization` header when unset. Never logged.",
+    )
+    precompact_at: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "Fraction of the window at which the summary the next compaction will need starts being written in the"
+            " background, so it is ready when `compact_at` is reached. Default: `compact_at - 0.1`."
+        ),
+    )
+    summary_wait_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "How long a request that needs a summary waits for one still being written before the chain falls back"
+            " to its next strategy."
+        ),
+    )
+    summary_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="How long one summary call to the upstream may take before it is abandoned."
+    )
+    summary_concurrency: int = Field(
+        default=4, gt=0, description="Summary calls in flight at once across all conversations."
+    )
+    summary_instruction: str | None = Field(
+        default=None,
+        description=(
+            "The sections and rules a summary follows, replacing the built-in ones (objective, decisions, work done,"
+            " exact identifiers, unresolved)."
+        ),
+    )
+    summary_max_tokens: int | None = Field(
+        default=None, gt=0, description="`max_completion_tokens` of a summary call; no limit when unset."
+    )
     rewrite_memory: bool = Field(
         default=True,
         description=(
@@ -281,7 +325,19 @@ class Settings(BaseModel):
     def _check_thresholds(self) -> Settings:
         if not self.compact_to < self.compact_at:
             raise ValueError(f"compact_to ({self.compact_to}) must be below compact_at ({self.compact_at})")
+        if self.precompact_at is not None and not self.compact_to < self.precompact_at <= self.compact_at:
+            raise ValueError(
+                f"precompact_at ({self.precompact_at}) must lie between compact_to ({self.compact_to}) and compact_at"
+                f" ({self.compact_at})"
+            )
         return self
+
+    @property
+    def summary_start_at(self) -> float:
+        """The fraction of the window at which a summary starts being written ahead of time."""
+        if self.precompact_at is not None:
+            return self.precompact_at
+        return max(self.compact_at - 0.1, (self.compact_at + self.compact_to) / 2)
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
         """Return the caller's tenant id: a keyed hash (HMAC-SHA256 under `tenant_key`) of its credential headers.

@@ -52,6 +52,30 @@ class CompactionMetrics:
             ["result"],
             registry=registry,
         )
+        self.summaries_started = Counter(
+            "compaction_proxy_summaries_started",
+            "Summary calls started (ahead of time or when needed).",
+            registry=registry,
+        )
+        self.summaries_used = Counter(
+            "compaction_proxy_summaries_used", "Summaries applied in a compaction.", registry=registry
+        )
+        self.summaries_discarded = Counter(
+            "compaction_proxy_summaries_discarded",
+            "Summaries written but not used: not smaller than what they replace, or dropped unused.",
+            registry=registry,
+        )
+        self.summary_fallbacks = Counter(
+            "compaction_proxy_summary_fallbacks",
+            "Compactions that fell back to the rest of the chain instead of a summary, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.summary_tokens = Counter(
+            "compaction_proxy_summary_tokens",
+            "Tokens (prompt and completion) spent on summary calls.",
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",

@@ -30,18 +30,23 @@ from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import ChatRequest, InvalidChatRequest
+from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.config import Mode, Settings
 from proxy.engine import (
     Anchor,
     Calibration,
     CompactionChain,
+    CompactionResult,
+    Decision,
     EditPlan,
     Outcome,
+    Summarization,
     Thresholds,
     Transcript,
+    calibrated_decision,
     chain_by_names,
-    compact_if_needed,
     counter_for_model,
+    decide,
 )
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.plan import Kept
@@ -94,6 +99,17 @@ class _Rewritten:
         return self.meta is not None
 
 
+@dataclass(frozen=True)
+class _Sized:
+    """A request as the engine measured it: the transcript, its thresholds, the decision and what it rests on."""
+
+    transcript: Transcript
+    thresholds: Thresholds
+    decision: Decision
+    overhead: int
+    anchor: Anchor | None
+
+
 class ChatCompactionService:
     """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
 
@@ -108,20 +124,25 @@ class ChatCompactionService:
         self.settings = settings
         self.mode = settings.mode
         self.store: StateStore = store or open_store(settings)
-        self.chain: CompactionChain = chain or chain_by_names(settings.strategies)
+        self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.calibrations: dict[str, Calibration] = {}
         key = settings.tenant_key.get_secret_value() if settings.tenant_key else ""
         self._tenant_key = key.encode() if key else secrets.token_bytes(32)
         self.metrics = CompactionMetrics()
+        self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self._unknown_models_logged: set[str] = set()
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
+        if self.summaries is not None:
+            self.summaries.metrics = self.metrics
 
     async def aclose(self) -> None:
-        """Release the state store (called at app cleanup)."""
+        """Release the state store and the summary client (called at app cleanup)."""
+        if self.summaries is not None:
+            await self.summaries.aclose()
         await self.store.close()
 
     async def prepare(self, chat: IncomingChat) -> ForwardPlan:
@@ -158,14 +179,11 @@ class ChatCompactionService:
         counter = counter_for_model(model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         anchor = await self._anchor(tenant, view.chain)
-        outcome = compact_if_needed(
-            Transcript(view.messages, counter, view.meta, keys=view.keys),
-            thresholds,
-            self.chain,
-            counter.overhead_tokens(request.body),
-            anchor,
-            calibration=self._calibration(model),
-        )
+        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+        overhead = counter.overhead_tokens(request.body)
+        decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=self._calibration(model))
+        sized = _Sized(transcript, thresholds, decision, overhead, anchor)
+        outcome = await self._compaction(sized, SummaryContext(tenant, chat.path, request.body, headers, view.chain))
         exchange.headers.update(_report(outcome, window))
         exchange.estimated_tokens = None if outcome.decision.bounded else outcome.decision.estimated_tokens
         result = outcome.result
@@ -191,6 +209,42 @@ class ChatCompactionService:
         )
         compacted = full_plan.apply_messages(request.messages)
         return self._forward(chat.body, request, exchange, compacted, None, changed=True)
+
+    async def _compaction(self, sized: _Sized, context: SummaryContext) -> Outcome:
+        """Compact when the decision says so: a summary first when one is configured, then the chain.
+
+        Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in
+        the background, so it is ready when the trigger is reached.
+        """
+        transcript, decision = sized.transcript, sized.decision
+        summaries = self.summaries if self.mode is Mode.ENFORCE else None
+        if not decision.compact:
+            if summaries is not None:
+                self._summarize_ahead(summaries, sized, context)
+            return Outcome(decision)
+        summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
+        if summary is None:
+            return Outcome(decision, self.chain.compact(transcript, decision.target_tokens))
+        summarized = transcript.edited(summary)
+        rest = self.chain.compact(summarized, decision.target_tokens)
+        result = CompactionResult(
+            plan=summary if rest is None else summary.then(rest.plan),
+            compacted=summarized if rest is None else rest.compacted,
+            tokens_before=transcript.total(),
+            tokens_after=summarized.total() if rest is None else rest.tokens_after,
+            strategies=(Summarization.name, *(rest.strategies if rest else ())),
+        )
+        return Outcome(decision, result)
+
+    def _summarize_ahead(self, summaries: Summaries, sized: _Sized, context: SummaryContext) -> None:
+        """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
+        thresholds = sized.thresholds
+        ahead = Thresholds(thresholds.context_window, self.settings.summary_start_at, thresholds.compact_to)
+        if sized.decision.estimated_tokens < ahead.trigger_tokens:
+            return
+        early = decide(ahead, sized.transcript, sized.overhead, sized.anchor, sized.decision.scale)
+        if early.compact:
+            summaries.start(context, sized.transcript, early.target_tokens)
 
     async def _rewritten(self, tenant: bytes, original: list[Message]) -> _Rewritten:
         """The original messages with the rewrite remembered for their longest known prefix reapplied."""
@@ -328,6 +382,12 @@ class ChatCompactionService:
                 "context_windows in the config, default_context_window, or send X-Context-Window.",
                 name,
             )
+
+
+def _chain_names(strategies: list[str]) -> list[str]:
+    """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
+    names = [name for name in strategies if name != Summarization.name]
+    return names or ["middle_out"]
 
 
 def build_chat_compaction(settings: Settings) -> ChatCompactionService:

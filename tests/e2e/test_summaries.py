@@ -1,0 +1,177 @@
+"""Summaries in the proxy: written ahead, once per span, from the forwarded prefix; every failure falls back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.chat.service import ChatCompactionService
+from proxy.chat.summaries import IN_CONTEXT_PREAMBLE
+from proxy.config import Settings
+from proxy.server import create_app
+from tests.e2e.conftest import MODEL, WINDOW
+from tests.e2e.test_long_runs import TOOLS, agent_responder, messages_array, run_agent
+from tests.support.openai_upstream import OpenAIUpstream, Reply
+
+SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
+SUMMARY = "## Objective\n- review the handlers\n## Decisions and constraints\n(none)\n## Work done\n- read files\n"
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    last = body["messages"][-1]
+    return last["role"] == "user" and str(last.get("content", "")).startswith(SUMMARY_MARK)
+
+
+def summarizing(responder: Callable[[dict[str, Any]], Reply], summary: str = SUMMARY) -> Callable[..., Reply]:
+    def respond(request: dict[str, Any]) -> Reply:
+        return Reply(content=summary) if is_summary_request(request) else responder(request)
+
+    return respond
+
+
+class Proxy:
+    def __init__(self, service: ChatCompactionService, server: TestServer) -> None:
+        self.service = service
+        self.url = f"http://127.0.0.1:{server.port}/v1"
+
+    async def settled(self) -> None:
+        """Wait for summaries being written in the background."""
+        pending = self.service.summaries.pending() if self.service.summaries else []
+        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=30)
+
+
+@pytest.fixture
+async def proxy_for(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any]]:
+    servers: list[TestServer] = []
+
+    async def start(**overrides: Any) -> Proxy:
+        values: dict[str, Any] = {
+            "upstream": upstream.base_url,
+            "context_windows": {MODEL: WINDOW},
+            "strategies": ["summarization", "sliding_window", "middle_out"],
+            **overrides,
+        }
+        settings = Settings(**values)
+        service = ChatCompactionService(settings)
+        server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
+        await server.start_server()
+        servers.append(server)
+        return Proxy(service, server)
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+async def test_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
+    upstream: OpenAIUpstream, proxy_for: Callable[..., Any]
+) -> None:
+    upstream.responder = summarizing(agent_responder())
+    proxy = await proxy_for()
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
+        headers = await run_agent(client, tasks=4, steps=20)
+    await proxy.settled()
+
+    chat = [r for r in upstream.requests if r.path.endswith("/chat/completions")]
+    summaries = [r for r in chat if is_summary_request(r.json)]
+    forwarded = [messages_array(r.body) for r in chat if not is_summary_request(r.json)]
+    assert len(forwarded) == len(headers)
+    assert summaries, "the run never needed a summary"
+    assert proxy.service.metrics.summaries_used._value.get() >= 1
+    covered = []
+    for request in summaries:
+        array = messages_array(request.body)
+        # The summary call is a forwarded prompt, byte for byte, plus one instruction at the end.
+        assert any(array.startswith(sent[:-1] + b",") for sent in forwarded), "not a forwarded prompt plus one"
+        assert request.json["tools"] == TOOLS and request.json["tool_choice"] == "none"
+        messages = request.json["messages"]
+        positions = span_positions(messages[-1]["content"])
+        covered.append(json.dumps([messages[position - 1] for position in positions], sort_keys=True))
+    # No stretch of the conversation was summarized twice: the rewrite memory replays each summary instead.
+    assert len(covered) == len(set(covered))
+
+
+def span_positions(instruction: str) -> list[int]:
+    """The 1-based message positions an instruction names, e.g. `Messages 2-9, 12 above`."""
+    text = instruction.split("Messages ", 1)[1].split(" above", 1)[0]
+    positions: list[int] = []
+    for run in text.split(", "):
+        first, _, last = run.partition("-")
+        positions.extend(range(int(first), int(last or first) + 1))
+    return positions
+
+
+async def test_summary_written_ahead_costs_no_round_trip_when_compaction_is_due(
+    upstream: OpenAIUpstream, proxy_for: Callable[..., Any]
+) -> None:
+    upstream.responder = summarizing(lambda _request: Reply(content="Noted."))
+    proxy = await proxy_for(precompact_at=0.5)
+    turns: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    paragraph = "The deploy failed because the migration locked the orders table for eleven minutes. "
+
+    async def send(session: aiohttp.ClientSession) -> dict[str, str]:
+        body = json.dumps({"model": MODEL, "messages": turns}).encode()
+        async with session.post(f"{proxy.url}/chat/completions", data=body, headers={"Authorization": "Bearer k"}) as r:
+            assert r.status == 200
+            answer = await r.json()
+            turns.append(answer["choices"][0]["message"])
+            return dict(r.headers)
+
+    async with aiohttp.ClientSession() as session:
+        # Grow the conversation until a summary has been started ahead of time, without compaction being due yet.
+        while proxy.service.metrics.summaries_started._value.get() == 0:
+            turns.append({"role": "user", "content": paragraph * 6})
+            headers = await send(session)
+            assert headers["X-Compaction"] == "unchanged"
+        await proxy.settled()
+        # Now grow it past the trigger: the compaction uses the finished summary, with no call of its own.
+        while True:
+            turns.append({"role": "user", "content": paragraph * 6})
+            before = len(upstream.requests)
+            headers = await send(session)
+            if headers["X-Compaction"] != "unchanged":
+                break
+        assert headers["X-Compaction"] == "compacted"
+        assert headers["X-Compaction-Strategies"].startswith("summarization")
+        assert len(upstream.requests) == before + 1, "the triggering request waited for a summary call"
+        assert SUMMARY_MARK not in json.dumps(upstream.requests[-1].json)
+        assert "<conversation_summary>" in json.dumps(upstream.requests[-1].json)
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("slow", "not_ready"), ("failing", "upstream_error"), ("useless", "not_smaller")],
+)
+async def test_bad_summaries_fall_back_and_the_request_is_answered(
+    upstream: OpenAIUpstream, proxy_for: Callable[..., Any], fault: str, reason: str
+) -> None:
+    summary = "word " * 20_000 if fault == "useless" else SUMMARY
+    upstream.responder = summarizing(lambda _request: Reply(content="Noted."), summary)
+    proxy = await proxy_for(summary_wait_seconds=0.5)
+    if fault == "slow":
+        upstream.fail_next(status=500, delay=3.0)
+    elif fault == "failing":
+        upstream.fail_next(status=500)
+    paragraph = "The deploy failed because the migration locked the orders table for eleven minutes. "
+    messages = [{"role": "system", "content": "You are terse."}]
+    for turn in range(32):  # about 3,500 tokens: over the trigger of a 4k window
+        messages.append({"role": "user", "content": f"{turn}: " + paragraph * 6})
+        messages.append({"role": "assistant", "content": "Noted."})
+    messages.append({"role": "user", "content": "What went wrong?"})
+    body = json.dumps({"model": MODEL, "messages": messages}).encode()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy.url}/chat/completions", data=body, headers={"Authorization": "Bearer k"}) as response,
+    ):
+        assert response.status == 200
+        assert response.headers["X-Compaction"] == "compacted"
+        assert response.headers["X-Compaction-Strategies"] == "sliding_window"
+    assert proxy.service.metrics.summary_fallbacks.labels(reason)._value.get() == 1
+    await proxy.settled()
