@@ -79,14 +79,14 @@ FULL = Plan(
 )
 
 QUICK = Plan(
-    sizes={"small": 1_000, "large": 20_000, "very large": 40_000},
-    concurrencies=[1, 8],
-    requests={"small": {1: 100, 8: 100}, "large": {1: 10, 8: 16}, "very large": {1: 5, 8: 8}},
-    max_seconds=2.0,
+    sizes={"small": 1_000, "very large": 20_000},
+    concurrencies=[4],
+    requests={"small": {1: 20, 4: 40}, "very large": {1: 5, 4: 8}},
+    max_seconds=1.0,
     memory_in_flight=[2],
-    memory_delay_seconds=0.5,
+    memory_delay_seconds=0.3,
     long_run_tasks=1,
-    long_run_steps=4,
+    long_run_steps=3,
     resend_tokens=20_000,
     resend_repeat=1,
     hook_args=["--smoke"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,25 @@ def test_bench_runs(args: list[str], tmp_path: Path) -> None:
         args = [*args, "--output", str(tmp_path / "hook_vs_haystack.json")]
     done = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    """`python -m bench --quick` runs every part (servers, load, memory, long run, resend, hook) and reports."""
+    output = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "### Added latency over direct calls" in done.stdout
+    results = json.loads(output.read_text())
+    assert {row["payload"] for row in results["latency"]} == {"small", "very large"}
+    assert all(not row["problems"] for row in results["latency"]), results["latency"]
+    assert [row["rewrite_memory"] for row in results["long_run"]] == [True, False]
+    assert results["resend"]["resend_ms"] > 0
+    assert results["hook_vs_haystack"]["rows"]
+    assert {row["relay"] for row in results["memory"]} == {"proxy", "bare relay"}
