@@ -106,7 +106,9 @@ class Summaries:
         key = context.tenant + context.chain[max(indices)]
         if key in self._jobs or self._find(context) is not None:
             return
-        self._remember(key, _Job(tuple(indices), asyncio.create_task(self._write(context, transcript, indices))))
+        task = asyncio.create_task(self._write(context, transcript, indices))
+        task.add_done_callback(_retrieve_failure)
+        self._remember(key, _Job(tuple(indices), task))
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -214,6 +216,12 @@ class Summaries:
             if value := context.headers.get(name):
                 headers[name] = value
         return headers
+
+
+def _retrieve_failure(task: asyncio.Task[str]) -> None:
+    """Mark a summary's failure as seen: a summary written ahead may fail with nobody waiting for it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def summary_request(
