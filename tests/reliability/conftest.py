@@ -99,8 +99,12 @@ def chat_body(stream: bool = False, messages: list[dict[str, Any]] | None = None
 async def post_chat(
     http: aiohttp.ClientSession, proxy: Proxy, body: bytes, **headers: str
 ) -> tuple[int, CIMultiDict[str], bytes]:
-    """POST a chat completion; return status, headers (case-insensitive) and the whole body."""
+    """POST a chat completion; return status, headers (case-insensitive) and the whole body.
+
+    Sends `Authorization: Bearer sk-test` unless `headers` replace it; an empty value leaves a header out.
+    """
     headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json", **headers}
+    headers = {name: value for name, value in headers.items() if value}
     async with http.post(proxy.url + "/v1/chat/completions", data=body, headers=headers) as response:
         return response.status, CIMultiDict(response.headers), await response.read()
 
