@@ -70,6 +70,22 @@ async def wait_for_log(stream: asyncio.StreamReader, message: str) -> dict[str, 
             return entry
 
 
+async def refused_within(url: str, seconds: float) -> bool:
+    """Whether connections to `url` start being refused before the deadline (polled; the server is shutting down)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    async with aiohttp.ClientSession() as late:
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                async with late.get(url, timeout=aiohttp.ClientTimeout(total=1)):
+                    pass
+            except aiohttp.ClientConnectorError:
+                return True
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.01)
+    return False
+
+
 async def test_sigterm_lets_an_open_stream_finish_then_exits_0() -> None:
     release = asyncio.Event()
     started = asyncio.Event()
@@ -110,6 +126,9 @@ async def test_sigterm_lets_an_open_stream_finish_then_exits_0() -> None:
                     assert b"content" in await response.content.readuntil(b"\n\n")
                     process.send_signal(signal.SIGTERM)
                     await wait_for_log(process.stderr, "shutting down")
+                    # Shutdown closes the listening socket first: new connections are refused while the stream
+                    # goes on.
+                    assert await refused_within(f"http://127.0.0.1:{port}/healthz", seconds=10)
                     release.set()
                     rest = await response.content.read()
                     assert rest.endswith(b"data: [DONE]\n\n")
