@@ -16,10 +16,7 @@ succeeded without it.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +24,7 @@ from typing import Any
 import orjson
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.chat.known_prefixes import KnownPrefixes
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import ChatRequest, InvalidChatRequest
@@ -127,8 +125,8 @@ class ChatCompactionService:
         self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.calibrations: dict[str, Calibration] = {}
-        key = settings.tenant_key.get_secret_value() if settings.tenant_key else ""
-        self._tenant_key = key.encode() if key else secrets.token_bytes(32)
+        self.prefixes = KnownPrefixes()
+        self.view_prefixes = KnownPrefixes()
         self.metrics = CompactionMetrics()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self._unknown_models_logged: set[str] = set()
@@ -248,8 +246,7 @@ class ChatCompactionService:
 
     async def _rewritten(self, tenant: bytes, original: list[Message]) -> _Rewritten:
         """The original messages with the rewrite remembered for their longest known prefix reapplied."""
-        original_keys = [message_key(message) for message in original]
-        original_chain = chain_keys(original_keys)
+        original_keys, original_chain = self.prefixes.keys(tenant, original)
         found = await self.store.latest_rewrite(tenant, original_chain) if self.settings.rewrite_memory else None
         if found is None:
             return _Rewritten(
@@ -260,9 +257,11 @@ class ChatCompactionService:
         if stored_at + 1 < len(original):
             # Store it at this request's head, so the next turn finds it in a step or two.
             await self.store.save_rewrite(tenant, original_chain[-1], plan)
-        keys = [original_keys[entry.index] if isinstance(entry, Kept) else entry.key for entry in plan.entries]
         meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
-        return _Rewritten(plan.apply_messages(original), keys, meta, plan, original_chain, chain_keys(keys))
+        messages = plan.apply_messages(original)
+        # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
+        view_keys, view_chain = self.view_prefixes.keys(tenant, messages)
+        return _Rewritten(messages, view_keys, meta, plan, original_chain, view_chain)
 
     async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> EditPlan:
         """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
@@ -369,9 +368,8 @@ class ChatCompactionService:
         return calibration
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
-        """A keyed hash of the caller's credential: state is scoped by it and no key is ever stored."""
-        credential = next((headers[name] for name in _CREDENTIAL_HEADERS if headers.get(name)), "")
-        return hmac.new(self._tenant_key, credential.encode(), hashlib.sha256).digest()[:16]
+        """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
+        return bytes.fromhex(self.settings.tenant_of(headers))
 
     def _log_unknown_model(self, model: str | None) -> None:
         name = model or "(no model)"

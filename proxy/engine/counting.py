@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -63,8 +62,8 @@ class TokenCounter(ABC):
     """
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
-        """:param cache_size: How many message counts to remember; the least recently used are forgotten first."""
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        """:param cache_size: How many message counts to remember; the oldest are forgotten first."""
+        self._cache: dict[bytes, int] = {}
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
@@ -98,16 +97,15 @@ class TokenCounter(ABC):
     def message_tokens(self, message: Message, key: MessageKey | None = None) -> int:
         """Tokens one message costs in a request, cached by the message's key (pass it when already computed)."""
         key = key if key is not None else message_key(message)
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                return cached
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         tokens = self._measure_message(message, self.text_tokens)
         with self._lock:
             self._cache[key] = tokens
             if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+                # Oldest first: a conversation's early messages are re-counted at most once more if still in use.
+                del self._cache[next(iter(self._cache))]
         return tokens
 
     def messages_tokens(self, messages: Iterable[Message]) -> int:

@@ -140,10 +140,8 @@ def message_key(message: Message) -> MessageKey:
         and not message.get("function_call")
     ):
         # The common shape, hashed without building a list of pieces: the same bytes the general path produces.
-        fields = (role.encode(), content.encode("utf-8", "surrogatepass"), name.encode(), call_id.encode())
-        return xxh3_128_digest(
-            b"%d:%b%d:%b%d:%b%d:%b" % tuple(item for field in fields for item in (len(field), field))
-        )
+        r, c, n, t = role.encode(), content.encode("utf-8", "surrogatepass"), name.encode(), call_id.encode()
+        return xxh3_128_digest(b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t))
     pieces = [
         _value_bytes(message.get("role")),
         _value_bytes(message.get("content")),

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, TypeVar
 
-from proxy.engine.messages import Message, MessageKey, message_key
+from proxy.engine.messages import Message
 
 COMPACTION_META_KEY = "context_compaction"
 """Meta key marking a message compaction created; its value is a dict with at least the `strategy` name.
@@ -35,7 +34,7 @@ class Kept:
     index: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Created:
     """A message compaction created.
 
@@ -48,11 +47,6 @@ class Created:
     message: Message
     meta: Mapping[str, Any] = field(hash=False)
     replaces: int | None = None
-
-    @cached_property
-    def key(self) -> MessageKey:
-        """The created message's key, computed once however often the plan is reapplied."""
-        return message_key(self.message)
 
     @property
     def strategy(self) -> str:

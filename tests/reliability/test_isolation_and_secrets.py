@@ -84,11 +84,6 @@ async def test_azure_api_keys_are_tenants_too(make_proxy: MakeProxy, http: aioht
         assert json.loads(upstream.requests[-1].body)["messages"] == json.loads(rewritten)["messages"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ChatCompactionService._tenant hashes only the first credential header present, so callers sharing an"
-    " Authorization value but with different api-key / x-api-key share state (Settings.tenant_of hashes all three)",
-)
 async def test_every_credential_header_scopes_the_tenant(make_proxy: MakeProxy, http: aiohttp.ClientSession) -> None:
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         proxy = await make_proxy(upstream.base_url)
