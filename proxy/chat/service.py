@@ -206,7 +206,9 @@ class ChatCompactionService:
             },
         )
         compacted = full_plan.apply_messages(request.messages)
-        return self._forward(chat.body, request, exchange, compacted, None, changed=True)
+        # Remembered as the view the next turn will extend, so its keys are not hashed again.
+        _keys, chain = self.view_prefixes.keys(tenant, compacted)
+        return self._forward(chat.body, request, exchange, compacted, chain, changed=True)
 
     async def _compaction(self, sized: _Sized, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.
