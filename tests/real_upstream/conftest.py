@@ -150,8 +150,13 @@ def start_llama_server(binary: Path, model: Path, log: Path) -> tuple[subprocess
         "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
+    # ggml's OpenMP workers spin while waiting by default: with 2 threads on 2 cores and anything else running (the
+    # proxy, the test itself), a spinning worker starves the one doing the work and generation slows a hundredfold.
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=log.parent
+        )
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
