@@ -8,6 +8,7 @@ run, so the point is only that no request ever overflows the server's window.
 
 from __future__ import annotations
 
+import openai
 import pytest
 from haystack.components.agents import Agent
 from haystack.components.generators.chat import OpenAIChatGenerator
@@ -87,7 +88,10 @@ async def converse(agent: Agent, llama_server: LlamaServer) -> tuple[int, list[i
     for batch in range(TURNS):
         new = earlier_lookup(batch + 100) if batch % 3 == 2 else []
         new.append(ChatMessage.from_user(user_turn(batch)))
-        result = await agent.run_async(messages=[*messages, *new])
+        try:
+            result = await agent.run_async(messages=[*messages, *new])
+        except openai.BadRequestError as error:
+            pytest.fail(f"turn {batch} of {TURNS} overflowed the server's window: {error}", pytrace=False)
         messages = result["messages"]
         last_user = max(index for index, message in enumerate(messages) if message.is_from("user"))
         replies = messages[last_user + 1 :]
