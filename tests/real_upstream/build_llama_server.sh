@@ -20,8 +20,8 @@ if [ -x "$BIN" ]; then
     exit 0
 fi
 
-# Toolchain: cmake and a C++ compiler (install with apt when missing and we can).
-if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
+# Toolchain: cmake, make and a C++ compiler (install with apt when missing and we can).
+if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1; then
         SUDO=""
         if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
