@@ -8,6 +8,7 @@ from typing import Any, Self
 
 from haystack.components.agents.state.state import State
 from haystack.components.agents.state.state_utils import replace_values
+from haystack.components.agents.utils import _context_tokens_from_usage
 from haystack.core.serialization import (
     component_to_dict,
     default_from_dict,
@@ -159,7 +160,9 @@ class CompactionHook:
     def _prepare(self, state: State) -> _Prepared | None:
         """Estimate the request and decide; None when it is not large enough to compact."""
         messages: list[ChatMessage] = list(state.data.get("messages") or [])
-        context_tokens = int(state.data.get("context_tokens") or 0)
+        # The Agent resets `context_tokens` at the start of every run; a conversation carried over from an earlier
+        # run still has the provider's count of its last call, in the usage of the reply it ends with.
+        context_tokens = int(state.data.get("context_tokens") or 0) or _reported_by_last_reply(messages)
         anchor: Anchor | None = None
         overhead = 0
         if context_tokens > 0:
@@ -327,3 +330,13 @@ class CompactionHook:
             if init_params.get(key) is not None:
                 deserialize_component_inplace(data=init_params, key=key)
         return default_from_dict(cls, data)
+
+
+def _reported_by_last_reply(messages: list[ChatMessage]) -> int:
+    """The provider's prompt-plus-completion count recorded in the last assistant message's `meta["usage"]`, or 0.
+
+    It covers the conversation through that reply, exactly as the Agent's `context_tokens` would have.
+    """
+    last = last_assistant_index(messages)
+    usage = messages[last].meta.get("usage") if last >= 0 else None
+    return _context_tokens_from_usage(usage) if isinstance(usage, dict) else 0

@@ -176,3 +176,20 @@ def test_conversion_is_remembered_across_calls() -> None:
     messages.append(ChatMessage.from_assistant("thinking"))
     hook.run(state_with(messages))
     assert len(hook._cache) == cached + 1
+
+
+def test_a_new_agent_run_anchors_on_the_usage_of_the_last_reply() -> None:
+    # The Agent resets `context_tokens` at the start of each run; the carried-over history still holds the provider's
+    # count of its last call in the usage of the reply it ends with.
+    counter = TiktokenTokenCounter()
+    messages = long_conversation(3)
+    messages.append(
+        ChatMessage.from_assistant("Done.", meta={"usage": {"prompt_tokens": 9000, "completion_tokens": 5}})
+    )
+    messages.append(ChatMessage.from_user("And now beta."))
+    assert counter.count(messages) < 7000  # locally under the trigger; the provider counted 9,005
+
+    hook = CompactionHook(compactor=SlidingWindowCompactor(), context_window=10_000, token_counter=counter)
+    state = state_with(list(messages), context_tokens=0)
+    hook.run(state)
+    assert len(state.data["messages"]) < len(messages)
