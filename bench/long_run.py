@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,48 +18,11 @@ from typing import Any
 import aiohttp
 
 from bench.processes import Server
-from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
+from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
 WINDOW = 4096
-FILE_TEXT = "def handler(event, context):\n    return process(event['records'], retries=3)\n"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the repository.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    }
-]
-
-
-def agent_responder() -> Any:
-    """A model that reads files until a tool result says FINAL, sometimes two at once."""
-    ids = itertools.count(1)
-
-    def respond(request: dict[str, Any]) -> Reply:
-        last = request["messages"][-1]
-        if last["role"] == "tool" and str(last.get("content", "")).startswith("FINAL"):
-            return Reply(content="All files read; the handler retries three times.")
-        parallel = 2 if len(request["messages"]) % 3 == 0 else 1
-        return Reply(
-            tool_calls=tuple(
-                ToolCall(id=f"call_{next(ids)}", name="read_file", arguments=json.dumps({"path": f"src/{n}.py"}))
-                for n in range(parallel)
-            )
-        )
-
-    return respond
-
-
-def messages_array(raw: bytes) -> bytes:
-    """The exact bytes of the `messages` array inside a request body."""
-    text = raw.decode()
-    start = text.index("[", text.index('"messages"'))
-    _value, end = json.JSONDecoder().raw_decode(text, start)
-    return raw[start:end] if text.isascii() else text[start:end].encode()
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
@@ -75,32 +37,22 @@ def common_prefix(a: bytes, b: bytes) -> int:
     return low
 
 
-async def run_agent(base_url: str, tasks: int, steps: int) -> list[str]:
-    """Run `tasks` tasks of `steps` tool rounds each through `base_url`; return each answer's X-Compaction."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
-    decisions: list[str] = []
+async def http_agent(base_url: str, tasks: int, steps: int) -> list[str]:
+    """The agent run with plain aiohttp through `base_url`; returns each answer's X-Compaction."""
     headers = {"Authorization": "Bearer sk-bench"}
     async with aiohttp.ClientSession() as http:
-        for task in range(tasks):
-            messages.append({"role": "user", "content": f"Task {task}: review the handlers in src/ and report."})
-            for step in range(steps + 1):
-                body = {"model": MODEL, "messages": messages, "tools": TOOLS}
-                async with http.post(f"{base_url}/v1/chat/completions", json=body, headers=headers) as response:
-                    answer = await response.json()
-                    if response.status != 200:
-                        raise RuntimeError(f"turn {len(decisions)} failed: {response.status} {answer}")
-                    decisions.append(response.headers.get("X-Compaction", ""))
-                message = {
-                    key: value for key, value in answer["choices"][0]["message"].items() if value not in (None, [])
-                }
-                messages.append(message)
-                for call in message.get("tool_calls") or []:
-                    final = step == steps - 1
-                    content = ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-                if not message.get("tool_calls"):
-                    break
-    return decisions
+
+        async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+            body = {"model": MODEL, "messages": messages, "tools": TOOLS}
+            async with http.post(f"{base_url}/v1/chat/completions", json=body, headers=headers) as response:
+                answer = await response.json()
+                if response.status != 200:
+                    raise RuntimeError(f"a turn failed: {response.status} {answer}")
+                decision = response.headers.get("X-Compaction", "")
+            message = {key: value for key, value in answer["choices"][0]["message"].items() if value not in (None, [])}
+            return message, decision
+
+        return await run_agent(turn, tasks, steps)
 
 
 async def one_run(rewrite_memory: bool, tasks: int, steps: int, log_dir: Path) -> dict[str, Any]:
@@ -111,7 +63,7 @@ async def one_run(rewrite_memory: bool, tasks: int, steps: int, log_dir: Path) -
         args += ["--context-window", f"{MODEL}={WINDOW}"]
         name = f"proxy-rewrite-memory-{'on' if rewrite_memory else 'off'}"
         with Server(name, args, log_dir, env=env, url_on_stderr=True) as proxy:
-            decisions = await run_agent(proxy.url, tasks, steps)
+            decisions = await http_agent(proxy.url, tasks, steps)
         chat = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
         usages = list(upstream.usages)
     arrays = [messages_array(request.body) for request in chat]

@@ -40,9 +40,16 @@ def conversation(tokens: int) -> list[dict[str, Any]]:
     step = 0
     while total < tokens:
         step += 1
-        call = {"id": f"call_{step}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/h{step}.py"})}}
+        call = {
+            "id": f"call_{step}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/h{step}.py"})},
+        }
         result = f"# src/h{step}.py (step {step})\n" + PARAGRAPH * 12
-        pair = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": call["id"], "content": result}]
+        pair = [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": result},
+        ]
         messages.extend(pair)
         total += counter.messages_tokens(pair)
     return messages
@@ -50,7 +57,9 @@ def conversation(tokens: int) -> list[dict[str, Any]]:
 
 async def decide(service: ChatCompactionService, body: bytes) -> tuple[float, Any]:
     started = time.perf_counter()
-    plan = await service.prepare(IncomingChat(body=body, headers={"Authorization": "Bearer sk-bench"}, path="/v1/chat/completions"))
+    plan = await service.prepare(
+        IncomingChat(body=body, headers={"Authorization": "Bearer sk-bench"}, path="/v1/chat/completions")
+    )
     return time.perf_counter() - started, plan
 
 
@@ -65,7 +74,13 @@ async def main(tokens: int, repeat: int) -> dict[str, Any]:
         counter_for_model(MODEL)._cache.clear()
         cold, plan = await decide(service, body)
         sent = orjson.loads(plan.body)["messages"]
-        reply = {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_x{round_}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
+        reply = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"call_x{round_}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+            ],
+        }
         usage = {"prompt_tokens": counter_for_model(MODEL).messages_tokens(sent) + 3, "completion_tokens": 12}
         usage["total_tokens"] = usage["prompt_tokens"] + 12
         await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply))

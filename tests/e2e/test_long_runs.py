@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -11,71 +10,27 @@ import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the repository.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    }
-]
-FILE_TEXT = "def handler(event, context):\n    return process(event['records'], retries=3)\n"
+from tests.support.agent_run import FILE_TEXT, TOOLS, agent_responder, messages_array, run_agent
+from tests.support.openai_upstream import OpenAIUpstream
 
 
-def agent_responder() -> Any:
-    """A model that reads files until a tool result says FINAL, sometimes two at once."""
-    ids = itertools.count(1)
+async def sdk_agent(client: openai.AsyncOpenAI, tasks: int, steps: int, stream: bool = False) -> list[str]:
+    """The agent run through the official SDK, streamed or not; returns each turn's `X-Compaction`."""
 
-    def respond(request: dict[str, Any]) -> Reply:
-        last = request["messages"][-1]
-        if last["role"] == "tool" and str(last.get("content", "")).startswith("FINAL"):
-            return Reply(content="All files read; the handler retries three times.")
-        parallel = 2 if len(request["messages"]) % 3 == 0 else 1
-        return Reply(
-            tool_calls=tuple(
-                ToolCall(id=f"call_{next(ids)}", name="read_file", arguments=json.dumps({"path": f"src/{n}.py"}))
-                for n in range(parallel)
-            )
+    async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            stream=stream,
         )
+        if stream:
+            message = await _collect_stream(raw.parse())
+        else:
+            message = raw.parse().choices[0].message.model_dump(exclude_none=True)
+        return message, raw.headers.get("x-compaction", "")
 
-    return respond
-
-
-def messages_array(raw: bytes) -> bytes:
-    """The exact bytes of the `messages` array inside a request body."""
-    text = raw.decode()
-    start = text.index("[", text.index('"messages"'))
-    _value, end = json.JSONDecoder().raw_decode(text, start)
-    return raw[start:end] if text.isascii() else text[start:end].encode()
-
-
-async def run_agent(client: openai.AsyncOpenAI, tasks: int, steps: int, stream: bool = False) -> list[str]:
-    """Run `tasks` user tasks of `steps` tool rounds each, keeping the full history client-side like an SDK user."""
-    messages: list[Any] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
-    compaction_headers: list[str] = []
-    for task in range(tasks):
-        messages.append({"role": "user", "content": f"Task {task}: review the handlers in src/ and report."})
-        for step in range(steps + 1):
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, tools=TOOLS, stream=stream
-            )
-            compaction_headers.append(raw.headers.get("x-compaction", ""))
-            if stream:
-                message = await _collect_stream(raw.parse())
-            else:
-                message = raw.parse().choices[0].message.model_dump(exclude_none=True)
-            messages.append(message)
-            for call in message.get("tool_calls") or []:
-                final = step == steps - 1
-                content = ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-            if not message.get("tool_calls"):
-                break
-    return compaction_headers
+    return await run_agent(turn, tasks, steps)
 
 
 async def _collect_stream(stream: Any) -> dict[str, Any]:
@@ -110,7 +65,7 @@ async def test_long_tool_run_never_overflows_and_prefix_stays_byte_identical(
     upstream.responder = agent_responder()
     base_url = await start_proxy()
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
-        headers = await run_agent(client, tasks=tasks, steps=steps, stream=stream)
+        headers = await sdk_agent(client, tasks=tasks, steps=steps, stream=stream)
 
     chat = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
     assert len(chat) == len(headers) >= tasks * steps

@@ -17,7 +17,8 @@ from proxy.chat.summaries import IN_CONTEXT_PREAMBLE
 from proxy.config import Settings
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
-from tests.e2e.test_long_runs import TOOLS, agent_responder, messages_array, run_agent
+from tests.e2e.test_long_runs import sdk_agent
+from tests.support.agent_run import TOOLS, agent_responder, messages_array
 from tests.support.openai_upstream import OpenAIUpstream, Reply
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
@@ -76,7 +77,7 @@ async def test_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
     upstream.responder = summarizing(agent_responder())
     proxy = await proxy_for()
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
-        headers = await run_agent(client, tasks=4, steps=20)
+        headers = await sdk_agent(client, tasks=4, steps=20)
     await proxy.settled()
 
     chat = [r for r in upstream.requests if r.path.endswith("/chat/completions")]

@@ -26,7 +26,7 @@ from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.server import create_app
 from proxy.state.redis import RedisStore
-from tests.e2e.test_long_runs import FILE_TEXT, TOOLS, agent_responder, messages_array
+from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
@@ -66,30 +66,20 @@ async def run_alternating(base_urls: list[str], tasks: int, steps: int) -> list[
     """An agent run whose every turn goes to the next proxy in `base_urls`; returns each turn's X-Compaction."""
     clients = [openai.AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0) for url in base_urls]
     rotation = itertools.cycle(clients)
-    messages: list[Any] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
-    headers: list[str] = []
+
+    async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+        raw = await next(rotation).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+        )
+        return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
+
     try:
-        for task in range(tasks):
-            messages.append({"role": "user", "content": f"Task {task}: review the handlers in src/ and report."})
-            for step in range(steps + 1):
-                raw = await next(rotation).chat.completions.with_raw_response.create(
-                    model=MODEL,
-                    messages=messages,
-                    tools=TOOLS,  # type: ignore[arg-type]
-                )
-                headers.append(raw.headers.get("x-compaction", ""))
-                message = raw.parse().choices[0].message.model_dump(exclude_none=True)
-                messages.append(message)
-                for call in message.get("tool_calls") or []:
-                    final = step == steps - 1
-                    content = ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-                if not message.get("tool_calls"):
-                    break
+        return await run_agent(turn, tasks, steps)
     finally:
         for client in clients:
             await client.close()
-    return headers
 
 
 def forwarded_prompts(upstream: OpenAIUpstream) -> list[bytes]:

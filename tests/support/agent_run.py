@@ -1,0 +1,88 @@
+"""A tool-using agent for long runs against the OpenAI-like upstream, shared by tests and benchmarks.
+
+The model (`agent_responder`) reads files until a tool result starts with FINAL, sometimes two at once; the client
+side keeps its whole history, as SDK users do. `messages_array` gives the exact bytes of what was forwarded, so a
+run can check that each prompt extends the previous one byte for byte.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tests.support.openai_upstream import Reply, ToolCall
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+FILE_TEXT = "def handler(event, context):\n    return process(event['records'], retries=3)\n"
+
+Turn = Callable[[list[dict[str, Any]]], Awaitable[tuple[dict[str, Any], str]]]
+"""One model call: the history so far in, the assistant message and the response's `X-Compaction` header out."""
+
+
+async def run_agent(turn: Turn, tasks: int, steps: int) -> list[str]:
+    """Run `tasks` user tasks of `steps` tool rounds each, keeping the whole history client-side.
+
+    :returns: The `X-Compaction` header of every turn, in order.
+    """
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
+    headers: list[str] = []
+    for task in range(tasks):
+        messages.append({"role": "user", "content": f"Task {task}: review the handlers in src/ and report."})
+        for step in range(steps + 1):
+            message, header = await turn(messages)
+            headers.append(header)
+            messages.append(message)
+            messages.extend(tool_results(message, final=step == steps - 1))
+            if not message.get("tool_calls"):
+                break
+    return headers
+
+
+def agent_responder() -> Callable[[dict[str, Any]], Reply]:
+    """A model that reads files until a tool result says FINAL, sometimes two at once."""
+    ids = itertools.count(1)
+
+    def respond(request: dict[str, Any]) -> Reply:
+        last = request["messages"][-1]
+        if last["role"] == "tool" and str(last.get("content", "")).startswith("FINAL"):
+            return Reply(content="All files read; the handler retries three times.")
+        parallel = 2 if len(request["messages"]) % 3 == 0 else 1
+        return Reply(
+            tool_calls=tuple(
+                ToolCall(id=f"call_{next(ids)}", name="read_file", arguments=json.dumps({"path": f"src/{n}.py"}))
+                for n in range(parallel)
+            )
+        )
+
+    return respond
+
+
+def tool_results(message: dict[str, Any], final: bool) -> list[dict[str, Any]]:
+    """The client's answers to an assistant message's tool calls; `final` makes the model stop after them."""
+    return [
+        {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6,
+        }
+        for call in message.get("tool_calls") or []
+    ]
+
+
+def messages_array(raw: bytes) -> bytes:
+    """The exact bytes of the `messages` array inside a request body."""
+    text = raw.decode()
+    start = text.index("[", text.index('"messages"'))
+    _value, end = json.JSONDecoder().raw_decode(text, start)
+    return raw[start:end] if text.isascii() else text[start:end].encode()
