@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -110,6 +111,8 @@ class CompactionHook:
         self._estimated = 0
         # Learns how the provider's counts (`context_tokens`) compare with the counter's, as the proxy does per model.
         self._calibration = Calibration()
+        # The last reported prefix and its local count: the next reported prefix usually extends it.
+        self._reported: tuple[list[ChatMessage], int] = ([], 0)
 
     def run(self, state: State) -> None:
         """Compact `state.data["messages"]` if the conversation fills too much of the window.
@@ -190,9 +193,16 @@ class CompactionHook:
 
     def _calibrate(self, reported: list[ChatMessage], reported_tokens: int, tools: ToolsType | None) -> None:
         """Compare the provider's count of the reported messages with the counter's, as the proxy does."""
-        transcript, entries = self._cache.transcript(reported, self._counter)
-        MessageCache.record_tokens(transcript, entries, range(len(reported)))
-        self._calibration.observe(transcript.total() + self._overhead_tokens(tools), reported_tokens)
+        previous, local = self._reported
+        # The same objects in the same places: a compaction in between replaces or removes some of them.
+        if not (len(previous) <= len(reported) and all(map(operator.is_, previous, reported))):
+            previous, local = [], 0
+        added = reported[len(previous) :]
+        transcript, entries = self._cache.transcript(added, self._counter)
+        MessageCache.record_tokens(transcript, entries, range(len(added)))
+        local += transcript.total()
+        self._reported = (reported, local)
+        self._calibration.observe(local + self._overhead_tokens(tools), reported_tokens)
 
     def _under_trigger(self, unreported: list[ChatMessage], reported_tokens: int) -> bool:
         """Whether the provider's count plus the messages after it stays under the trigger.

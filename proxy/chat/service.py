@@ -48,6 +48,7 @@ from proxy.engine import (
 )
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.plan import Kept
+from proxy.failures import log_failure
 from proxy.state import StateStore, open_store
 from proxy.windows import ContextWindows
 
@@ -157,8 +158,8 @@ class ChatCompactionService:
             return ForwardPlan(body=chat.body)
         try:
             return await self._prepare(chat, request, headers)
-        except Exception:
-            logger.exception("Compaction failed; forwarding the request unchanged.")
+        except Exception as error:
+            log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
 
@@ -314,8 +315,8 @@ class ChatCompactionService:
                 await self._learn_usage(exchange, outcome)
                 return None
             return await self._retry_after_overflow(exchange, outcome)
-        except Exception:
-            logger.exception("Recording the upstream's answer failed; it is relayed as it was.")
+        except Exception as error:
+            log_failure(logger, "Recording the upstream's answer failed; it is relayed as it was.", error)
             self.metrics.errors.inc()
             return None
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import traceback
 import zlib
 from typing import Any, Final
 
@@ -24,6 +23,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.failures import log_failure
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.headers import content_encoding, upstream_request_headers
@@ -112,11 +112,7 @@ def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
     """Count and log a compaction-side failure: exception type and stack only, never its message (may quote a body)."""
     request.app[METRICS].fail_open.labels(stage=stage).inc()
     request[RECORD].fail_open.append(stage)
-    stack = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
-    log.error(
-        "compaction side failed; forwarding unchanged",
-        extra={"fields": {"stage": stage, "error": type(exc).__name__, "stack": stack}},
-    )
+    log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
 
 
 async def _prepare(request: web.Request, body: bytes) -> ForwardPlan | None:
