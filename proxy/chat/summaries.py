@@ -100,12 +100,12 @@ class Summaries:
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
         """Begin writing, in the background, the summary the next compaction will use (once per span)."""
+        if self._find(context) is not None:
+            return
         indices = self.spans.next_span(transcript, target_tokens)
         if not indices:
             return
         key = context.tenant + context.chain[max(indices)]
-        if key in self._jobs or self._find(context) is not None:
-            return
         task = asyncio.create_task(self._write(context, transcript, indices))
         task.add_done_callback(_retrieve_failure)
         self._remember(key, _Job(tuple(indices), task))
