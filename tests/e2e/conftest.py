@@ -6,12 +6,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
-from proxy.chat.service import ChatCompactionService
-from proxy.config import Settings
-from proxy.server import create_app
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4o-mini"
 WINDOW = 4096
@@ -28,15 +25,10 @@ async def upstream() -> AsyncIterator[OpenAIUpstream]:
 @pytest.fixture
 async def start_proxy(upstream: OpenAIUpstream) -> AsyncIterator[StartProxy]:
     """`await start_proxy(**settings)` starts a proxy in front of `upstream` and returns its `/v1` base URL."""
-    servers: list[TestServer] = []
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
 
     async def start(**overrides: Any) -> str:
-        settings = Settings(**{"upstream": upstream.base_url, "context_windows": {MODEL: WINDOW}, **overrides})
-        server = TestServer(create_app(settings, ChatCompactionService(settings)), host="127.0.0.1", port=0)
-        await server.start_server()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}/v1"
+        return (await proxies.start(**overrides)).url
 
     yield start
-    for server in servers:
-        await server.close()
+    await proxies.close()

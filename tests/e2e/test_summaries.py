@@ -10,16 +10,13 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 
-from proxy.chat.service import ChatCompactionService
 from proxy.chat.summaries import IN_CONTEXT_PREAMBLE
-from proxy.config import Settings
-from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_long_runs import sdk_agent
 from tests.support.agent_run import TOOLS, agent_responder, messages_array
 from tests.support.openai_upstream import OpenAIUpstream, Reply
+from tests.support.proxies import LoopbackProxies, RunningProxy
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
 SUMMARY = "## Objective\n- review the handlers\n## Decisions and constraints\n(none)\n## Work done\n- read files\n"
@@ -37,38 +34,21 @@ def summarizing(responder: Callable[[dict[str, Any]], Reply], summary: str = SUM
     return respond
 
 
-class Proxy:
-    def __init__(self, service: ChatCompactionService, server: TestServer) -> None:
-        self.service = service
-        self.url = f"http://127.0.0.1:{server.port}/v1"
-
-    async def settled(self) -> None:
-        """Wait for summaries being written in the background."""
-        pending = self.service.summaries.pending() if self.service.summaries else []
-        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=30)
+async def settled(proxy: RunningProxy) -> None:
+    """Wait for the summaries the proxy is writing in the background."""
+    pending = proxy.service.summaries.pending() if proxy.service.summaries else []
+    await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=30)
 
 
 @pytest.fixture
 async def proxy_for(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any]]:
-    servers: list[TestServer] = []
-
-    async def start(**overrides: Any) -> Proxy:
-        values: dict[str, Any] = {
-            "upstream": upstream.base_url,
-            "context_windows": {MODEL: WINDOW},
-            "strategies": ["summarization", "sliding_window", "middle_out"],
-            **overrides,
-        }
-        settings = Settings(**values)
-        service = ChatCompactionService(settings)
-        server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
-        await server.start_server()
-        servers.append(server)
-        return Proxy(service, server)
-
-    yield start
-    for server in servers:
-        await server.close()
+    proxies = LoopbackProxies(
+        upstream=upstream.base_url,
+        context_windows={MODEL: WINDOW},
+        strategies=["summarization", "sliding_window", "middle_out"],
+    )
+    yield proxies.start
+    await proxies.close()
 
 
 async def test_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
@@ -78,7 +58,7 @@ async def test_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
     proxy = await proxy_for()
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
         headers = await sdk_agent(client, tasks=4, steps=20)
-    await proxy.settled()
+    await settled(proxy)
 
     chat = [r for r in upstream.requests if r.path.endswith("/chat/completions")]
     summaries = [r for r in chat if is_summary_request(r.json)]
@@ -131,7 +111,7 @@ async def test_summary_written_ahead_costs_no_round_trip_when_compaction_is_due(
             turns.append({"role": "user", "content": paragraph * 6})
             headers = await send(session)
             assert headers["X-Compaction"] == "unchanged"
-        await proxy.settled()
+        await settled(proxy)
         # Now grow it past the trigger: the compaction uses the finished summary, with no call of its own.
         while True:
             turns.append({"role": "user", "content": paragraph * 6})
@@ -175,4 +155,4 @@ async def test_bad_summaries_fall_back_and_the_request_is_answered(
         assert response.headers["X-Compaction"] == "compacted"
         assert response.headers["X-Compaction-Strategies"] == "sliding_window"
     assert proxy.service.metrics.summary_fallbacks.labels(reason)._value.get() == 1
-    await proxy.settled()
+    await settled(proxy)

@@ -20,14 +20,12 @@ import aiohttp
 import openai
 import pytest
 import redis.exceptions
-from aiohttp.test_utils import TestServer
 
 from proxy.chat.service import ChatCompactionService
-from proxy.config import Settings
-from proxy.server import create_app
 from proxy.state.redis import RedisStore
 from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4o-mini"
 WINDOW = 4096
@@ -45,21 +43,14 @@ async def upstream() -> AsyncIterator[OpenAIUpstream]:
 @pytest.fixture
 async def start_proxy(upstream: OpenAIUpstream) -> AsyncIterator[StartProxy]:
     """`await start_proxy(**settings)`: a proxy in front of `upstream`; its `/v1` base URL and compaction service."""
-    servers: list[TestServer] = []
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW}, tenant_key=TENANT_KEY)
 
     async def start(**overrides: Any) -> tuple[str, ChatCompactionService]:
-        settings = Settings(
-            **{"upstream": upstream.base_url, "context_windows": {MODEL: WINDOW}, "tenant_key": TENANT_KEY, **overrides}
-        )
-        service = ChatCompactionService(settings)
-        server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
-        await server.start_server()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}/v1", service
+        proxy = await proxies.start(**overrides)
+        return proxy.url, proxy.service
 
     yield start
-    for server in servers:
-        await server.close()
+    await proxies.close()
 
 
 async def run_alternating(base_urls: list[str], tasks: int, steps: int) -> list[str]:

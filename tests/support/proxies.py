@@ -1,0 +1,49 @@
+"""Real proxies on loopback ports for end-to-end tests: the aiohttp app with the real compaction service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+
+from proxy.chat.service import ChatCompactionService
+from proxy.config import Settings
+from proxy.server import create_app
+
+
+@dataclass(frozen=True)
+class RunningProxy:
+    """A started proxy: its settings, its compaction service and its OpenAI base URL (`.../v1`)."""
+
+    settings: Settings
+    service: ChatCompactionService
+    server: TestServer
+
+    @property
+    def url(self) -> str:
+        """The base URL an OpenAI client is given."""
+        return f"http://127.0.0.1:{self.server.port}/v1"
+
+
+class LoopbackProxies:
+    """Starts proxies in front of one upstream, each with `defaults` under its own settings, and closes them all."""
+
+    def __init__(self, **defaults: Any) -> None:
+        self.defaults = defaults
+        self._servers: list[TestServer] = []
+
+    async def start(self, **settings: Any) -> RunningProxy:
+        """A proxy with the default settings updated by `settings`."""
+        values = {**self.defaults, **settings}
+        configured = Settings(**values)
+        service = ChatCompactionService(configured)
+        server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
+        await server.start_server()
+        self._servers.append(server)
+        return RunningProxy(configured, service, server)
+
+    async def close(self) -> None:
+        """Stop every proxy started."""
+        for server in self._servers:
+            await server.close()
