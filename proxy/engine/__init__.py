@@ -6,7 +6,7 @@ Messages are OpenAI Chat Completions dicts. A `Transcript` wraps a conversation 
 """
 
 from proxy.engine.calibration import Calibration
-from proxy.engine.compaction import Outcome, calibrated_decision, compact_if_needed, compact_if_needed_async
+from proxy.engine.compaction import Outcome, calibrated_decision, compact_if_needed
 from proxy.engine.counting import ApproximateCounter, TiktokenCounter, TokenCounter, counter_for_model
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
@@ -52,7 +52,6 @@ __all__ = [
     "calibrated_decision",
     "chain_by_names",
     "compact_if_needed",
-    "compact_if_needed_async",
     "counter_for_model",
     "decide",
     "estimate_tokens",

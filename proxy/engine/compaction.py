@@ -64,19 +64,3 @@ def compact_if_needed(
     if not decision.compact:
         return Outcome(decision)
     return Outcome(decision, chain.compact(transcript, decision.target_tokens))
-
-
-async def compact_if_needed_async(
-    transcript: Transcript,
-    thresholds: Thresholds,
-    chain: CompactionChain,
-    overhead_tokens: int,
-    anchor: Anchor | None = None,
-    *,
-    calibration: Calibration | None = None,
-) -> Outcome:
-    """Like `compact_if_needed`, awaiting strategies that do I/O."""
-    decision = calibrated_decision(transcript, thresholds, overhead_tokens, anchor, calibration=calibration)
-    if not decision.compact:
-        return Outcome(decision)
-    return Outcome(decision, await chain.compact_async(transcript, decision.target_tokens))
