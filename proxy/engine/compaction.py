@@ -1,7 +1,8 @@
-"""The whole decision in one call: estimate, trigger, compact.
+"""The whole decision in one call: calibrate, estimate, trigger, compact.
 
-The proxy, the hook and the CLI all go through here, which is what makes them decide identically on the same
-conversation.
+`calibrated_decision` is the proxy's decision and `compact_if_needed` the CLI's. The Haystack hook makes the same
+calibration observation (the provider's count of the anchored prefix against the local count of the same messages)
+incrementally and calls `decide` with the resulting ratio, so all three decide identically on the same conversation.
 """
 
 from __future__ import annotations
