@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 
@@ -21,6 +20,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from bench.serving import serve_until_signalled
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
@@ -92,19 +93,7 @@ def make_app(upstream: str) -> web.Application:
 
 async def serve(host: str, port: int, upstream: str) -> None:
     """Listen, print the base URL, and serve until SIGTERM/SIGINT."""
-    runner = web.AppRunner(make_app(upstream), access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        print(f"http://{host}:{runner.addresses[0][1]}", flush=True)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(make_app(upstream), host, port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

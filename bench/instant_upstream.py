@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import Sequence
 
 import orjson
 from aiohttp import web
+
+from bench.serving import serve_until_signalled
 
 BYTES_PER_TOKEN = web.AppKey("bytes_per_token", float)
 
@@ -104,20 +105,7 @@ def make_app(bytes_per_token: float) -> web.Application:
 
 async def serve(host: str, port: int, bytes_per_token: float) -> None:
     """Listen, print the base URL, and serve until SIGTERM/SIGINT."""
-    runner = web.AppRunner(make_app(bytes_per_token), access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        bound = runner.addresses[0][1]
-        print(f"http://{host}:{bound}", flush=True)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(make_app(bytes_per_token), host, port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """The shipped encodings load offline and tokenize exactly as tiktoken's own downloads do."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,20 @@ def test_unknown_encoding_is_refused() -> None:
         get_encoding("r50k_base")
 
 
-def test_loads_without_tiktoken_cache_env() -> None:
-    assert "TIKTOKEN_CACHE_DIR" not in os.environ or os.environ["TIKTOKEN_CACHE_DIR"]
-    assert len(get_encoding("o200k_base").encode_ordinary("hello world")) == 2
+def test_loads_without_tiktokens_cache_or_network(tmp_path: Path) -> None:
+    # tiktoken's own loader would look in this empty cache and then try to download; ours must need neither.
+    code = (
+        "from proxy.engine.encodings import get_encoding; "
+        "print(len(get_encoding('cl100k_base').encode_ordinary('hello world')))"
+    )
+    env = {
+        **os.environ,
+        "TIKTOKEN_CACHE_DIR": str(tmp_path),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "2"
+    assert not any(tmp_path.iterdir()), "nothing was written to tiktoken's cache"

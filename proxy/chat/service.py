@@ -194,7 +194,7 @@ class ChatCompactionService:
             return self._forward(chat.body, request, exchange, view.messages, view.chain, changed=view.changed)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
-        full_plan = await self._remember(tenant, view, result.plan)
+        await self._remember(tenant, view, result.plan)
         exchange.estimated_tokens = outcome.tokens_after
         logger.info(
             "Compacted a conversation.",
@@ -206,7 +206,8 @@ class ChatCompactionService:
                 "conversation": headers.get(self.settings.conversation_header.lower()),
             },
         )
-        compacted = full_plan.apply_messages(request.messages)
+        # The compacted view is what the full plan gives on the original messages: no need to apply it again.
+        compacted = list(result.compacted.messages)
         # Remembered as the view the next turn will extend, so its keys are not hashed again.
         _keys, chain = self.view_prefixes.keys(tenant, compacted)
         return self._forward(chat.body, request, exchange, compacted, chain, changed=True)
@@ -266,12 +267,10 @@ class ChatCompactionService:
         view_keys, view_chain = self.view_prefixes.keys(tenant, messages)
         return _Rewritten(messages, view_keys, meta, plan, original_chain, view_chain)
 
-    async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> EditPlan:
+    async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> None:
         """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
-        full = view.plan.then(compaction)
         if view.original_chain and self.settings.rewrite_memory:
-            await self.store.save_rewrite(tenant, view.original_chain[-1], full)
-        return full
+            await self.store.save_rewrite(tenant, view.original_chain[-1], view.plan.then(compaction))
 
     async def _anchor(self, tenant: bytes, sent_chain: list[bytes]) -> Anchor | None:
         found = await self.store.latest_anchor(tenant, sent_chain)
@@ -354,13 +353,13 @@ class ChatCompactionService:
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
-        full_plan = await self._remember(exchange.tenant, view, result.plan)
+        await self._remember(exchange.tenant, view, result.plan)
         retry = _Exchange(
             exchange.tenant, request, exchange.model, [], None, window, retried=True, headers=dict(exchange.headers)
         )
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
-        return self._forward(b"", request, retry, full_plan.apply_messages(request.messages), None, changed=True)
+        return self._forward(b"", request, retry, list(result.compacted.messages), None, changed=True)
 
     def _calibration(self, model: str | None) -> Calibration:
         """The calibration of local counts against the provider's for `model`, learned across conversations."""
