@@ -50,6 +50,9 @@ DEFAULT_FILE_TOKENS = 1000
 DEFAULT_AUDIO_TOKENS = 500
 """The charge for an `input_audio` part, whose real cost depends on a duration the proxy does not decode."""
 
+_SCHEMA_CACHE_SIZE = 256
+"""Distinct tool sets whose schema counts a counter remembers."""
+
 DEFAULT_CACHE_SIZE = 200_000
 """How many message counts a counter remembers (about 100 bytes each)."""
 
@@ -65,6 +68,7 @@ class TokenCounter(ABC):
         """:param cache_size: How many message counts to remember; the oldest are forgotten first."""
         self._cache: dict[bytes, int] = {}
         self._cache_size = cache_size
+        self._schemas: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -123,9 +127,20 @@ class TokenCounter(ABC):
             tools = request.get("tools")
             functions = request.get("functions")
             if isinstance(tools, list) and tools:
-                tokens += self.text_tokens(render_tool_schemas(tools))
+                tokens += self._schema_tokens(render_tool_schemas(tools))
             if isinstance(functions, list) and functions:
-                tokens += self.text_tokens(render_tool_schemas([{"function": spec} for spec in functions]))
+                tokens += self._schema_tokens(render_tool_schemas([{"function": spec} for spec in functions]))
+        return tokens
+
+    def _schema_tokens(self, rendered: str) -> int:
+        """Tokens of rendered tool schemas, remembered: a client sends the same tools with every request."""
+        tokens = self._schemas.get(rendered)
+        if tokens is None:
+            tokens = self.text_tokens(rendered)
+            with self._lock:
+                self._schemas[rendered] = tokens
+                if len(self._schemas) > _SCHEMA_CACHE_SIZE:
+                    del self._schemas[next(iter(self._schemas))]
         return tokens
 
     def _measure_message(self, message: Message, measure: Callable[[str], int]) -> int:
