@@ -56,7 +56,9 @@ logger = logging.getLogger("proxy.compaction")
 
 COMPACTION_HEADER = "x-compaction"
 CONTEXT_WINDOW_HEADER = "x-context-window"
-_CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+_MAX_MODELS = 1024
+"""Model names remembered per process (calibrations, unknown-model warnings): clients choose the names."""
 
 
 @dataclass
@@ -366,7 +368,9 @@ class ChatCompactionService:
         name = model or ""
         calibration = self.calibrations.get(name)
         if calibration is None:
-            calibration = self.calibrations[name] = Calibration()
+            calibration = Calibration()
+            if len(self.calibrations) < _MAX_MODELS:
+                self.calibrations[name] = calibration
         return calibration
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
@@ -375,7 +379,7 @@ class ChatCompactionService:
 
     def _log_unknown_model(self, model: str | None) -> None:
         name = model or "(no model)"
-        if name not in self._unknown_models_logged:
+        if name not in self._unknown_models_logged and len(self._unknown_models_logged) < _MAX_MODELS:
             self._unknown_models_logged.add(name)
             logger.warning(
                 "No context window is known for model %r: its requests are forwarded uncompacted. Set "

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 from proxy.chat.metrics import CompactionMetrics
-from proxy.config import Settings
+from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.engine import EditPlan, Transcript
 from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
 
@@ -43,8 +43,6 @@ choices, response formats, tool choice) would change what comes back."""
 
 _MAX_JOBS = 10_000
 """Summaries remembered at once (finished ones wait to be used); the oldest are dropped first."""
-
-_CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 
 
 class SummaryFailed(Exception):
@@ -212,7 +210,7 @@ class Summaries:
         if self.settings.summary_api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
             return headers
-        for name in _CREDENTIAL_HEADERS:
+        for name in CREDENTIAL_HEADERS:
             if value := context.headers.get(name):
                 headers[name] = value
         return headers
