@@ -1,0 +1,86 @@
+"""Settings of the compaction itself: when, to what size, with which strategies, for which windows."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic import BaseModel, Field, field_validator
+
+from proxy.config.kinds import Mode
+
+DEFAULT_STRATEGIES: Final = ("tool_result_pruning", "sliding_window", "middle_out")
+
+
+class CompactionSettings(BaseModel):
+    """The trigger, the target, the chain and the windows."""
+
+    mode: Mode = Field(
+        default=Mode.ENFORCE,
+        description="`enforce` rewrites oversized conversations; `observe` only decides and reports, changing nothing.",
+    )
+    compact_at: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description=(
+            "Trigger: compact a chat request once its estimated prompt reaches this fraction of the model's context"
+            " window (0 < compact_to < compact_at <= 1)."
+        ),
+    )
+    compact_to: float = Field(
+        default=0.4,
+        gt=0,
+        lt=1,
+        description="Target: a compaction shrinks the messages to this fraction of the window, minus tools/template.",
+    )
+    strategies: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_STRATEGIES),
+        description=(
+            "The compaction chain, in order; each runs only while the conversation is still over the target."
+            " Names are those of the engine's strategies (e.g. `tool_result_pruning`, `sliding_window`,"
+            " `summarization`, `middle_out`). From the environment: a JSON list or comma-separated names."
+        ),
+    )
+    context_windows: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Per-model context windows in tokens, overriding the shipped table: `{model name: tokens}`. From the"
+            " environment: a JSON object or `model=tokens,model=tokens`."
+        ),
+    )
+    default_context_window: int | None = Field(
+        default=None,
+        gt=0,
+        description="Window assumed for models neither table knows; None leaves such requests uncompacted.",
+    )
+    conversation_header: str = Field(
+        default="X-Conversation-Id",
+        min_length=1,
+        description="Request header that names a conversation explicitly: used for metrics, logs and grouping.",
+    )
+    rewrite_memory: bool = Field(
+        default=True,
+        description=(
+            "Remember each compaction and replay it byte for byte on later turns of the same conversation, so the"
+            " upstream's prompt cache keeps hitting and a summary is paid for once. Off: every request is compacted"
+            " afresh from what the client sent (only useful to measure what the memory saves)."
+        ),
+    )
+
+    @field_validator("strategies")
+    @classmethod
+    def _check_strategies(cls, value: list[str]) -> list[str]:
+        names = [name.strip() for name in value]
+        if any(not name for name in names):
+            raise ValueError("strategy names must not be empty")
+        if len(set(names)) != len(names):
+            raise ValueError("a strategy may appear only once")
+        return names
+
+    @field_validator("context_windows")
+    @classmethod
+    def _check_windows(cls, value: dict[str, int]) -> dict[str, int]:
+        for model, tokens in value.items():
+            if tokens <= 0:
+                raise ValueError(f"window of {model!r} must be a positive number of tokens")
+        return value

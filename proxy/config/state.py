@@ -1,0 +1,68 @@
+"""Settings of per-conversation state: where it lives, how long, how much, and the key that scopes it by tenant."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from typing import Final
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+CREDENTIAL_HEADERS: Final = ("authorization", "api-key", "x-api-key")
+"""Request headers that carry the caller's credentials (OpenAI bearer token, Azure `api-key`, others' `x-api-key`)."""
+
+
+def _random_tenant_key() -> SecretStr:
+    return SecretStr(secrets.token_urlsafe(32))
+
+
+class StateSettings(BaseModel):
+    """The state store, its bounds, and the tenant key."""
+
+    state_url: str = Field(
+        default="memory://",
+        description="Where per-conversation state lives: `memory://` (in-process LRU) or `redis://host:port/db`.",
+    )
+    state_ttl_seconds: int = Field(
+        default=86400, gt=0, description="How long an idle conversation's state (anchors, plans) is kept."
+    )
+    state_max_conversations: int = Field(
+        default=100_000, gt=0, description="Bound on conversations kept by the in-memory store (least recent go)."
+    )
+    tenant_key: SecretStr = Field(
+        default_factory=_random_tenant_key,
+        description=(
+            "Secret keying the hash of each caller's credentials that scopes all state, so callers never see each"
+            " other's. Random per process when unset; set it (same value everywhere) when replicas share Redis."
+            " Never logged."
+        ),
+    )
+
+    @field_validator("state_url")
+    @classmethod
+    def _check_state_url(cls, value: str) -> str:
+        if not value.startswith(("memory://", "redis://", "rediss://", "unix://")):
+            raise ValueError("must be memory:// or a redis:// / rediss:// / unix:// URL")
+        return value
+
+    @field_validator("tenant_key")
+    @classmethod
+    def _check_tenant_key(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+    def tenant_of(self, headers: Mapping[str, str]) -> str:
+        """Return the caller's tenant id: a keyed hash (HMAC-SHA256 under `tenant_key`) of its credential headers.
+
+        The compaction side scopes every state key with this, so one caller can never match, read or poison another's
+        state, and nothing stored or logged reveals a credential. Callers without credentials share one tenant.
+
+        :param headers: The request headers (any mapping; names are matched case-insensitively).
+        """
+        lowered = {name.lower(): value for name, value in headers.items()}
+        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in CREDENTIAL_HEADERS)
+        key = self.tenant_key.get_secret_value().encode()
+        return hmac.new(key, material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
