@@ -3,12 +3,21 @@
 The table holds each family's total context window (prompt plus reply) in tokens, matched by the longest model-name
 prefix, so dated snapshots (`gpt-4o-2024-08-06`) and provider prefixes (`openai/gpt-4o`) resolve too. Operators
 override it per model in config, clients per request with `X-Context-Window`, and the proxy learns a model's window
-from an overflow error that states it.
+from an overflow error that states it: for the tenant that got the error only, and never below what the provider has
+already shown to fit for that tenant and model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
+
+from xxhash import xxh3_128_digest
+
+from proxy.lru import LRU
+
+MAX_LEARNED: Final = 4096
+"""(tenant, model) pairs whose learned window, and whose largest answered request, are remembered."""
 
 KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
     # OpenAI
@@ -63,26 +72,54 @@ def table_window(model: str | None, table: Mapping[str, int] = KNOWN_CONTEXT_WIN
 
 
 class ContextWindows:
-    """Resolves the context window for a request: per request, configured, learned, shipped, default.
+    """Resolves the context window for a request: per request, learned, configured, shipped, default.
 
     :param configured: Per-model overrides from the proxy's settings (exact name or prefix).
     :param default: The window for models nobody knows, or None to leave their requests uncompacted.
+    :param max_learned: How many (tenant, model) pairs' learned windows and largest fits to remember.
     """
 
-    def __init__(self, configured: Mapping[str, int] | None = None, default: int | None = None) -> None:
+    def __init__(
+        self, configured: Mapping[str, int] | None = None, default: int | None = None, max_learned: int = MAX_LEARNED
+    ) -> None:
         self.configured = dict(configured or {})
         self.default = default
-        self._learned: dict[str, int] = {}
+        self._learned: LRU[bytes, int] = LRU(max_learned)
+        self._fits: LRU[bytes, int] = LRU(max_learned)
 
-    def resolve(self, model: str | None, requested: int | None = None) -> int | None:
+    def resolve(self, model: str | None, requested: int | None = None, tenant: bytes = b"") -> int | None:
         """The window for `model`; `requested` (from `X-Context-Window`) beats everything else."""
         if requested is not None and requested > 0:
             return requested
-        if model and model in self._learned:
-            return self._learned[model]
+        learned = self._learned.get(_key(tenant, model)) if model else None
+        if learned is not None:
+            return learned
         return table_window(model, self.configured) or table_window(model) or self.default
 
-    def learn(self, model: str | None, window: int) -> None:
-        """Remember a window an overflow error stated, for the rest of the process's life."""
-        if model and window > 0:
-            self._learned[model] = window
+    def learn(self, model: str | None, window: int, tenant: bytes = b"") -> bool:
+        """Remember a window an overflow error stated, for this tenant only.
+
+        :returns: Whether it was learned: not when the provider already answered a larger request for this tenant
+            and model (the error then says less than what is known to fit).
+        """
+        if not model or window <= 0:
+            return False
+        key = _key(tenant, model)
+        fitted = self._fits.get(key)
+        if fitted is not None and window < fitted:
+            return False
+        self._learned.put(key, window)
+        return True
+
+    def fitted(self, model: str | None, tokens: int, tenant: bytes = b"") -> None:
+        """Note that the provider answered a request of `tokens` (prompt plus reply) for this tenant and model."""
+        if not model or tokens <= 0:
+            return
+        key = _key(tenant, model)
+        if tokens > (self._fits.get(key) or 0):
+            self._fits.put(key, tokens)
+
+
+def _key(tenant: bytes, model: str) -> bytes:
+    """A fixed-size key for a tenant's model, whatever the length of the name the client chose."""
+    return tenant + xxh3_128_digest(model.encode("utf-8", "surrogatepass"))

@@ -3,6 +3,8 @@
 The server owns sockets, headers and streaming; the compaction side owns parsing, state and the engine. They meet
 here: the server hands over an `IncomingChat` and gets back a `ForwardPlan` saying what to send upstream; when the
 upstream has answered, the server reports the outcome with `ChatOutcome` so usage can anchor the next estimate.
+A request the proxy will not forward at all (over its limits) gets a `Refusal` instead, which the server answers
+OpenAI-style.
 """
 
 from __future__ import annotations
@@ -46,6 +48,22 @@ class ForwardPlan:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A request the proxy answers itself with an OpenAI-style error instead of forwarding it.
+
+    :param status: HTTP status (400 for a request over the proxy's limits).
+    :param message: What is wrong and what to do; never quotes the request.
+    :param code: The stable machine-readable code.
+    :param param: The request field at fault.
+    """
+
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
 class ChatOutcome:
     """What the upstream answered to a forwarded chat completion.
 
@@ -65,8 +83,11 @@ class ChatOutcome:
 class ChatCompaction(Protocol):
     """Decides what the upstream receives for each chat completion and learns from what it answers."""
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
-        """Return what to forward for this request. Must never raise: on any internal error, forward as received."""
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
+        """Return what to forward for this request, or why it is refused.
+
+        Must never raise: on any internal error, forward as received.
+        """
         ...
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:

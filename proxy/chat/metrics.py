@@ -76,6 +76,11 @@ class CompactionMetrics:
             "Tokens (prompt and completion) spent on summary calls.",
             registry=registry,
         )
+        self.implausible_usage = Counter(
+            "compaction_proxy_implausible_usage_reports",
+            "Provider usage reports ignored because they disagree with the local estimate beyond any tokenizer gap.",
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",

@@ -1,8 +1,13 @@
-"""Recognizing a provider's "context length exceeded" answer, and the window it states.
+"""Recognizing a provider's "context length exceeded" answer, and the window it states, from its shape only.
 
-OpenAI answers 400 with `code: context_length_exceeded` and "This model's maximum context length is N tokens";
-vLLM and most OpenAI-compatible servers reuse that sentence; llama.cpp's server answers with
-`type: exceed_context_size_error` and the window as `n_ctx`.
+What is learned here changes how later requests are compacted, so it is read only from what the provider itself
+puts in an error, never from free text a caller could have placed there (error messages often quote the request):
+
+- OpenAI: `code: context_length_exceeded`; the window from the message's opening sentence ("This model's maximum
+  context length is N tokens." or "Input tokens exceed the configured limit of N tokens.").
+- llama.cpp's server: `type: exceed_context_size_error`, the window as the integer `n_ctx`.
+- vLLM and servers copying OpenAI's wording without its code: a message that *opens* with "This model's maximum
+  context length is N tokens", in a 400 answer.
 """
 
 from __future__ import annotations
@@ -10,13 +15,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-_STATED_WINDOW = re.compile(
-    r"(?:maximum context length|context length|context window|context size)(?: is| of)?\s+(\d[\d,]*)\s*tokens?",
-    re.IGNORECASE,
+_OPENING_SENTENCES: Final = (
+    re.compile(r"This model's maximum context length is (\d{1,9}) tokens\b"),
+    re.compile(r"Input tokens exceed the configured limit of (\d{1,9}) tokens\b"),
 )
-_OVERFLOW_WORDS = ("context_length_exceeded", "exceed_context_size", "context length", "context window", "too long")
+"""The sentences a provider opens its overflow message with; matched at the start of the message only."""
+
+OPENAI_CODE: Final = "context_length_exceeded"
+LLAMA_CPP_TYPE: Final = "exceed_context_size_error"
 
 
 @dataclass(frozen=True)
@@ -27,18 +35,28 @@ class Overflow:
 
 
 def context_overflow(status: int, error_body: Mapping[str, Any] | None) -> Overflow | None:
-    """The overflow an error answer reports, or None when it is some other error."""
-    if status not in (400, 413, 422) or not error_body:
+    """The overflow an error answer reports, or None when it is some other error (or not one we can trust)."""
+    if status not in (400, 413, 422) or not isinstance(error_body, Mapping):
         return None
     error = error_body.get("error", error_body)
     if not isinstance(error, Mapping):
-        error = {"message": str(error)}
-    message = str(error.get("message") or "")
-    tags = " ".join(str(error.get(key) or "") for key in ("code", "type")).lower()
-    if not any(word in tags or word in message.lower() for word in _OVERFLOW_WORDS):
         return None
-    window = error.get("n_ctx")
-    if isinstance(window, int) and window > 0:
-        return Overflow(window)
-    match = _STATED_WINDOW.search(message)
-    return Overflow(int(match.group(1).replace(",", "")) if match else None)
+    message = error.get("message")
+    stated = _opening_window(message) if isinstance(message, str) else None
+    if error.get("type") == LLAMA_CPP_TYPE:
+        n_ctx = error.get("n_ctx")
+        return Overflow(n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None)
+    if error.get("code") == OPENAI_CODE:
+        return Overflow(stated)
+    if stated is not None and status == 400:
+        return Overflow(stated)
+    return None
+
+
+def _opening_window(message: str) -> int | None:
+    """The window stated by the message's opening sentence, or None."""
+    for sentence in _OPENING_SENTENCES:
+        match = sentence.match(message)
+        if match:
+            return int(match.group(1))
+    return None

@@ -1,7 +1,8 @@
 """A chat-completion request body, parsed once and checked just enough for compaction to reason about it.
 
-Only what compaction relies on is checked: a JSON object with a `messages` list of objects. Anything else (unknown
-fields, odd roles, odd content) is the provider's to judge: the proxy forwards it untouched.
+Only what compaction relies on is checked: a JSON object with a `messages` list of objects, within the proxy's
+limits on messages and content parts. Anything else (unknown fields, odd roles, odd content) is the provider's to
+judge: the proxy forwards it untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +18,48 @@ from proxy.engine.messages import Message
 
 class InvalidChatRequest(ValueError):
     """The body is not a chat-completion request compaction can work on; the message says what is wrong."""
+
+
+class RequestOverLimit(ValueError):
+    """The request has more messages or content parts than the proxy handles; answered 400, never forwarded.
+
+    :param code: The OpenAI-style error code (`too_many_messages`, `too_many_content_parts`).
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """How much one request may hold, so no request can make the proxy's work unbounded.
+
+    :param max_messages: Most messages in `messages`.
+    :param max_content_parts: Most content parts over all messages (a string content is one part).
+    """
+
+    max_messages: int
+    max_content_parts: int
+
+    def check(self, messages: list[Any]) -> None:
+        """:raises RequestOverLimit: The messages exceed a limit."""
+        if len(messages) > self.max_messages:
+            raise RequestOverLimit(
+                f"The request has {len(messages)} messages; this proxy accepts at most {self.max_messages} "
+                f"(setting max_messages). Compact or split the conversation before sending it.",
+                "too_many_messages",
+            )
+        parts = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            parts += len(content) if isinstance(content, list) else 1
+        if parts > self.max_content_parts:
+            raise RequestOverLimit(
+                f"The request has {parts} content parts; this proxy accepts at most {self.max_content_parts} "
+                f"(setting max_content_parts).",
+                "too_many_content_parts",
+            )
 
 
 @dataclass(frozen=True)
@@ -42,10 +85,11 @@ class ChatRequest:
         return self.body.get("stream") is True
 
     @classmethod
-    def parse(cls, raw: bytes | str) -> ChatRequest:
+    def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> ChatRequest:
         """Parse and check a request body.
 
         :raises InvalidChatRequest: If it is not JSON, not an object, or has no list of message objects.
+        :raises RequestOverLimit: If it holds more messages or content parts than `limits` allow.
         """
         try:
             body = orjson.loads(raw)
@@ -56,11 +100,13 @@ class ChatRequest:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidChatRequest("The request has no `messages` list.")
+        if limits is not None:
+            limits.check(messages)
         for position, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise InvalidChatRequest(f"`messages[{position}]` must be an object, got {type(message).__name__}.")
         return cls(body=body, messages=messages)
 
-    def with_messages(self, messages: list[Message]) -> bytes:
-        """The request body with its messages replaced, every other field as it was."""
-        return orjson.dumps({**self.body, "messages": messages})
+    def with_messages(self, messages: list[Message], **fields: Any) -> bytes:
+        """The request body with its messages replaced (and `fields` set), every other field as it was."""
+        return orjson.dumps({**self.body, **fields, "messages": messages})

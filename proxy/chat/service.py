@@ -1,34 +1,39 @@
-"""Chat-completion compaction for the proxy: rewrite memory, usage anchors, tenants, and the engine's decision.
+"""Chat-completion compaction for the proxy: the decision for each request, and what is learned from its answer.
 
 For every chat completion:
 
-1. The request's messages are hashed into a chain (element i identifies messages 0..i).
-2. *Rewrite memory*: the plan stored for the longest known prefix of that chain is reapplied, so the upstream sees
-   exactly the rewritten prefix it saw last turn (provider prompt caches keep hitting) and the engine only has to
-   look at what is new.
-3. *Anchoring*: the provider's reported usage for the longest known prefix of what is now being sent, plus a local
+1. The body is parsed and checked against the proxy's limits; large bodies are worked on off the event loop.
+2. *Rewrite memory* (`rewrites`) replays the plan stored for the longest known prefix of the conversation.
+3. *Anchoring* (`usage`): the provider's count for the longest known prefix of what is now being sent, plus a local
    count of the rest, is the estimate; the engine compacts when it reaches the trigger.
-4. The compaction, if any, is composed onto the reapplied plan and remembered for the whole original request.
+4. The compaction, if any, is composed onto the replayed plan and remembered for the whole original request.
+5. When the upstream answers, a plausible usage report anchors the next request; a context overflow it reports in
+   its own error shape teaches the caller's tenant the window, and the request is compacted and retried once.
 
-Any internal error forwards the original request unchanged: the proxy must never fail a request that would have
-succeeded without it.
+All state is scoped by the caller's tenant (a keyed hash of its credentials), and state made under a per-request
+window override only by requests with the same override. Any internal error forwards the original request
+unchanged: the proxy must never fail a request that would have succeeded without it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, TypeVar
 
-import orjson
+from xxhash import xxh3_128_digest
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.chat.known_prefixes import KnownPrefixes
+from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers
 from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.names import shown
+from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
-from proxy.chat.request import ChatRequest, InvalidChatRequest
+from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
+from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.summaries import Summaries, SummaryContext
+from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
 from proxy.engine import (
     Anchor,
@@ -36,10 +41,10 @@ from proxy.engine import (
     CompactionChain,
     CompactionResult,
     Decision,
-    EditPlan,
     Outcome,
     Summarization,
     Thresholds,
+    TokenCounter,
     Transcript,
     calibrated_decision,
     chain_by_names,
@@ -47,57 +52,38 @@ from proxy.engine import (
     decide,
 )
 from proxy.engine.messages import Message, chain_keys, message_key
-from proxy.engine.plan import Kept
 from proxy.failures import log_failure
+from proxy.lru import LRU
 from proxy.state import StateStore, open_store
-from proxy.windows import ContextWindows
+from proxy.windows import MAX_LEARNED, ContextWindows
 
 logger = logging.getLogger("proxy.compaction")
 
-COMPACTION_HEADER = "x-compaction"
-CONTEXT_WINDOW_HEADER = "x-context-window"
+COMPACTION_HEADER: Final = "x-compaction"
+CONTEXT_WINDOW_HEADER: Final = "x-context-window"
 
-_MAX_MODELS = 1024
-"""Model names remembered per process (calibrations, unknown-model warnings): clients choose the names."""
+T = TypeVar("T")
 
 
 @dataclass
 class _Exchange:
     """What `prepare` learned about a request, handed back to `complete` through `ForwardPlan.context`."""
 
+    scope: bytes
     tenant: bytes
     request: ChatRequest
     model: str | None
-    sent_chain: list[bytes]
-    estimated_tokens: int | None
     window: int | None
+    size: int
+    chain: list[bytes] = field(default_factory=list)
+    estimate: Estimate | None = None
     retried: bool = False
     headers: dict[str, str] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class _Rewritten:
-    """The request as the upstream will see it before any new compaction: the remembered rewrite applied.
-
-    :param messages: The upstream's view of the conversation.
-    :param keys: The message keys of `messages`.
-    :param meta: Per-message metadata (compaction markers of created messages), or None when nothing was rewritten.
-    :param plan: The remembered plan extended over the whole original request (identity when none was remembered).
-    :param original_chain: The chain of the original messages; its last element keys this request's rewrite.
-    :param chain: The chain of `messages`, what the upstream is sent unless compaction changes it.
-    """
-
-    messages: list[Message]
-    keys: list[bytes]
-    meta: list[Mapping[str, Any]] | None
-    plan: EditPlan
-    original_chain: list[bytes]
-    chain: list[bytes]
-
     @property
-    def changed(self) -> bool:
-        """Whether the upstream's view differs from what the client sent."""
-        return self.meta is not None
+    def sent(self) -> Sent:
+        """What was forwarded, as the usage report needs it."""
+        return Sent(self.scope, self.tenant, self.model, self.chain, self.estimate)
 
 
 @dataclass(frozen=True)
@@ -114,7 +100,7 @@ class _Sized:
 class ChatCompactionService:
     """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
 
-    :param settings: The proxy's settings (thresholds, strategies, windows, mode, tenant key).
+    :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
     :param chain: The compaction chain; the one `settings.strategies` names when None.
     """
@@ -127,37 +113,43 @@ class ChatCompactionService:
         self.store: StateStore = store or open_store(settings)
         self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
-        self.calibrations: dict[str, Calibration] = {}
-        self.prefixes = KnownPrefixes()
-        self.view_prefixes = KnownPrefixes()
         self.metrics = CompactionMetrics()
+        self.rewrites = RewriteMemory(self.store, enabled=settings.rewrite_memory)
+        self.usage = UsageReports(self.store, self.windows, self.metrics)
+        self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
+        self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
-        self._unknown_models_logged: set[str] = set()
+        self._unknown_models_logged: LRU[bytes, bool] = LRU(MAX_LEARNED)
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
+        self.usage.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
 
     async def aclose(self) -> None:
-        """Release the state store and the summary client (called at app cleanup)."""
+        """Release the state store, the summary client and the worker threads (called at app cleanup)."""
         if self.summaries is not None:
             await self.summaries.aclose()
+        self.off_loop.close()
         await self.store.close()
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
-        """What to forward for this request; the original bytes on any problem of ours."""
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
+        """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
         headers = {key.lower(): value for key, value in chat.headers.items()}
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         try:
-            request = ChatRequest.parse(chat.body)
+            request = await self.off_loop.run(len(chat.body), lambda: ChatRequest.parse(chat.body, self.limits))
         except InvalidChatRequest:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels("unparsed").inc()
             return ForwardPlan(body=chat.body)
+        except RequestOverLimit as over:
+            self.metrics.requests.labels("refused").inc()
+            return Refusal(400, str(over), over.code, param="messages")
         try:
             return await self._prepare(chat, request, headers)
         except Exception as error:
@@ -168,53 +160,61 @@ class ChatCompactionService:
     async def _prepare(self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str]) -> ForwardPlan:
         tenant = self._tenant(headers)
         model = request.model or _deployment_name(chat.path)
-        window = self.windows.resolve(model, _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
-        exchange = _Exchange(tenant, request, model, [], None, window)
-        view = await self._rewritten(tenant, request.messages)
+        requested = _int_header(headers.get(CONTEXT_WINDOW_HEADER))
+        scope = _scope(tenant, requested)
+        window = self.windows.resolve(model, requested, tenant)
+        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body))
+        view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
-            return self._forward(chat.body, request, exchange, view.messages, view.chain, changed=view.changed)
+            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         counter = counter_for_model(model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
-        anchor = await self._anchor(tenant, view.chain)
-        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        overhead = counter.overhead_tokens(request.body)
-        decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=self._calibration(model))
-        sized = _Sized(transcript, thresholds, decision, overhead, anchor)
-        outcome = await self._compaction(sized, SummaryContext(tenant, chat.path, request.body, headers, view.chain))
-        exchange.headers.update(_report(outcome, window))
-        exchange.estimated_tokens = None if outcome.decision.bounded else outcome.decision.estimated_tokens
+        anchor = await self.usage.anchor(scope, view.chain)
+        calibration = self.usage.calibration(tenant, model)
+        sized = await self._work(exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration))
+        context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
+        outcome = await self._compaction(exchange, sized, context)
+        exchange.headers.update(report_headers(outcome, window))
+        exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
             self.metrics.requests.labels("observed" if result else "unchanged").inc()
-            return self._forward(chat.body, request, exchange, request.messages, view.original_chain, changed=False)
+            return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
             self.metrics.requests.labels("unchanged").inc()
-            return self._forward(chat.body, request, exchange, view.messages, view.chain, changed=view.changed)
+            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
-        await self._remember(tenant, view, result.plan)
-        exchange.estimated_tokens = outcome.tokens_after
+        await self.rewrites.remember(scope, view, result.plan)
+        exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
             "Compacted a conversation.",
             extra={
-                "model": model,
+                "model": shown(model),
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": headers.get(self.settings.conversation_header.lower()),
+                "conversation": shown(headers.get(self.settings.conversation_header.lower())),
             },
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
         compacted = list(result.compacted.messages)
-        # Remembered as the view the next turn will extend, so its keys are not hashed again.
-        _keys, chain = self.view_prefixes.keys(tenant, compacted)
-        return self._forward(chat.body, request, exchange, compacted, chain, changed=True)
+        chain = await self._work(exchange, lambda: self.rewrites.compacted_chain(scope, compacted))
+        return await self._forward(chat.body, exchange, compacted, chain)
 
-    async def _compaction(self, sized: _Sized, context: SummaryContext) -> Outcome:
+    async def _view(self, exchange: _Exchange) -> View:
+        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`)."""
+        scope, messages = exchange.scope, exchange.request.messages
+        keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages))
+        found = await self.rewrites.find(scope, keyed)
+        plan = found[1] if found else None
+        return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan))
+
+    async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.
 
         Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in
@@ -228,9 +228,11 @@ class ChatCompactionService:
             return Outcome(decision)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
-            return Outcome(decision, self.chain.compact(transcript, decision.target_tokens))
+            return Outcome(
+                decision, await self._work(exchange, lambda: self.chain.compact(transcript, decision.target_tokens))
+            )
         summarized = transcript.edited(summary)
-        rest = self.chain.compact(summarized, decision.target_tokens)
+        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens))
         result = CompactionResult(
             plan=summary if rest is None else summary.then(rest.plan),
             compacted=summarized if rest is None else rest.compacted,
@@ -250,59 +252,27 @@ class ChatCompactionService:
         if early.compact:
             summaries.start(context, sized.transcript, early.target_tokens)
 
-    async def _rewritten(self, tenant: bytes, original: list[Message]) -> _Rewritten:
-        """The original messages with the rewrite remembered for their longest known prefix reapplied."""
-        original_keys, original_chain = self.prefixes.keys(tenant, original)
-        found = await self.store.latest_rewrite(tenant, original_chain) if self.settings.rewrite_memory else None
-        if found is None:
-            return _Rewritten(
-                original, original_keys, None, EditPlan.identity(len(original)), original_chain, original_chain
-            )
-        stored_at, stored = found
-        plan = stored.extended(len(original))
-        if stored_at + 1 < len(original):
-            # Store it at this request's head, so the next turn finds it in a step or two.
-            await self.store.save_rewrite(tenant, original_chain[-1], plan)
-        meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
-        messages = plan.apply_messages(original)
-        # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
-        view_keys, view_chain = self.view_prefixes.keys(tenant, messages)
-        return _Rewritten(messages, view_keys, meta, plan, original_chain, view_chain)
-
-    async def _remember(self, tenant: bytes, view: _Rewritten, compaction: EditPlan) -> None:
-        """Compose a new compaction onto the reapplied rewrite and store it for the whole original request."""
-        if view.original_chain and self.settings.rewrite_memory:
-            await self.store.save_rewrite(tenant, view.original_chain[-1], view.plan.then(compaction))
-
-    async def _anchor(self, tenant: bytes, sent_chain: list[bytes]) -> Anchor | None:
-        found = await self.store.latest_anchor(tenant, sent_chain)
-        return Anchor(tokens=found[1], covered=found[0] + 1) if found else None
-
-    def _forward(
-        self,
-        raw: bytes,
-        request: ChatRequest,
-        exchange: _Exchange,
-        messages: list[Message],
-        chain: list[bytes] | None,
-        *,
-        changed: bool,
+    async def _forward(
+        self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
     ) -> ForwardPlan:
-        """The plan forwarding `messages` (the original bytes when unchanged), asking a stream for its usage.
+        """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
 
-        :param chain: The chain of `messages` when already known; computed here otherwise.
+        :param chain: The chain of what is sent, when already known; computed here otherwise.
         """
-        exchange.sent_chain = chain if chain is not None else chain_keys([message_key(m) for m in messages])
-        body = request.with_messages(messages) if changed else raw
-        strip_usage = False
-        if request.stream and self.mode is Mode.ENFORCE and not _asks_for_usage(request.body):
-            body = _with_usage_requested(body, request.body, changed)
-            strip_usage = True
+        request = exchange.request
+        ask_usage = request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
+
+        def build() -> tuple[bytes, list[bytes]]:
+            sent = request.messages if messages is None else messages
+            sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
+            return forwarded_body(raw, request, messages, ask_usage=ask_usage), sent_chain
+
+        body, exchange.chain = await self._work(exchange, build)
         return ForwardPlan(
             body=body,
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
             stream=request.stream,
-            strip_usage_chunk=strip_usage,
+            strip_usage_chunk=ask_usage,
             context=exchange,
         )
 
@@ -313,7 +283,8 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
-                await self._learn_usage(exchange, outcome)
+                counter = counter_for_model(exchange.model)
+                await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
                 return None
             return await self._retry_after_overflow(exchange, outcome)
         except Exception as error:
@@ -321,71 +292,87 @@ class ChatCompactionService:
             self.metrics.errors.inc()
             return None
 
-    async def _learn_usage(self, exchange: _Exchange, outcome: ChatOutcome) -> None:
-        usage = outcome.usage
-        if not usage or not exchange.sent_chain:
-            return
-        prompt = usage.get("prompt_tokens")
-        if not isinstance(prompt, int) or prompt <= 0:
-            return
-        await self.store.save_anchor(exchange.tenant, exchange.sent_chain[-1], prompt)
-        total = usage.get("total_tokens")
-        if outcome.reply is not None and isinstance(total, int) and total >= prompt:
-            reply_chain = chain_keys([message_key(outcome.reply)], start=exchange.sent_chain[-1])[-1]
-            await self.store.save_anchor(exchange.tenant, reply_chain, total)
-        if exchange.estimated_tokens is not None:
-            self.metrics.estimate_error.observe((exchange.estimated_tokens - prompt) / prompt)
-
     async def _retry_after_overflow(self, exchange: _Exchange, outcome: ChatOutcome) -> ForwardPlan | None:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or self.mode is Mode.OBSERVE:
             return None
-        if overflow.window:
-            self.windows.learn(exchange.model, overflow.window)
-        window = overflow.window or exchange.window
+        window = exchange.window
+        if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
+            window = overflow.window
         if window is None:
             return None
         request = exchange.request
-        view = await self._rewritten(exchange.tenant, request.messages)
+        view = await self._view(exchange)
         counter = counter_for_model(exchange.model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
-        scale = self._calibration(exchange.model).ratio
-        target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
-        result = self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+        scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
+
+        def compact() -> CompactionResult | None:
+            target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
+            return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+
+        result = await self._work(exchange, compact)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
-        await self._remember(exchange.tenant, view, result.plan)
+        await self.rewrites.remember(exchange.scope, view, result.plan)
         retry = _Exchange(
-            exchange.tenant, request, exchange.model, [], None, window, retried=True, headers=dict(exchange.headers)
+            exchange.scope,
+            exchange.tenant,
+            request,
+            exchange.model,
+            window,
+            exchange.size,
+            retried=True,
+            headers=dict(exchange.headers),
         )
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
-        return self._forward(b"", request, retry, list(result.compacted.messages), None, changed=True)
+        return await self._forward(b"", retry, list(result.compacted.messages), None)
 
-    def _calibration(self, model: str | None) -> Calibration:
-        """The calibration of local counts against the provider's for `model`, learned across conversations."""
-        name = model or ""
-        calibration = self.calibrations.get(name)
-        if calibration is None:
-            calibration = Calibration()
-            if len(self.calibrations) < _MAX_MODELS:
-                self.calibrations[name] = calibration
-        return calibration
+    async def _work(self, exchange: _Exchange, work: Callable[[], T]) -> T:
+        """CPU work for this request: off the event loop when its body is large."""
+        return await self.off_loop.run(exchange.size, work)
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
         return bytes.fromhex(self.settings.tenant_of(headers))
 
     def _log_unknown_model(self, model: str | None) -> None:
-        name = model or "(no model)"
-        if name not in self._unknown_models_logged and len(self._unknown_models_logged) < _MAX_MODELS:
-            self._unknown_models_logged.add(name)
+        key = message_key({"model": model or ""})
+        if key not in self._unknown_models_logged:
+            self._unknown_models_logged.put(key, True)
             logger.warning(
                 "No context window is known for model %r: its requests are forwarded uncompacted. Set "
                 "context_windows in the config, default_context_window, or send X-Context-Window.",
-                name,
+                shown(model) or "(no model)",
             )
+
+
+def _sized(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and handed to a worker thread
+    view: View,
+    request: ChatRequest,
+    counter: TokenCounter,
+    thresholds: Thresholds,
+    anchor: Anchor | None,
+    calibration: Calibration,
+) -> _Sized:
+    """Count what the decision needs and decide (CPU work)."""
+    transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+    overhead = counter.overhead_tokens(request.body)
+    decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=calibration)
+    return _Sized(transcript, thresholds, decision, overhead, anchor)
+
+
+def _scope(tenant: bytes, requested_window: int | None) -> bytes:
+    """The state scope of a request: its tenant, or the tenant under a per-request window override.
+
+    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
+    request's override is never remembered for the conversation's later turns without it.
+    """
+    if requested_window is None or requested_window <= 0:
+        return tenant
+    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
 
 
 def _chain_names(strategies: list[str]) -> list[str]:
@@ -399,22 +386,6 @@ def build_chat_compaction(settings: Settings) -> ChatCompactionService:
     return ChatCompactionService(settings)
 
 
-def _report(outcome: Outcome, window: int) -> dict[str, str]:
-    """Response headers telling the client what was decided."""
-    decision = outcome.decision
-    headers = {
-        "X-Compaction": "compacted" if outcome.result else "unchanged",
-        "X-Compaction-Context-Window": str(window),
-        "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
-    }
-    if decision.bounded:
-        headers["X-Compaction-Tokens-Before"] = f"<={decision.estimated_tokens}"
-    if outcome.result:
-        headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
-        headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)
-    return headers
-
-
 def _deployment_name(path: str) -> str | None:
     """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
     parts = path.strip("/").split("/")
@@ -426,23 +397,6 @@ def _deployment_name(path: str) -> str | None:
 
 def _int_header(value: str | None) -> int | None:
     try:
-        return int(value) if value else None
+        return int(value) if value and len(value) <= 12 else None
     except ValueError:
         return None
-
-
-def _asks_for_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, Mapping) and options.get("include_usage") is True
-
-
-def _with_usage_requested(body: bytes, parsed: Mapping[str, Any], changed: bool) -> bytes:
-    """The body with `stream_options.include_usage` set, splicing it into the original bytes when possible."""
-    if not changed and "stream_options" not in parsed:
-        stripped = body.rstrip()
-        if stripped.endswith(b"}"):
-            return stripped[:-1] + b',"stream_options":{"include_usage":true}}'
-    document = orjson.loads(body)
-    options = document.get("stream_options")
-    document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return orjson.dumps(document)

@@ -58,6 +58,22 @@ class CompactionSettings(BaseModel):
         min_length=1,
         description="Request header that names a conversation explicitly: used for metrics, logs and grouping.",
     )
+    max_messages: int = Field(
+        default=100_000,
+        gt=0,
+        description=(
+            "Most messages a chat request may hold; one with more is answered 400 (`too_many_messages`) and never"
+            " forwarded, so no single request can make the proxy's work unbounded."
+        ),
+    )
+    max_content_parts: int = Field(
+        default=100_000,
+        gt=0,
+        description=(
+            "Most content parts a chat request may hold over all its messages (a string content counts as one);"
+            " more is answered 400 (`too_many_content_parts`)."
+        ),
+    )
     rewrite_memory: bool = Field(
         default=True,
         description=(

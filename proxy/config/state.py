@@ -13,6 +13,10 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 CREDENTIAL_HEADERS: Final = ("authorization", "api-key", "x-api-key")
 """Request headers that carry the caller's credentials (OpenAI bearer token, Azure `api-key`, others' `x-api-key`)."""
 
+TENANT_HEADERS: Final = (*CREDENTIAL_HEADERS, "x-proxy-key", "proxy-authorization")
+"""Request headers that tell callers apart: their provider credentials and, on a gateway, their proxy key (which may
+be the only credential a caller sends when the gateway holds the provider's)."""
+
 
 def _random_tenant_key() -> SecretStr:
     return SecretStr(secrets.token_urlsafe(32))
@@ -55,7 +59,7 @@ class StateSettings(BaseModel):
         return value
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
-        """Return the caller's tenant id: a keyed hash (HMAC-SHA256 under `tenant_key`) of its credential headers.
+        """Return the caller's tenant id: a keyed hash (HMAC-SHA256 under `tenant_key`) of its `TENANT_HEADERS`.
 
         The compaction side scopes every state key with this, so one caller can never match, read or poison another's
         state, and nothing stored or logged reveals a credential. Callers without credentials share one tenant.
@@ -63,6 +67,6 @@ class StateSettings(BaseModel):
         :param headers: The request headers (any mapping; names are matched case-insensitively).
         """
         lowered = {name.lower(): value for name, value in headers.items()}
-        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in CREDENTIAL_HEADERS)
+        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in TENANT_HEADERS)
         key = self.tenant_key.get_secret_value().encode()
         return hmac.new(key, material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

@@ -5,7 +5,9 @@ arrives, and what the upstream reported (usage, the reply, errors) goes back to 
 can be estimated.
 
 Fail open everywhere: if the compaction side raises, the client's own bytes are forwarded and the answer relayed
-untouched. A request body with a Content-Encoding is never parsed: it is forwarded as it came.
+untouched. A gzip- or deflate-encoded request body is decompressed (bounded) and handled like any other, then
+forwarded uncompressed; one that cannot be decompressed is refused clearly (see `proxy.server.content_coding`). A
+request over the compaction side's limits is refused with its `Refusal`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
+from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
@@ -115,9 +119,12 @@ def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
     log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
 
 
-async def _prepare(request: web.Request, body: bytes) -> ForwardPlan | None:
+async def _prepare(request: web.Request, body: bytes) -> ForwardPlan | Refusal | None:
+    """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed."""
     try:
         plan = await request.app[CHAT].prepare(IncomingChat(body=body, headers=request.headers, path=request.path))
+        if isinstance(plan, Refusal):
+            return plan
         if not isinstance(plan, ForwardPlan) or not isinstance(plan.body, bytes):
             raise TypeError(f"prepare() returned {type(plan).__name__}, not a ForwardPlan with a bytes body")
     except Exception as exc:
@@ -189,7 +196,17 @@ async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
         record.error = "too_large"
         return errors.too_large(settings.max_body_bytes)
     record.bytes_in = len(body)
-    plan = await _prepare(request, body) if content_encoding(request.headers) == "identity" else None
+    coding = content_encoding(request.headers)
+    if coding != "identity":
+        try:
+            body = await _inflated(body, coding, settings.max_body_bytes)
+        except ContentCodingError as refused:
+            record.error = refused.code
+            return refused.response()
+    plan = await _prepare(request, body)
+    if isinstance(plan, Refusal):
+        record.error = plan.code
+        return errors.error_response(plan.status, plan.message, type_="invalid_request_error", code=plan.code)
     try:
         if plan is None:
             return await _forward_unplanned(request, target, body)
@@ -201,16 +218,26 @@ async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
         return errors.upstream_unreachable(str(exc))
 
 
+async def _inflated(body: bytes, coding: str, limit: int) -> bytes:
+    """The body without its content coding; decompressed on a worker thread when large."""
+    if len(body) < OFF_LOOP_BYTES:
+        return inflate(body, coding, limit)
+    return await asyncio.to_thread(inflate, body, coding, limit)
+
+
 def _send(
     request: web.Request, target: URL, body: bytes
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
-    """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it."""
-    headers = upstream_request_headers(request.headers, body_length=len(body))
+    """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
+
+    The body is always sent without a content coding (an encoded one was decompressed before).
+    """
+    headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
     return request.app[UPSTREAM].request(request.method, target, headers, body)
 
 
 async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> web.StreamResponse:
-    """Forward the client's bytes and relay the answer, with no compaction involved (fail-open or encoded body)."""
+    """Forward the client's body and relay the answer, with no compaction involved (fail open)."""
     record = request[RECORD]
     sent = time.perf_counter()
     async with _send(request, target, body) as response:

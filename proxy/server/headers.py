@@ -48,14 +48,17 @@ def _end_to_end(headers: Headers, also_drop: Iterable[str]) -> CIMultiDict[str]:
     return kept
 
 
-def upstream_request_headers(headers: Headers, *, body_length: int | None = None) -> CIMultiDict[str]:
+def upstream_request_headers(
+    headers: Headers, *, body_length: int | None = None, drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
     """Return the headers to send upstream for a client request.
 
     :param headers: The client's request headers.
     :param body_length: When the proxy sends a body of its own (a rewritten chat request), its length: replaces the
         client's Content-Length. None keeps the client's framing header as it was.
+    :param drop: More header names (lower case) that no longer describe the body sent, e.g. `content-encoding`.
     """
-    kept = _end_to_end(headers, REQUEST_ONLY_DROPS)
+    kept = _end_to_end(headers, REQUEST_ONLY_DROPS | {name.lower() for name in drop})
     if body_length is not None:
         kept.popall("Content-Length", None)
         kept["Content-Length"] = str(body_length)

@@ -80,20 +80,39 @@ async def test_overflow_is_compacted_and_retried_once(upstream: OpenAIUpstream, 
     assert len([r for r in upstream.requests if r.path.endswith("/chat/completions")]) == 3
 
 
+def extended(body: bytes) -> bytes:
+    """The next turn of a conversation: its reply and one more question appended."""
+    document = json.loads(body)
+    document["messages"] += [{"role": "assistant", "content": "A lock."}, {"role": "user", "content": "And then?"}]
+    return json.dumps(document).encode()
+
+
 async def test_two_credentials_share_no_state(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
     upstream.context_window = 1_000_000
     base_url = await start_proxy()
+    window = {"X-Context-Window": "6000"}
     # Alice's long conversation is compacted, and the proxy remembers the rewrite for it...
-    _status, headers, _ = await post(base_url, history(30), **{"X-Context-Window": "6000"})
+    _status, headers, _ = await post(base_url, history(30), **window)
     assert headers["X-Compaction"] == "compacted"
     alice_sent = orjson.loads(upstream.requests[-1].body)["messages"]
-    # ...but Bob sending the very same conversation under a window that needs no compaction gets none of it.
-    _status, headers, _ = await post(base_url, history(30), key="sk-bob", **{"X-Context-Window": "100000"})
+    # ...but Bob's next turn of the very same conversation finds none of it: he is compacted afresh...
+    _status, headers, _ = await post(base_url, extended(history(30)), key="sk-bob", **window)
+    assert headers["X-Compaction"] == "compacted"
+    # ...while Alice's next turn replays her rewrite, which leaves it under the trigger: the prefix stays as sent.
+    _status, headers, _ = await post(base_url, extended(history(30)), **window)
     assert headers["X-Compaction"] == "unchanged"
-    assert upstream.requests[-1].body == history(30)
-    # Alice, with the same generous window, still gets her remembered rewrite: the prefix stays as sent before.
-    _status, headers, _ = await post(base_url, history(30), **{"X-Context-Window": "100000"})
-    assert orjson.loads(upstream.requests[-1].body)["messages"] == alice_sent
+    assert orjson.loads(upstream.requests[-1].body)["messages"][: len(alice_sent)] == alice_sent
+
+
+async def test_a_window_override_is_not_remembered(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
+    upstream.context_window = 1_000_000
+    base_url = await start_proxy(context_windows={})  # the model's own window: 128k
+    _status, headers, _ = await post(base_url, history(30), **{"X-Context-Window": "6000"})
+    assert headers["X-Compaction"] == "compacted"
+    # The next turn without the override, under the model's own window, is forwarded whole.
+    _status, headers, _ = await post(base_url, extended(history(30)))
+    assert headers["X-Compaction"] == "unchanged"
+    assert upstream.requests[-1].body == extended(history(30))
 
 
 async def test_metrics_count_compactions_by_strategy(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:

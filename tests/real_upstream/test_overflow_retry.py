@@ -93,4 +93,5 @@ async def test_server_rejection_is_compacted_and_retried(
     assert raw.headers.get("X-Compaction-Context-Window") == str(N_CTX)
     assert usage is not None
     assert usage.prompt_tokens < N_CTX
-    assert service.windows.resolve(MODEL) == N_CTX, "the proxy did not learn the server's window"
+    tenant = bytes.fromhex(service.settings.tenant_of({"Authorization": "Bearer sk-local"}))
+    assert service.windows.resolve(MODEL, tenant=tenant) == N_CTX, "the proxy did not learn the server's window"

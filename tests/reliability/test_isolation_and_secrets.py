@@ -71,17 +71,22 @@ async def test_anchors_are_not_shared_between_credentials(make_proxy: MakeProxy,
 async def test_azure_api_keys_are_tenants_too(make_proxy: MakeProxy, http: aiohttp.ClientSession) -> None:
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         proxy = await make_proxy(upstream.base_url)
-        long = chat_body(messages=conversation(30))
-        a = {"api-key": "azure-a", "Authorization": ""}
-        b = {"api-key": "azure-b", "Authorization": ""}
-        _, headers, _ = await post_chat(http, proxy, long, **a, **{"X-Context-Window": "3000"})
+        window = {"X-Context-Window": "3000"}
+        first = conversation(30)
+        following = chat_body(
+            messages=[*first, {"role": "assistant", "content": "A lock."}, {"role": "user", "content": "Then?"}]
+        )
+        a = {"api-key": "azure-a", "Authorization": "", **window}
+        b = {"api-key": "azure-b", "Authorization": "", **window}
+        _, headers, _ = await post_chat(http, proxy, chat_body(messages=first), **a)
         assert headers["X-Compaction"] == "compacted"
-        rewritten = upstream.requests[-1].body
-        _, headers, _ = await post_chat(http, proxy, long, **b, **{"X-Context-Window": "100000"})
+        rewritten = json.loads(upstream.requests[-1].body)["messages"]
+        # b's next turn finds none of a's rewrite and is compacted afresh; a's replays it and stays under the trigger.
+        _, headers, _ = await post_chat(http, proxy, following, **b)
+        assert headers["X-Compaction"] == "compacted"
+        _, headers, _ = await post_chat(http, proxy, following, **a)
         assert headers["X-Compaction"] == "unchanged"
-        assert upstream.requests[-1].body == long
-        _, headers, _ = await post_chat(http, proxy, long, **a, **{"X-Context-Window": "100000"})
-        assert json.loads(upstream.requests[-1].body)["messages"] == json.loads(rewritten)["messages"]
+        assert json.loads(upstream.requests[-1].body)["messages"][: len(rewritten)] == rewritten
 
 
 async def test_every_credential_header_scopes_the_tenant(make_proxy: MakeProxy, http: aiohttp.ClientSession) -> None:

@@ -91,17 +91,21 @@ async def test_compressed_request_body_is_forwarded_untouched(
     assert received.body == gzip.decompress(packed)
 
 
-async def test_compressed_chat_request_is_forwarded_unparsed(
+async def test_compressed_chat_request_is_decompressed_for_compaction(
     upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession
 ) -> None:
     chat = Recording()
     proxy = await make_proxy(upstream.base_url, chat)
-    packed = gzip.compress(b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}', mtime=0)
+    body = b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}'
+    packed = gzip.compress(body, mtime=0)
     headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
-    await fetch(http, "POST", proxy.url + "/v1/chat/completions", data=packed, headers=headers)
-    assert upstream.requests[-1].headers["Content-Length"] == str(len(packed))
-    assert upstream.requests[-1].body == gzip.decompress(packed)
-    assert chat.prepared == [] and chat.outcomes == []
+    status, _, _ = await fetch(http, "POST", proxy.url + "/v1/chat/completions", data=packed, headers=headers)
+    assert status == 200
+    assert [chat.body for chat in chat.prepared] == [body]
+    received = upstream.requests[-1]
+    assert "Content-Encoding" not in received.headers
+    assert received.headers["Content-Length"] == str(len(body))
+    assert received.body == body
 
 
 async def test_hop_by_hop_headers_are_dropped_and_authorization_kept(upstream: OpenAIUpstream, proxy: Proxy) -> None:

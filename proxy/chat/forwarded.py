@@ -1,0 +1,59 @@
+"""What goes upstream for a chat completion: the body to send, and the headers telling the client what was done.
+
+The client's own bytes are forwarded whenever nothing changed. A stream is asked for its usage (the proxy needs it
+to anchor the next request) by splicing `stream_options.include_usage` into those bytes when possible; the server
+then strips the usage chunk the client did not ask for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from proxy.chat.request import ChatRequest
+from proxy.engine import Outcome
+from proxy.engine.messages import Message
+
+_USAGE_OPTION: Final = b',"stream_options":{"include_usage":true}}'
+
+
+def asks_for_usage(body: Mapping[str, Any]) -> bool:
+    """Whether the request already asks a stream for its usage chunk."""
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+def forwarded_body(raw: bytes, request: ChatRequest, messages: list[Message] | None, *, ask_usage: bool) -> bytes:
+    """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
+
+    :param ask_usage: Also set `stream_options.include_usage` (keeping the client's other stream options).
+    """
+    if not ask_usage:
+        return raw if messages is None else request.with_messages(messages)
+    if messages is None and "stream_options" not in request.body:
+        stripped = raw.rstrip()
+        if stripped.endswith(b"}"):
+            return stripped[:-1] + _USAGE_OPTION
+    options = request.body.get("stream_options")
+    usage_options = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
+    if messages is None:
+        return orjson.dumps({**request.body, "stream_options": usage_options})
+    return request.with_messages(messages, stream_options=usage_options)
+
+
+def report_headers(outcome: Outcome, window: int) -> dict[str, str]:
+    """Response headers telling the client what was decided."""
+    decision = outcome.decision
+    headers = {
+        "X-Compaction": "compacted" if outcome.result else "unchanged",
+        "X-Compaction-Context-Window": str(window),
+        "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
+    }
+    if decision.bounded:
+        headers["X-Compaction-Tokens-Before"] = f"<={decision.estimated_tokens}"
+    if outcome.result:
+        headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
+        headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)
+    return headers

@@ -1,0 +1,107 @@
+"""Rewrite memory: each compaction is remembered and replayed on the next request that extends the same prefix.
+
+The client keeps sending its whole, uncompacted history. The plan stored for the longest known prefix of what it
+sent is reapplied, so the upstream sees exactly the rewritten prefix it saw last turn (provider prompt caches keep
+hitting) and the engine only has to look at what is new. A new compaction is composed onto the replayed plan and
+stored for the whole original request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.chat.known_prefixes import KnownPrefixes
+from proxy.engine import EditPlan
+from proxy.engine.messages import Message
+from proxy.engine.plan import Kept
+from proxy.state import StateStore
+
+
+@dataclass(frozen=True)
+class View:
+    """The request as the upstream will see it before any new compaction: the remembered rewrite applied.
+
+    :param messages: The upstream's view of the conversation.
+    :param keys: The message keys of `messages`.
+    :param meta: Per-message metadata (compaction markers of created messages), or None when nothing was rewritten.
+    :param plan: The remembered plan extended over the whole original request (identity when none was remembered).
+    :param original_chain: The chain of the original messages; its last element keys this request's rewrite.
+    :param chain: The chain of `messages`, what the upstream is sent unless compaction changes it.
+    """
+
+    messages: list[Message]
+    keys: list[bytes]
+    meta: list[Mapping[str, Any]] | None
+    plan: EditPlan
+    original_chain: list[bytes]
+    chain: list[bytes]
+
+    @property
+    def changed(self) -> bool:
+        """Whether the upstream's view differs from what the client sent."""
+        return self.meta is not None
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A request's original messages with their keys and hash chain."""
+
+    messages: list[Message]
+    keys: list[bytes]
+    chain: list[bytes]
+
+
+class RewriteMemory:
+    """Finds, replays and stores the rewrites of each conversation, scoped by tenant.
+
+    :param store: Where rewrites live (shared by replicas when it is Redis).
+    :param enabled: False replays and stores nothing (every request is compacted afresh).
+    """
+
+    def __init__(self, store: StateStore, *, enabled: bool = True) -> None:
+        self.store = store
+        self.enabled = enabled
+        self.prefixes = KnownPrefixes()
+        self.view_prefixes = KnownPrefixes()
+
+    def keyed(self, scope: bytes, original: list[Message]) -> Keyed:
+        """The original messages' keys and chain, hashing only what follows the remembered prefix (CPU work)."""
+        keys, chain = self.prefixes.keys(scope, original)
+        return Keyed(original, keys, chain)
+
+    async def find(self, scope: bytes, keyed: Keyed) -> tuple[int, EditPlan] | None:
+        """The rewrite stored for the longest known prefix, stored again at this request's head when older."""
+        if not self.enabled or not keyed.chain:
+            return None
+        found = await self.store.latest_rewrite(scope, keyed.chain)
+        if found is None:
+            return None
+        stored_at, stored = found
+        plan = stored.extended(len(keyed.messages))
+        if stored_at + 1 < len(keyed.messages):
+            # Store it at this request's head, so the next turn finds it in a step or two.
+            await self.store.save_rewrite(scope, keyed.chain[-1], plan)
+        return stored_at, plan
+
+    def view(self, scope: bytes, keyed: Keyed, plan: EditPlan | None) -> View:
+        """The upstream's view: `plan` (already extended over the request) applied, or the original (CPU work)."""
+        if plan is None:
+            length = len(keyed.messages)
+            return View(keyed.messages, keyed.keys, None, EditPlan.identity(length), keyed.chain, keyed.chain)
+        meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
+        messages = plan.apply_messages(keyed.messages)
+        # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
+        view_keys, view_chain = self.view_prefixes.keys(scope, messages)
+        return View(messages, view_keys, meta, plan, keyed.chain, view_chain)
+
+    def compacted_chain(self, scope: bytes, messages: list[Message]) -> list[bytes]:
+        """The chain of a freshly compacted view, remembered as the view the next turn will extend (CPU work)."""
+        _keys, chain = self.view_prefixes.keys(scope, messages)
+        return chain
+
+    async def remember(self, scope: bytes, view: View, compaction: EditPlan) -> None:
+        """Compose a new compaction onto the replayed rewrite and store it for the whole original request."""
+        if view.original_chain and self.enabled:
+            await self.store.save_rewrite(scope, view.original_chain[-1], view.plan.then(compaction))
