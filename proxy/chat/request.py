@@ -36,7 +36,7 @@ class RequestLimits:
     """How much one request may hold, so no request can make the proxy's work unbounded.
 
     :param max_messages: Most messages in `messages`.
-    :param max_content_parts: Most content parts over all messages (a string content is one part).
+    :param max_content_parts: Most content parts over all messages (entries of list contents).
     """
 
     max_messages: int
@@ -53,7 +53,8 @@ class RequestLimits:
         parts = 0
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
-            parts += len(content) if isinstance(content, list) else 1
+            if isinstance(content, list):
+                parts += len(content)
         if parts > self.max_content_parts:
             raise RequestOverLimit(
                 f"The request has {parts} content parts; this proxy accepts at most {self.max_content_parts} "

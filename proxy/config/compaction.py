@@ -70,8 +70,8 @@ class CompactionSettings(BaseModel):
         default=100_000,
         gt=0,
         description=(
-            "Most content parts a chat request may hold over all its messages (a string content counts as one);"
-            " more is answered 400 (`too_many_content_parts`)."
+            "Most content parts (entries of list contents: text, images, files, audio) a chat request may hold over all"
+            " its messages; more is answered 400 (`too_many_content_parts`)."
         ),
     )
     rewrite_memory: bool = Field(
