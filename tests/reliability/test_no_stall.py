@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 
@@ -24,33 +24,42 @@ start_process_proxy = process_proxy.start_process_proxy
 HEALTHZ_LIMIT = 1.0
 """Seconds any `/healthz` round trip may take while the big requests are in flight."""
 
+UPLOAD_PIECE = 1024 * 1024
+
 IN_FLIGHT_LIMIT = 120.0
 """Seconds the big requests may take in all: a guard against a hang, not a performance bound."""
 
 
-async def poll_healthz(http: aiohttp.ClientSession, proxy: ProcessProxy, stop: asyncio.Event) -> int:
-    """Round-trip `/healthz` back to back until `stop` is set; return how many round trips were made.
+async def poll_healthz(
+    http: aiohttp.ClientSession, proxy: ProcessProxy, stop: asyncio.Event, polls: list[float]
+) -> None:
+    """Round-trip `/healthz` back to back until `stop` is set, appending each round trip's seconds to `polls`.
 
     :raises AssertionError: A round trip took longer than `HEALTHZ_LIMIT` or did not answer 200.
     """
-    polls = 0
+    loop = asyncio.get_running_loop()
     while not stop.is_set():
+        started = loop.time()
         try:
             async with asyncio.timeout(HEALTHZ_LIMIT), http.get(proxy.url + "/healthz") as response:
                 assert response.status == 200
                 await response.read()
         except TimeoutError:
-            raise AssertionError(
-                f"/healthz took over {HEALTHZ_LIMIT} s while the big requests were in flight"
-            ) from None
-        polls += 1
-    return polls
+            raise AssertionError(f"/healthz took over {HEALTHZ_LIMIT} s with the big requests in flight") from None
+        polls.append(loop.time() - started)
+
+
+async def pieces(body: bytes) -> AsyncIterator[memoryview]:
+    """`body` in 1 MiB pieces: one write of many megabytes would stall the test's own loop, and its polls with it."""
+    view = memoryview(body)
+    for start in range(0, len(body), UPLOAD_PIECE):
+        yield view[start : start + UPLOAD_PIECE]
 
 
 async def post_chat(http: aiohttp.ClientSession, proxy: ProcessProxy, body: bytes) -> None:
-    """POST one chat completion and check the upstream's answer came back."""
+    """POST one chat completion (uploaded in pieces) and check the upstream's answer came back."""
     headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
-    async with http.post(proxy.url + "/v1/chat/completions", data=body, headers=headers) as response:
+    async with http.post(proxy.url + "/v1/chat/completions", data=pieces(body), headers=headers) as response:
         answer = await response.read()
     assert response.status == 200, answer[:500]
     assert json.loads(answer)["choices"][0]["message"]["content"] == REPLY
@@ -58,19 +67,25 @@ async def post_chat(http: aiohttp.ClientSession, proxy: ProcessProxy, body: byte
 
 async def healthy_while_in_flight(proxy: ProcessProxy, bodies: Iterable[bytes]) -> None:
     """Send `bodies` at once while polling `/healthz`; fail as soon as a poll is too slow."""
+
+    async def post_all() -> None:
+        await asyncio.gather(*(post_chat(http, proxy, body) for body in bodies))
+
+    polls: list[float] = []
     async with aiohttp.ClientSession() as http:
         stop = asyncio.Event()
-        poller = asyncio.create_task(poll_healthz(http, proxy, stop))
-        posts = asyncio.ensure_future(asyncio.gather(*(post_chat(http, proxy, body) for body in bodies)))
+        poller = asyncio.create_task(poll_healthz(http, proxy, stop, polls))
+        posts = asyncio.create_task(post_all())
         async with asyncio.timeout(IN_FLIGHT_LIMIT):
-            await asyncio.wait({poller, posts}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([poller, posts], return_when=asyncio.FIRST_COMPLETED)
         if poller.done():  # it only ends early by failing
             posts.cancel()
             await asyncio.gather(posts, return_exceptions=True)
             poller.result()
         await posts
         stop.set()
-        assert await poller >= 2  # the polls really overlapped the requests
+        await poller
+    assert len(polls) >= 2  # the polls really overlapped the requests
 
 
 def one_word_messages(count: int, tag: str) -> bytes:
