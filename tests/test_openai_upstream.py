@@ -527,6 +527,17 @@ async def test_scripted_rate_limit_then_recovery(client: AsyncOpenAI, openai_ups
     assert len(openai_upstream.requests) == 2
 
 
+async def test_misreported_usage_is_reported_once(client: AsyncOpenAI, openai_upstream: OpenAIUpstream) -> None:
+    openai_upstream.misreport_usage_next(prompt_tokens=10**15, total_tokens=10**15 + 3)
+    misreported = await client.chat.completions.create(model="gpt-4o", messages=USER_HELLO)
+    assert misreported.usage is not None
+    assert (misreported.usage.prompt_tokens, misreported.usage.total_tokens) == (10**15, 10**15 + 3)
+    assert misreported.choices[0].message.content == "ok 1 messages"
+    honest = await client.chat.completions.create(model="gpt-4o", messages=USER_HELLO)
+    assert honest.usage is not None and honest.usage.prompt_tokens < 100
+    assert [usage["prompt_tokens"] for usage in openai_upstream.usages] == [10**15, honest.usage.prompt_tokens]
+
+
 async def test_custom_failure_body_and_connection_reset(
     http: aiohttp.ClientSession, openai_upstream: OpenAIUpstream
 ) -> None:

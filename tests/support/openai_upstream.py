@@ -633,6 +633,7 @@ class OpenAIUpstream:
         self._host = host
         self._port = port
         self._failures: deque[Failure] = deque()
+        self._misreports: deque[dict[str, int]] = deque()
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._bound_port: int | None = None
@@ -705,6 +706,14 @@ class OpenAIUpstream:
         )
         self._failures.extend([failure] * times)
 
+    def misreport_usage_next(self, **usage: int) -> None:
+        """Make the next chat completion answered report these `usage` fields instead of its counted ones.
+
+        E.g. `misreport_usage_next(prompt_tokens=10**15, total_tokens=10**15)`: a broken or hostile provider's usage
+        report, once; the request is served normally otherwise. Pending misreports are forgotten by `clear()`.
+        """
+        self._misreports.append(dict(usage))
+
     def window_for(self, model: str) -> int:
         """The context window enforced for `model`."""
         if model in self.context_windows:
@@ -713,10 +722,11 @@ class OpenAIUpstream:
         return self.context_windows[max(prefixes, key=len)] if prefixes else self.context_window
 
     def clear(self) -> None:
-        """Forget recorded requests and usages, pending scripted failures and the simulated prompt cache."""
+        """Forget recorded requests and usages, pending scripted failures and misreports, and the prompt cache."""
         self.requests.clear()
         self.usages.clear()
         self._failures.clear()
+        self._misreports.clear()
         self.prompt_cache.clear()
 
     @property
@@ -800,13 +810,14 @@ class OpenAIUpstream:
         calls = [(call.name, call.arguments) for call in reply.tool_calls]
         completion_tokens = count_completion_tokens(reply.content, calls, encoding_name)
         serial = next(self._ids)
+        misreport = self._misreports.popleft() if self._misreports else {}
         return _Completion(
             id=f"chatcmpl-{hashlib.sha256(f'completion:{serial}'.encode()).hexdigest()[:29]}",
             created=int(time.time()),
             model=model,
             reply=reply,
             finish_reason=finish_reason,
-            usage=_usage(prompt_tokens, completion_tokens, cached),
+            usage={**_usage(prompt_tokens, completion_tokens, cached), **misreport},
         )
 
     async def _stream(

@@ -1,0 +1,71 @@
+"""An upstream that answers every chat completion with one fixed reply, without parsing what it receives.
+
+For the stall and memory tests: the request bodies there are many megabytes, and `OpenAIUpstream` would tokenize
+each one on the test's own event loop, which would both slow the suite and distort latencies measured from that
+loop. This server only reads the body (so the proxy's upload completes) and counts what arrived.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Self
+
+from aiohttp import web
+
+REPLY: Final = "fixed upstream reply"
+"""The assistant's content in every answer: a test asserts it to know the upstream's answer reached the client."""
+
+_COMPLETION: Final[dict[str, Any]] = {
+    "id": "chatcmpl-fixed",
+    "object": "chat.completion",
+    "created": 1_715_367_049,
+    "model": "fixed",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": REPLY, "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+}
+
+
+class FixedUpstream:
+    """`POST /v1/chat/completions` answers `_COMPLETION` (200) after reading the whole body; on 127.0.0.1.
+
+    Observations: `requests` (chat completions answered) and `received_bytes` (their body bytes, in total).
+    """
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.received_bytes = 0
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    async def __aenter__(self) -> Self:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:<port>`, the proxy's `upstream` setting."""
+        return f"http://127.0.0.1:{self._port}"
+
+    async def _chat_completions(self, request: web.Request) -> web.Response:
+        size = 0
+        while chunk := await request.content.readany():
+            size += len(chunk)
+        self.requests += 1
+        self.received_bytes += size
+        return web.json_response(_COMPLETION)

@@ -1,0 +1,163 @@
+"""Hostile request bodies get clear answers: limits on messages and content parts, and compressed bodies handled.
+
+Issue 14: a request's cost grew with what the client chose to send, with no limit that answered clearly; and a chat
+completion with `Content-Encoding: gzip` was forwarded with compaction silently skipped. Each refusal here is an
+OpenAI-style error body that never reaches the upstream; a compressed chat completion is decompressed (up to
+`max_body_bytes`), compacted like any other and forwarded uncompressed, while other routes keep forwarding compressed
+bodies untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
+from tests.support.openai_upstream import OpenAIUpstream
+
+QUICKLY = 2.0
+"""Seconds within which a request over a limit is refused: the check comes before any work proportional to it."""
+
+
+def text_parts(count: int) -> list[dict[str, str]]:
+    return [{"type": "text", "text": f"part {index}"} for index in range(count)]
+
+
+def assert_refused(status: int, body: bytes, expected_status: int, code: str) -> dict[str, Any]:
+    """The answer is `expected_status` with an OpenAI-style error body of type `invalid_request_error` and `code`."""
+    assert status == expected_status, body
+    error = openai_error(body)
+    assert (error["type"], error["code"]) == ("invalid_request_error", code)
+    return error
+
+
+# ---- messages and content parts -------------------------------------------------------------------------------------
+
+
+async def test_limits_on_messages_and_parts_answer_400_at_the_boundary(
+    upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession
+) -> None:
+    proxy = await make_proxy(upstream.base_url, max_messages=20, max_content_parts=12)
+    at_limit = [{"role": "user", "content": f"message {index}"} for index in range(20)]
+    status, _, body = await post_chat(http, proxy, chat_body(messages=at_limit))
+    assert status == 200, body
+    parts_at_limit = [{"role": "user", "content": text_parts(6)}, {"role": "user", "content": text_parts(6)}]
+    status, _, body = await post_chat(http, proxy, chat_body(messages=parts_at_limit))
+    assert status == 200, body
+    upstream.clear()
+
+    over = [*at_limit, {"role": "user", "content": "one more"}]
+    status, _, body = await post_chat(http, proxy, chat_body(messages=over))
+    assert assert_refused(status, body, 400, "too_many_messages")["param"] == "messages"
+    # Parts count over all messages, not per message.
+    parts_over = [*parts_at_limit, {"role": "user", "content": text_parts(1)}]
+    status, _, body = await post_chat(http, proxy, chat_body(messages=parts_over))
+    assert assert_refused(status, body, 400, "too_many_content_parts")["param"] == "messages"
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "code"),
+    [
+        pytest.param(
+            [{"role": "user", "content": "m"} for _ in range(100_001)], "too_many_messages", id="100001-messages"
+        ),
+        pytest.param([{"role": "user", "content": text_parts(100_001)}], "too_many_content_parts", id="100001-parts"),
+    ],
+)
+async def test_default_limits_refuse_quickly(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession, messages: list[dict[str, Any]], code: str
+) -> None:
+    body = chat_body(messages=messages)
+    started = time.monotonic()
+    async with asyncio.timeout(30):  # today's code forwards it (slowly): fail on the status, not on a hang
+        status, _, answer = await post_chat(http, proxy, body)
+    elapsed = time.monotonic() - started
+    assert assert_refused(status, answer, 400, code)["param"] == "messages"
+    assert elapsed < QUICKLY
+    assert upstream.requests == []
+
+
+# ---- compressed bodies ----------------------------------------------------------------------------------------------
+
+PARAGRAPH = "The deploy failed because the migration locked the orders table for eleven minutes. "
+
+
+def long_conversation() -> list[dict[str, Any]]:
+    """About 6,000 tokens: compacted under a 3,000-token window."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"Question {turn}: " + PARAGRAPH * 4})
+        messages.append({"role": "assistant", "content": PARAGRAPH * 4})
+    messages.append({"role": "user", "content": "What went wrong?"})
+    return messages
+
+
+ENCODINGS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": lambda data: gzip.compress(data, mtime=0),
+    "deflate": zlib.compress,  # HTTP's "deflate" is the zlib format
+}
+
+
+async def post_encoded(
+    http: aiohttp.ClientSession, proxy: Proxy, path: str, body: bytes, encoding: str, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    sent = {"Authorization": "Bearer sk-test", "Content-Type": "application/json", "Content-Encoding": encoding}
+    async with http.post(proxy.url + path, data=body, headers={**sent, **headers}) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+async def test_compressed_chat_bodies_are_compacted_and_other_routes_forward_them_untouched(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession, encoding: str
+) -> None:
+    messages = long_conversation()
+    compressed = ENCODINGS[encoding](chat_body(messages=messages))
+    status, headers, body = await post_encoded(
+        http, proxy, "/v1/chat/completions", compressed, encoding, **{"X-Context-Window": "3000"}
+    )
+    assert status == 200, body
+    assert headers.get("X-Compaction") == "compacted"
+    forwarded = upstream.requests[-1]
+    assert "Content-Encoding" not in forwarded.headers
+    assert forwarded.json is not None and forwarded.json["model"] == MODEL
+    assert 1 < len(forwarded.json["messages"]) < len(messages)
+
+    plain = json.dumps({"model": "text-embedding-3-small", "input": "hello"}).encode()
+    other = ENCODINGS[encoding](plain)
+    status, _, _ = await post_encoded(http, proxy, "/echo/v1/embeddings", other, encoding)
+    assert status == 200
+    # The fake's server decodes what it reads: the compressed length on the wire, and the coding, show it was relayed.
+    relayed = upstream.requests[-1]
+    assert relayed.headers["Content-Encoding"] == encoding
+    assert relayed.headers["Content-Length"] == str(len(other))
+    assert relayed.body == plain
+
+
+async def test_bad_compressed_chat_bodies_are_refused_clearly(
+    upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession
+) -> None:
+    limit = 1024 * 1024
+    proxy = await make_proxy(upstream.base_url, max_body_bytes=limit)
+    # A bomb: 20 KB on the wire, 8 MiB inflated, past max_body_bytes.
+    padding = " " * (8 * limit)
+    bomb = gzip.compress(b'{"model": "gpt-4o-mini", "messages": []' + padding.encode() + b"}", mtime=0)
+    assert len(bomb) < limit
+    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", bomb, "gzip")
+    assert_refused(status, body, 413, "request_too_large")
+
+    corrupt = gzip.compress(chat_body(), mtime=0)[:20] + b"\x00not gzip at all\xff" * 4
+    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", corrupt, "gzip")
+    assert_refused(status, body, 400, "invalid_content_encoding")
+
+    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", chat_body(), "br")
+    assert_refused(status, body, 415, "unsupported_content_encoding")
+    assert upstream.requests == []

@@ -1,0 +1,120 @@
+"""No single request freezes the proxy: `/healthz` keeps answering within a second while huge requests are in flight.
+
+Issue 14: a chat completion of 200,000 one-word messages held the event loop for 27 s (the token counter's cache
+eviction was quadratic once full), and large bodies were parsed, hashed and counted on the event loop (four 60 MB
+bodies at once: 16 s). The proxy runs in its own process here, so its event loop is not the test's; the upstream
+answers without parsing, so the only work measured is the proxy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable
+
+import aiohttp
+
+from tests.reliability.conftest import MODEL
+from tests.reliability.fixed_upstream import REPLY, FixedUpstream
+from tests.support import process_proxy
+from tests.support.process_proxy import ProcessProxy, StartProcessProxy
+
+start_process_proxy = process_proxy.start_process_proxy
+
+HEALTHZ_LIMIT = 1.0
+"""Seconds any `/healthz` round trip may take while the big requests are in flight."""
+
+UPLOAD_PIECE = 1024 * 1024
+
+IN_FLIGHT_LIMIT = 120.0
+"""Seconds the big requests may take in all: a guard against a hang, not a performance bound."""
+
+
+async def poll_healthz(
+    http: aiohttp.ClientSession, proxy: ProcessProxy, stop: asyncio.Event, polls: list[float]
+) -> None:
+    """Round-trip `/healthz` back to back until `stop` is set, appending each round trip's seconds to `polls`.
+
+    :raises AssertionError: A round trip took longer than `HEALTHZ_LIMIT` or did not answer 200.
+    """
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        started = loop.time()
+        try:
+            async with asyncio.timeout(HEALTHZ_LIMIT), http.get(proxy.url + "/healthz") as response:
+                assert response.status == 200
+                await response.read()
+        except TimeoutError:
+            raise AssertionError(f"/healthz took over {HEALTHZ_LIMIT} s with the big requests in flight") from None
+        polls.append(loop.time() - started)
+
+
+async def pieces(body: bytes) -> AsyncIterator[memoryview]:
+    """`body` in 1 MiB pieces: one write of many megabytes would stall the test's own loop, and its polls with it."""
+    view = memoryview(body)
+    for start in range(0, len(body), UPLOAD_PIECE):
+        yield view[start : start + UPLOAD_PIECE]
+
+
+async def post_chat(http: aiohttp.ClientSession, proxy: ProcessProxy, body: bytes) -> None:
+    """POST one chat completion (uploaded in pieces) and check the upstream's answer came back."""
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+    async with http.post(proxy.url + "/v1/chat/completions", data=pieces(body), headers=headers) as response:
+        answer = await response.read()
+    assert response.status == 200, answer[:500]
+    assert json.loads(answer)["choices"][0]["message"]["content"] == REPLY
+
+
+async def healthy_while_in_flight(proxy: ProcessProxy, bodies: Iterable[bytes]) -> None:
+    """Send `bodies` at once while polling `/healthz`; fail as soon as a poll is too slow."""
+
+    async def post_all() -> None:
+        await asyncio.gather(*(post_chat(http, proxy, body) for body in bodies))
+
+    polls: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        stop = asyncio.Event()
+        poller = asyncio.create_task(poll_healthz(http, proxy, stop, polls))
+        posts = asyncio.create_task(post_all())
+        async with asyncio.timeout(IN_FLIGHT_LIMIT):
+            await asyncio.wait([poller, posts], return_when=asyncio.FIRST_COMPLETED)
+        if poller.done():  # it only ends early by failing
+            posts.cancel()
+            await asyncio.gather(posts, return_exceptions=True)
+            poller.result()
+        await posts
+        stop.set()
+        await poller
+    assert len(polls) >= 2  # the polls really overlapped the requests
+
+
+def one_word_messages(count: int, tag: str) -> bytes:
+    """A chat completion of `count` distinct one-word user messages."""
+    messages = [{"role": "user", "content": f"{tag}{index}"} for index in range(count)]
+    return json.dumps({"model": MODEL, "messages": messages}).encode()
+
+
+async def test_healthz_answers_while_200k_messages_are_in_flight(start_process_proxy: StartProcessProxy) -> None:
+    async with FixedUpstream() as upstream:
+        proxy = await start_process_proxy(upstream.base_url, max_messages=1_000_000)
+        # The second request meets a token-count cache the first one filled: the case that was quadratic.
+        for tag in ("a", "b"):
+            body = one_word_messages(200_000, tag)
+            assert 7_000_000 < len(body) < 9_000_000
+            await healthy_while_in_flight(proxy, [body])
+        assert upstream.requests == 2
+
+
+async def test_healthz_answers_while_four_60mb_bodies_are_in_flight(start_process_proxy: StartProcessProxy) -> None:
+    async with FixedUpstream() as upstream:
+        proxy = await start_process_proxy(upstream.base_url)
+        words = "word " * 300_000  # 1.5 MB
+        bodies = [
+            json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": f"{k} {j} {words}"} for j in range(40)]}
+            ).encode()
+            for k in range(4)
+        ]
+        assert all(60_000_000 <= len(body) < 64 * 1024 * 1024 for body in bodies)
+        await healthy_while_in_flight(proxy, bodies)
+        assert upstream.requests == 4
