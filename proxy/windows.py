@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from xxhash import xxh3_128_digest
-
+from proxy.chat.names import name_key
 from proxy.lru import LRU
 
 MAX_LEARNED: Final = 4096
@@ -122,4 +121,4 @@ class ContextWindows:
 
 def _key(tenant: bytes, model: str) -> bytes:
     """A fixed-size key for a tenant's model, whatever the length of the name the client chose."""
-    return tenant + xxh3_128_digest(model.encode("utf-8", "surrogatepass"))
+    return tenant + name_key(model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from xxhash import xxh3_128_digest
+
 MAX_SHOWN: Final = 128
 """Longest name shown in a log line, in characters; longer ones are cut and marked."""
 
@@ -14,3 +16,8 @@ def shown(name: str | None, limit: int = MAX_SHOWN) -> str | None:
         return None
     printable = "".join(char for char in name[:limit] if char.isprintable())
     return printable + "..." if len(name) > limit else printable
+
+
+def name_key(name: str | None) -> bytes:
+    """A fixed-size key for a client-chosen name, so tables keyed by it stay small whatever the name's length."""
+    return xxh3_128_digest((name or "").encode("utf-8", "surrogatepass"))

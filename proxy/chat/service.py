@@ -27,7 +27,7 @@ from xxhash import xxh3_128_digest
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers
 from proxy.chat.metrics import CompactionMetrics
-from proxy.chat.names import shown
+from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
@@ -339,7 +339,7 @@ class ChatCompactionService:
         return bytes.fromhex(self.settings.tenant_of(headers))
 
     def _log_unknown_model(self, model: str | None) -> None:
-        key = message_key({"model": model or ""})
+        key = name_key(model)
         if key not in self._unknown_models_logged:
             self._unknown_models_logged.put(key, True)
             logger.warning(

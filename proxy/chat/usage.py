@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.names import name_key
 from proxy.engine import Anchor, Calibration
 from proxy.engine.calibration import RATIO_BOUNDS
 from proxy.engine.counting import TokenCounter
@@ -85,7 +86,7 @@ class UsageReports:
 
     def calibration(self, tenant: bytes, model: str | None) -> Calibration:
         """The calibration of local counts against the provider's, for this tenant and model."""
-        key = tenant + message_key({"model": model or ""})
+        key = tenant + name_key(model)
         calibration = self._calibrations.get(key)
         if calibration is None:
             calibration = Calibration()

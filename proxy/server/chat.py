@@ -206,7 +206,9 @@ async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
     plan = await _prepare(request, body)
     if isinstance(plan, Refusal):
         record.error = plan.code
-        return errors.error_response(plan.status, plan.message, type_="invalid_request_error", code=plan.code)
+        return errors.error_response(
+            plan.status, plan.message, type_="invalid_request_error", code=plan.code, param=plan.param
+        )
     try:
         if plan is None:
             return await _forward_unplanned(request, target, body)

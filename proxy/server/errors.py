@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 
-def error_response(status: int, message: str, *, type_: str, code: str) -> web.Response:
+def error_response(status: int, message: str, *, type_: str, code: str, param: str | None = None) -> web.Response:
     """Return an OpenAI-style JSON error: `{"error": {"message", "type", "param", "code"}}`.
 
     :param status: HTTP status.
@@ -13,8 +13,9 @@ def error_response(status: int, message: str, *, type_: str, code: str) -> web.R
     :param type_: The error family: `invalid_request_error` for the client's fault, `upstream_error` when the
         provider could not be reached, `proxy_error` for the proxy's own.
     :param code: A stable machine-readable code.
+    :param param: The request field at fault, if one is.
     """
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return web.json_response(body, status=status)
 
 
