@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import operator
 import random
 import zlib
 
@@ -208,18 +209,32 @@ def test_odd_non_streamed_answers_never_raise(body: bytes) -> None:
 
 
 def test_a_compressed_non_streamed_answer_is_not_inflated_past_its_allowance() -> None:
-    bomb = gzip.compress(b'{"usage": {"prompt_tokens": 1}, "pad": "' + b" " * (64 << 20) + b'"}')
+    bomb = gzip.compress(b'{"usage": {"prompt_tokens": 1}, "pad": "' + b" " * (8 << 20) + b'"}')
     assert decoded(bomb, "gzip") is None
     assert outcome_from_body(200, bomb, "gzip") == ChatOutcome(status=200)
     small = gzip.compress(b'{"usage": {"prompt_tokens": 1}}')
     assert outcome_from_body(200, small, "gzip").usage == {"prompt_tokens": 1}
 
 
-SSE_TOKENS = st.sampled_from(
-    [b"data:", b"data: ", b"data", b":", b"\r", b"\n", b"\r\n", b"{", b"}", b"[", b"]", b'"choices"', b'"usage"',
-     b'"delta"', b'"content"', b"null", b"5", b",", b'"x"', b"[DONE]", b"event: e", b"id: 1", b"\xff"]
+CHUNK_KEYS = st.sampled_from(
+    ["choices", "delta", "index", "content", "tool_calls", "function", "function_call", "name", "arguments", "role",
+     "refusal", "id", "type", "usage", "prompt_tokens"]
 )  # fmt: skip
-SSE_LIKE = st.lists(st.one_of(SSE_TOKENS, st.binary(max_size=8)), max_size=60).map(b"".join)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(CHUNK_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+"""Chunk-like JSON with any member of any type: what a broken upstream can put where a chat chunk has its fields."""
+LINE_END = st.sampled_from([b"\n", b"\r\n", b"\r"])
+FIELD_LINE = st.one_of(
+    st.dictionaries(CHUNK_KEYS, JSON_VALUES, max_size=4).map(lambda chunk: b"data: " + json.dumps(chunk).encode()),
+    st.sampled_from([b"data: [DONE]", b"data", b"data:", b": comment", b"event: e", b"id: 1", b"data: {", b""]),
+    st.binary(max_size=8),
+)
+SSE_LIKE = st.lists(st.tuples(FIELD_LINE, LINE_END), max_size=30).map(
+    lambda lines: b"".join(line + end for line, end in lines)
+)
 
 
 def chunked(data: bytes, cut_points: list[int]) -> list[bytes]:
@@ -262,3 +277,5 @@ def test_splitting_loses_nothing_and_finds_the_same_events_however_chunked(data:
 
     assert fields(events) == fields(whole_events)
     assert rest == whole_rest or not rest.strip(b"\r\n")
+    blank = [not event.strip(b"\r\n") for event in whole_events]
+    assert not any(itertools.starmap(operator.and_, itertools.pairwise(blank)))  # a run of blank lines: one piece
