@@ -1,4 +1,9 @@
-"""The outermost middleware: one access-log line and the metrics per request; no traceback ever reaches a client."""
+"""The outermost middleware: one access-log line and the metrics per request; no traceback ever reaches a client.
+
+A handler that raises before answering gets an OpenAI-style 500. One that raises after its response was started (the
+relay records the status it sent) cannot answer again: a second response would be written into the body of the
+first. The client connection is cut instead, so the client sees a broken response, never a clean end.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from proxy.server.errors import internal_error
 from proxy.server.keys import METRICS, RECORD, SETTINGS
 from proxy.server.logging import ACCESS_LOGGER, SERVER_LOGGER
 from proxy.server.record import RequestRecord
+from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind
 
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -56,9 +62,16 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
         record.client_disconnected = True
         raise
     except Exception:
+        record.error = record.error or "internal"
+        if record.status is not None:
+            server_log.exception(
+                "unhandled error in the proxy mid-response; the client connection was cut",
+                extra={"fields": {"route": record.route.value}},
+            )
+            abort(request)
+            return web.Response(status=record.status)  # never sent: the connection is already closing
         server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route.value}})
         record.status = 500
-        record.error = record.error or "internal"
         return internal_error()
     finally:
         metrics.in_flight.dec()

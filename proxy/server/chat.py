@@ -16,11 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
-import orjson
 from aiohttp import web
 from yarl import URL
 
@@ -30,20 +28,18 @@ from proxy.failures import log_failure
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
+from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
-from proxy.server.relay import finish, pump, start_response, write
-from proxy.server.sse import StreamObserver
+from proxy.server.relay import Transform, finish, pump, start_response, write
+from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(SERVER_LOGGER)
 
 ERROR_BODY_LIMIT: Final = 1024 * 1024
 """An error answer is buffered (to show it to `complete()` before deciding on a retry) up to this many bytes."""
-
-DECOMPRESSED_LIMIT: Final = 64 * 1024 * 1024
-"""A compressed response is decompressed (a copy, for parsing only) up to this many bytes."""
 
 
 async def read_body(request: web.Request, limit: int, pause_limit: float) -> bytes | None:
@@ -61,55 +57,6 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
             return None
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _decoded(body: bytes, encoding: str) -> bytes | None:
-    """Return the body without its content coding (gzip or deflate; bounded), or None when that is not possible."""
-    if encoding == "identity":
-        return body
-    if encoding not in ("gzip", "x-gzip", "deflate"):
-        return None
-    for wbits in (47, -15):  # 47: gzip or zlib, detected from the header; -15: raw deflate
-        try:
-            decoder = zlib.decompressobj(wbits)
-            data = decoder.decompress(body, DECOMPRESSED_LIMIT)
-        except zlib.error:
-            continue
-        return None if decoder.unconsumed_tail else data
-    return None
-
-
-def _json(body: bytes, encoding: str) -> Any:
-    data = _decoded(body, encoding)
-    if data is None:
-        return None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _first_message(completion: Any) -> dict[str, Any] | None:
-    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-        return None
-    for choice in completion["choices"]:
-        if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("message"), dict):
-            message: dict[str, Any] = choice["message"]
-            return message
-    return None
-
-
-def outcome_from_body(status: int, body: bytes | None, encoding: str) -> ChatOutcome:
-    """Build the outcome of a non-streamed answer (success or error) from its complete body, if it was kept."""
-    parsed = _json(body, encoding) if body is not None else None
-    if not isinstance(parsed, dict):
-        return ChatOutcome(status=status)
-    if 200 <= status < 300:
-        usage = parsed.get("usage")
-        return ChatOutcome(
-            status=status, usage=usage if isinstance(usage, dict) else None, reply=_first_message(parsed)
-        )
-    return ChatOutcome(status=status, error_body=parsed)
 
 
 def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
@@ -147,41 +94,6 @@ async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcom
         return retry
 
     return await asyncio.shield(report())
-
-
-class _Collector:
-    """Keeps a copy of a non-streamed body for parsing, up to a limit (beyond it, parsing is given up)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.parts: list[bytes] = []
-        self.size = 0
-
-    def __call__(self, chunk: bytes) -> bytes:
-        self.size += len(chunk)
-        if self.size <= self.limit:
-            self.parts.append(chunk)
-        return chunk
-
-    def body(self) -> bytes | None:
-        return b"".join(self.parts) if self.size <= self.limit else None
-
-
-class _DecodingObserver:
-    """Feeds a decompressed copy of a compressed SSE stream to an observer; the relayed bytes stay compressed."""
-
-    def __init__(self, observer: StreamObserver, encoding: str) -> None:
-        self.observer = observer
-        self.decoder = zlib.decompressobj(47 if encoding in ("gzip", "x-gzip") else 15)
-        self.broken = False
-
-    def __call__(self, chunk: bytes) -> bytes:
-        if not self.broken:
-            try:
-                self.observer.feed(self.decoder.decompress(chunk))
-            except zlib.error:
-                self.broken = True
-        return chunk
 
 
 async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
@@ -306,20 +218,20 @@ async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, pl
     encoding = content_encoding(response.headers)
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
     observer: StreamObserver | None = None
-    collector: _Collector | None = None
-    transform: Any
+    collector: Collector | None = None
+    transform: Transform | None
     if streamed:
         strip = plan.strip_usage_chunk and encoding == "identity"
         observer = StreamObserver(strip_usage=strip)
         if encoding == "identity":
             transform = observer.feed
-        elif encoding in ("gzip", "x-gzip", "deflate"):
-            transform = _DecodingObserver(observer, encoding)
+        elif encoding in DECODABLE:
+            transform = DecodingObserver(observer, encoding)
         else:
             transform = None
     else:
         strip = False
-        collector = _Collector(settings.max_body_bytes)
+        collector = Collector(settings.max_body_bytes)
         transform = collector
     out = await start_response(request, response, extra_headers=plan.response_headers, drop_length=strip)
     if not await pump(request, out, response, transform):
@@ -331,10 +243,32 @@ async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, pl
         if observer.stripped_chunks:
             record.stripped_usage = True
             request.app[METRICS].usage_chunks_stripped.inc(observer.stripped_chunks)
-        outcome = ChatOutcome(status=response.status, usage=observer.usage, reply=observer.reply.build())
+        outcome = _stream_outcome(request, response.status, observer)
     else:
         assert collector is not None
         outcome = outcome_from_body(response.status, collector.body(), encoding)
     await finish(request, out)
     await _complete(request, plan, outcome)
     return out
+
+
+def _stream_outcome(request: web.Request, status: int, observer: StreamObserver) -> ChatOutcome:
+    """What a relayed stream reported; nothing when inspection stopped part-way (say why, once, to the operator)."""
+    if observer.stopped is None:
+        return ChatOutcome(status=status, usage=observer.usage, reply=observer.reply.build())
+    route = request[RECORD].route.value
+    if observer.stopped is StopReason.ERROR:
+        request.app[METRICS].fail_open.labels(stage="inspect").inc()
+        request[RECORD].fail_open.append("inspect")
+        log.error(
+            "inspecting an upstream stream failed (a proxy bug): the rest was relayed unchanged and its usage is"
+            " not recorded",
+            extra={"fields": {"error": observer.error, "route": route}},
+        )
+    else:
+        log.warning(
+            "stopped inspecting an upstream stream (see reason): the rest was relayed unchanged and its usage is not"
+            " recorded; if this repeats, check what the upstream sends",
+            extra={"fields": {"reason": observer.stopped.value, "route": route}},
+        )
+    return ChatOutcome(status=status)

@@ -26,7 +26,10 @@ async def start_response(
     extra_headers: dict[str, str] | None = None,
     drop_length: bool = False,
 ) -> web.StreamResponse:
-    """Send the client the upstream's status line and headers (minus hop-by-hop, plus `extra_headers`)."""
+    """Send the client the upstream's status line and headers (minus hop-by-hop, plus `extra_headers`).
+
+    Records the status: from then on the request's response is under way (see `proxy.server.accounting`).
+    """
     out = web.StreamResponse(
         status=response.status,
         reason=response.reason,

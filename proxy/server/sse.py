@@ -7,29 +7,60 @@ When nothing is stripped the relayed bytes are exactly the upstream's, chunk for
 copy. When stripping, events are relayed one whole event at a time (a partial event waits for its end), the
 usage-only chunk (`"choices": []` with a usage object) is dropped, and the `"usage": null` the upstream adds to
 every other chunk under `include_usage` is removed, keeping the rest of each event's bytes as they were.
+
+The upstream is trusted for nothing. Work per byte is linear whatever it sends (tiny chunks, huge events, floods of
+blank lines), and whatever inspection cannot handle (an event past `MAX_PENDING`, an exception) stops inspection
+for the rest of the stream: from then on the bytes are relayed untouched, held-back bytes included.
 """
 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Any, Final
 
 import orjson
 
-_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
+from proxy.server.reply import ReplyBuilder
+
 MAX_PENDING: Final = 8 * 1024 * 1024
 """An event longer than this (no blank line in sight) is not an SSE stream we understand: stop parsing it."""
 
+_CR: Final = ord("\r")
+_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
+_BLANK_LINES: Final = re.compile(rb"(?:\r\n|\r|\n)+")
+_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+"""The end of a line that is followed by an empty line; a CR followed by LF is one line end, never two."""
+_DATA_FIELD: Final = re.compile(rb"(?<![^\r\n])data(?::\x20?([^\r\n]*))?(?![^\r\n])")
+"""A `data` line (at the start of a line, up to its end); group 1 is its value without the one optional space."""
 _USAGE_NULL_AFTER: Final = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])')
 _USAGE_NULL_BEFORE: Final = re.compile(rb'"usage"\s*:\s*null\s*,\s*')
 
 
+class StopReason(StrEnum):
+    """Why a `StreamObserver` stopped inspecting (the rest of the stream is relayed untouched)."""
+
+    EVENT_TOO_LONG = "event_too_long"
+    """An event grew past `MAX_PENDING` bytes without ending."""
+    ERROR = "error"
+    """Inspecting raised; `StreamObserver.error` names the exception type."""
+    INFLATION_LIMIT = "inflation_limit"
+    """A compressed stream inflated more than inspection allows (see `proxy.server.decoding`)."""
+    UNDECODABLE = "undecodable"
+    """A compressed stream could not be decompressed."""
+
+
 class EventSplitter:
-    """Cuts a byte stream into complete SSE events (each with its terminating blank line), keeping the raw bytes."""
+    """Cuts a byte stream into complete SSE events (each with its terminating blank line), keeping the raw bytes.
+
+    A run of blank lines between events comes out as one piece (an "event" with no fields), so a flood of newlines
+    costs one regular-expression match per chunk, not one Python step per line. Each byte is scanned a bounded
+    number of times, however the stream is chunked.
+    """
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._scanned = 0  # bytes of the buffer already known to hold no complete event end
+        self._buffer = bytearray()
+        self._resume = 0  # where the search for the held-back event's end resumes: earlier bytes hold none
 
     @property
     def pending(self) -> int:
@@ -38,111 +69,45 @@ class EventSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the events they completed, in order, byte for byte as received."""
-        buffer = self._buffer + data
+        buffer = self._buffer
+        buffer += data
+        size = len(buffer)
         events: list[bytes] = []
-        start = 0
-        position = self._scanned
-        line_start = position
-        while True:
-            match = _LINE_END.search(buffer, position)
-            if match is None:
+        start = resume = 0
+        while start < size:
+            blank = _BLANK_LINES.match(buffer, start)
+            if blank is not None:
+                end = blank.end() - (blank.end() == size and buffer[-1] == _CR)  # a final CR may become CRLF
+                if end == start:
+                    break
+                events.append(bytes(buffer[start:end]))
+                start = end
+                continue
+            found = _EVENT_END.search(buffer, max(start, self._resume))
+            if found is None:
+                resume = max(start, size - 2)  # an event end can only begin in the last two bytes
                 break
-            if match.group() == b"\r" and match.end() == len(buffer):
-                break  # a CR at the end may be the first half of CRLF: wait for the next byte
-            if match.start() == line_start:  # an empty line ends the event
-                events.append(buffer[start : match.end()])
-                start = match.end()
-            position = line_start = match.end()
-        self._buffer = buffer[start:]
-        self._scanned = line_start - start
+            if found.end() == size and buffer[-1] == _CR:
+                resume = found.start()  # the final CR may be the first half of a CRLF: wait for the next byte
+                break
+            events.append(bytes(buffer[start : found.end()]))
+            start = found.end()
+        del buffer[:start]
+        self._resume = max(0, resume - start)
         return events
 
     def flush(self) -> bytes:
         """Return whatever is held back (an unterminated last event) and forget it."""
-        rest, self._buffer, self._scanned = self._buffer, b"", 0
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        self._resume = 0
         return rest
 
 
 def event_data(event: bytes) -> bytes | None:
     """Return the event's `data` (its data lines joined by LF, per the SSE spec), or None when it has none."""
-    lines: list[bytes] = []
-    for line in _LINE_END.split(event):
-        if line.startswith(b"data:"):
-            value = line[5:]
-            lines.append(value[1:] if value.startswith(b" ") else value)
-        elif line == b"data":
-            lines.append(b"")
-    return b"\n".join(lines) if lines else None
-
-
-class ReplyBuilder:
-    """Reassembles the first choice's assistant message from stream deltas.
-
-    Content and refusal fragments are concatenated; tool calls are keyed by their `index`, taking id, type and
-    function name from the chunks that carry them and concatenating the argument fragments.
-    """
-
-    def __init__(self) -> None:
-        self.seen = False
-        self.role: str | None = None
-        self.content: list[str] = []
-        self.refusal: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.function_call: dict[str, str] | None = None
-
-    def add(self, delta: dict[str, Any]) -> None:
-        """Fold one `choices[0].delta` in."""
-        self.seen = True
-        if isinstance(delta.get("role"), str):
-            self.role = delta["role"]
-        if isinstance(delta.get("content"), str):
-            self.content.append(delta["content"])
-        if isinstance(delta.get("refusal"), str):
-            self.refusal.append(delta["refusal"])
-        for call in delta.get("tool_calls") or ():
-            if isinstance(call, dict):
-                self._add_tool_call(call)
-        legacy = delta.get("function_call")
-        if isinstance(legacy, dict):
-            self.function_call = self.function_call or {"name": "", "arguments": ""}
-            if isinstance(legacy.get("name"), str) and not self.function_call["name"]:
-                self.function_call["name"] = legacy["name"]
-            if isinstance(legacy.get("arguments"), str):
-                self.function_call["arguments"] += legacy["arguments"]
-
-    def _add_tool_call(self, call: dict[str, Any]) -> None:
-        index = call.get("index", len(self.tool_calls))
-        if not isinstance(index, int):
-            return
-        entry = self.tool_calls.setdefault(
-            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        )
-        if isinstance(call.get("id"), str) and call["id"]:
-            entry["id"] = call["id"]
-        if isinstance(call.get("type"), str) and call["type"]:
-            entry["type"] = call["type"]
-        function = call.get("function")
-        if isinstance(function, dict):
-            if isinstance(function.get("name"), str) and function["name"] and not entry["function"]["name"]:
-                entry["function"]["name"] = function["name"]
-            if isinstance(function.get("arguments"), str):
-                entry["function"]["arguments"] += function["arguments"]
-
-    def build(self) -> dict[str, Any] | None:
-        """Return `{"role": "assistant", "content": ..., "tool_calls": [...]}`, or None when no delta was seen."""
-        if not self.seen:
-            return None
-        reply: dict[str, Any] = {
-            "role": self.role or "assistant",
-            "content": "".join(self.content) if self.content else None,
-        }
-        if self.refusal:
-            reply["refusal"] = "".join(self.refusal)
-        if self.tool_calls:
-            reply["tool_calls"] = [self.tool_calls[index] for index in sorted(self.tool_calls)]
-        if self.function_call is not None:
-            reply["function_call"] = self.function_call
-        return reply
+    values = _DATA_FIELD.findall(event)
+    return b"\n".join(values) if values else None
 
 
 def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
@@ -183,6 +148,10 @@ def _rewrite_event(event: bytes, data: bytes) -> bytes:
 class StreamObserver:
     """Watches (and, when stripping, edits) a chat-completion SSE stream on its way to the client.
 
+    Never raises on what the upstream sends: once inspection fails or meets something it does not understand,
+    `stopped` says why and the rest of the stream passes through untouched; what was learned until then (`usage`,
+    `reply`) is incomplete and should not be trusted.
+
     :param strip_usage: Drop the usage-only chunk and the `"usage": null` members the proxy caused by injecting
         `stream_options.include_usage`.
     """
@@ -192,30 +161,47 @@ class StreamObserver:
         self.usage: dict[str, Any] | None = None
         self.reply = ReplyBuilder()
         self.stripped_chunks = 0
-        self.parsing = True
+        self.stopped: StopReason | None = None
+        self.error: str | None = None
+        """The type name of the exception that stopped inspection (`StopReason.ERROR`)."""
         self._splitter = EventSplitter()
 
     def feed(self, chunk: bytes) -> bytes:
         """Take bytes from the upstream; return the bytes to relay now (fewer when holding back a partial event)."""
-        if not self.parsing:
+        if self.stopped is not None:
             return chunk
         events = self._splitter.feed(chunk)
-        if self._splitter.pending > MAX_PENDING:
-            self.parsing = False  # not a stream we understand: relay the rest untouched
-            held = b"".join(events) + self._splitter.flush()
-            return held if self.strip_usage else chunk
-        if not self.strip_usage:
+        relayed: list[bytes] = []
+        try:
             for event in events:
-                self._inspect(event)
-            return chunk
-        return b"".join(self._process(event) for event in events)
+                relayed.append(self._process(event))
+        except Exception as exc:
+            self._fail(exc)
+            relayed.extend(events[len(relayed) :])
+        if self.stopped is None and self._splitter.pending > MAX_PENDING:
+            self.stopped = StopReason.EVENT_TOO_LONG
+        if self.stopped is not None:
+            relayed.append(self._splitter.flush())
+        return b"".join(relayed) if self.strip_usage else chunk
+
+    def stop(self, reason: StopReason) -> bytes:
+        """Stop inspecting; return the held-back bytes, which a stripping caller must relay before anything else."""
+        self.stopped = self.stopped or reason
+        return self._splitter.flush()
 
     def finish(self) -> bytes:
         """The upstream ended: return any held-back bytes (an unterminated last event), inspected but unedited."""
         rest = self._splitter.flush()
-        if rest and self.parsing:
-            self._inspect(rest)
+        if rest and self.stopped is None:
+            try:
+                self._inspect(rest)
+            except Exception as exc:
+                self._fail(exc)
         return rest if self.strip_usage else b""
+
+    def _fail(self, exc: Exception) -> None:
+        self.stopped = StopReason.ERROR
+        self.error = type(exc).__name__
 
     def _inspect(self, event: bytes) -> dict[str, Any] | None:
         data = event_data(event)
@@ -230,14 +216,16 @@ class StreamObserver:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
                 self.reply.add(choice["delta"])
         return chunk
 
     def _process(self, event: bytes) -> bytes:
+        """Inspect one event; return it as it should be relayed (when stripping: without what the proxy caused)."""
         chunk = self._inspect(event)
-        if chunk is None or "usage" not in chunk:
+        if not self.strip_usage or chunk is None or "usage" not in chunk:
             return event
         if chunk.get("choices") == [] and isinstance(chunk["usage"], dict):
             self.stripped_chunks += 1

@@ -1,13 +1,22 @@
-"""SSE splitting, usage capture, reply reassembly and usage stripping, chunk boundary by chunk boundary."""
+"""SSE splitting, usage capture, reply reassembly and usage stripping, chunk boundary by chunk boundary; and what
+a hostile upstream can send (odd shapes, exceptions, limits, bombs, arbitrary bytes) never raising nor losing a byte."""
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
+import operator
 import random
+import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.server.sse import EventSplitter, StreamObserver, event_data
+from proxy.chat.exchange import ChatOutcome
+from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
+from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
 HEADER = '"id":"c1","object":"chat.completion.chunk","created":1,"model":"m"'
@@ -110,3 +119,163 @@ def test_unterminated_last_event_is_relayed_and_seen() -> None:
     assert observer.feed(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}') == b""
     assert observer.finish() == b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}'
     assert observer.reply.build() == {"role": "assistant", "content": "a"}
+
+
+# Hostile upstreams: odd shapes, exceptions, limits and arbitrary bytes never raise and never lose a byte.
+
+MALFORMED = [
+    b'data: {"choices": 5}\n\n',
+    b'data: {"choices": [5, {"index": 0, "delta": [1]}]}\n\n',
+    b'data: {"choices": [{"index": 0, "delta": {"tool_calls": 5, "function_call": 7, "content": 3}}]}\n\n',
+    b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "x"}, {"function": 3}, 4]}}]}\n\n',
+    b'data: {"usage": 5, "choices": {"0": 1}}\n\n',
+    b"data: [1, 2\n\n",
+    b"data: \xff\xfe\n\n",
+    b"data: 123456789012345678901234567890\n\n",
+]
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_malformed_chunks_are_relayed_and_skipped_by_inspection(strip: bool) -> None:
+    data = chunk('{"content":"a"}', False) + b"".join(MALFORMED) + chunk('{"content":"b"}', False)
+    observer = StreamObserver(strip_usage=strip)
+    assert b"".join(observer.feed(piece) for piece in cuts(data, 1)) + observer.finish() == data
+    assert observer.stopped is None
+    assert observer.reply.build() == {"role": "assistant", "content": "ab", "tool_calls": [ANY_TOOL_CALL]}
+
+
+ANY_TOOL_CALL = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+"""What `{"function": 3}` (a tool call with nothing usable) leaves in the reply."""
+
+UNREMOVABLE_USAGE_NULL = b'data: {"usage":null,"usage":null,"choices":[],"deep":' + b"[" * 300 + b"]" * 300 + b"}\n\n"
+"""Removing its `"usage": null` raises: no textual cut re-parses equal, and orjson re-serializes 254 levels at most."""
+
+
+def test_an_exception_while_stripping_stops_inspection_and_releases_every_held_byte() -> None:
+    observer = StreamObserver(strip_usage=True)
+    before, after = chunk('{"content":"a"}', True), chunk('{"content":"b"}', True)
+    assert observer.feed(before + UNREMOVABLE_USAGE_NULL[:30]) == chunk('{"content":"a"}', False)
+    assert observer.feed(UNREMOVABLE_USAGE_NULL[30:] + after[:10]) == UNREMOVABLE_USAGE_NULL + after[:10]
+    assert (observer.stopped, observer.error) == (StopReason.ERROR, "TypeError")
+    assert observer.feed(after[10:]) == after[10:]
+    assert observer.finish() == b""
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_an_event_past_the_pending_limit_stops_inspection_and_is_relayed_whole(strip: bool) -> None:
+    observer = StreamObserver(strip_usage=strip)
+    head = chunk('{"content":"a"}', strip)
+    huge = b"data: " + b"x" * (MAX_PENDING + 1)
+    relayed = observer.feed(head) + observer.feed(huge) + observer.feed(b"\n\n" + head) + observer.finish()
+    assert relayed == (head if not strip else chunk('{"content":"a"}', False)) + huge + b"\n\n" + head
+    assert observer.stopped is StopReason.EVENT_TOO_LONG
+
+
+def test_a_gzip_bomb_is_inflated_for_inspection_only_up_to_its_allowance() -> None:
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = compressor.compress(chunk('{"content":"a"}', False) + b"\n" * (16 << 20)) + compressor.flush()
+    observer = StreamObserver(strip_usage=False)
+    decoding = DecodingObserver(observer, "gzip")
+    assert [decoding(piece) for piece in cuts(bomb, 2)] == cuts(bomb, 2)
+    assert observer.stopped is StopReason.INFLATION_LIMIT
+    assert decoding.inflated <= inflation_allowance(len(bomb))
+    assert observer.reply.build() == {"role": "assistant", "content": "a"}
+
+
+def test_a_stream_that_is_not_gzip_stops_inspection_and_is_relayed() -> None:
+    observer = StreamObserver(strip_usage=False)
+    decoding = DecodingObserver(observer, "gzip")
+    assert decoding(b"not gzip at all") == b"not gzip at all"
+    assert observer.stopped is StopReason.UNDECODABLE
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"choices": 5, "usage": 7}',
+        b'{"choices": [5, {"index": 0, "message": [1]}], "usage": [1]}',
+        b'{"choices": [{"index": 0, "message": {"role": "assistant"}}], "usage": {"prompt_tokens": 1e300}}',
+        b'{"usage": {"prompt_tokens": 123456789012345678901234567890}}',
+        b"[1, 2",
+        b"\xff",
+        b"5",
+    ],
+)
+def test_odd_non_streamed_answers_never_raise(body: bytes) -> None:
+    outcome = outcome_from_body(200, body, "identity")
+    assert outcome.usage is None or isinstance(outcome.usage, dict)
+    assert outcome.reply is None or isinstance(outcome.reply, dict)
+    assert isinstance(outcome_from_body(400, body, "identity"), ChatOutcome)
+
+
+def test_a_compressed_non_streamed_answer_is_not_inflated_past_its_allowance() -> None:
+    bomb = gzip.compress(b'{"usage": {"prompt_tokens": 1}, "pad": "' + b" " * (8 << 20) + b'"}')
+    assert decoded(bomb, "gzip") is None
+    assert outcome_from_body(200, bomb, "gzip") == ChatOutcome(status=200)
+    small = gzip.compress(b'{"usage": {"prompt_tokens": 1}}')
+    assert outcome_from_body(200, small, "gzip").usage == {"prompt_tokens": 1}
+
+
+CHUNK_KEYS = st.sampled_from(
+    ["choices", "delta", "index", "content", "tool_calls", "function", "function_call", "name", "arguments", "role",
+     "refusal", "id", "type", "usage", "prompt_tokens"]
+)  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(CHUNK_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+"""Chunk-like JSON with any member of any type: what a broken upstream can put where a chat chunk has its fields."""
+LINE_END = st.sampled_from([b"\n", b"\r\n", b"\r"])
+FIELD_LINE = st.one_of(
+    st.dictionaries(CHUNK_KEYS, JSON_VALUES, max_size=4).map(lambda chunk: b"data: " + json.dumps(chunk).encode()),
+    st.sampled_from([b"data: [DONE]", b"data", b"data:", b": comment", b"event: e", b"id: 1", b"data: {", b""]),
+    st.binary(max_size=8),
+)
+SSE_LIKE = st.lists(st.tuples(FIELD_LINE, LINE_END), max_size=30).map(
+    lambda lines: b"".join(line + end for line, end in lines)
+)
+
+
+def chunked(data: bytes, cut_points: list[int]) -> list[bytes]:
+    bounds = sorted({point % (len(data) + 1) for point in cut_points} | {0, len(data)})
+    return [data[start:end] for start, end in itertools.pairwise(bounds) if end > start]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
+def test_without_stripping_the_observer_relays_exactly_the_upstream_bytes(data: bytes, cut_points: list[int]) -> None:
+    observer = StreamObserver(strip_usage=False)
+    pieces = chunked(data, cut_points)
+    assert [observer.feed(piece) for piece in pieces] == pieces
+    assert observer.finish() == b""
+    assert observer.stopped in (None, StopReason.EVENT_TOO_LONG)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
+def test_stripping_never_raises_and_leaves_a_stream_without_usage_as_it_was(data: bytes, cut_points: list[int]) -> None:
+    observer = StreamObserver(strip_usage=True)
+    relayed = b"".join(observer.feed(piece) for piece in chunked(data, cut_points)) + observer.finish()
+    if b"usage" not in data:
+        assert relayed == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
+def test_splitting_loses_nothing_and_finds_the_same_events_however_chunked(data: bytes, cut_points: list[int]) -> None:
+    splitter = EventSplitter()
+    events = [event for piece in chunked(data, cut_points) for event in splitter.feed(piece)]
+    rest = splitter.flush()
+    assert b"".join(events) + rest == data
+    whole = EventSplitter()
+    whole_events = whole.feed(data)
+    whole_rest = whole.flush()
+
+    def fields(found: list[bytes]) -> list[bytes]:  # runs of blank lines may come in other pieces; events may not
+        return [event for event in found if event.strip(b"\r\n")]
+
+    assert fields(events) == fields(whole_events)
+    assert rest == whole_rest or not rest.strip(b"\r\n")
+    blank = [not event.strip(b"\r\n") for event in whole_events]
+    assert not any(itertools.starmap(operator.and_, itertools.pairwise(blank)))  # a run of blank lines: one piece
