@@ -67,3 +67,15 @@ def test_a_counter_forgets_the_least_recently_used_tool_set_first() -> None:
         counter.overhead_tokens(own)
         counter.overhead_tokens({"tools": [{"type": "function", "function": {"name": f"tool_{n}"}}]})
     assert sum("read_file" in text for text in counter.measured) == 1
+
+
+def test_long_tool_call_arguments_are_not_kept_after_hashing() -> None:
+    """Hashing keeps canonical forms of short arguments only: long ones, which clients choose, would pile up."""
+    from proxy.engine.messages import _cached_canonical_json_text, message_key
+
+    before = _cached_canonical_json_text.cache_info().currsize
+    for n in range(20):
+        arguments = '{"text": "' + "x" * 100_000 + f'{n}"}}'
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "write", "arguments": arguments}}
+        message_key({"role": "assistant", "content": None, "tool_calls": [call]})
+    assert _cached_canonical_json_text.cache_info().currsize == before
