@@ -44,6 +44,9 @@ choices, response formats, tool choice) would change what comes back."""
 _MAX_JOBS = 10_000
 """Summaries remembered at once (finished ones wait to be used); the oldest are dropped first."""
 
+_MAX_ANSWER_BYTES = 4 * 2**20
+"""The largest summary answer read from the upstream; a summary is a few thousand tokens, so more is not one."""
+
 
 class SummaryFailed(Exception):
     """A summary could not be had; `reason` is the metric label of why."""
@@ -98,15 +101,7 @@ class Summaries:
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
         """Begin writing, in the background, the summary the next compaction will use (once per span)."""
-        if self._find(context) is not None:
-            return
-        indices = self.spans.next_span(transcript, target_tokens)
-        if not indices:
-            return
-        key = context.tenant + context.chain[max(indices)]
-        task = asyncio.create_task(self._write(context, transcript, indices))
-        task.add_done_callback(_retrieve_failure)
-        self._remember(key, _Job(tuple(indices), task))
+        self._started(context, transcript, target_tokens)
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -114,12 +109,9 @@ class Summaries:
         None when nothing can be summarized or the summary cannot be had in time; the reason is counted and the
         chain's remaining strategies take over.
         """
-        found = self._find(context)
+        found = self._started(context, transcript, target_tokens)
         if found is None:
-            self.start(context, transcript, target_tokens)
-            found = self._find(context)
-            if found is None:
-                return None
+            return None
         key, job = found
         try:
             text = await asyncio.wait_for(asyncio.shield(job.task), self.settings.summary_wait_seconds)
@@ -152,8 +144,28 @@ class Summaries:
             await self._session.close()
             self._session = None
 
+    def _started(
+        self, context: SummaryContext, transcript: Transcript, target_tokens: int
+    ) -> tuple[bytes, _Job] | None:
+        """The job for this conversation's longest known prefix, or a new one; None when there is nothing to do."""
+        found = self._find(context)
+        if found is not None:
+            return found
+        indices = self.spans.next_span(transcript, target_tokens)
+        if not indices:
+            return None
+        key = context.tenant + context.chain[max(indices)]
+        task = asyncio.create_task(self._write(context, transcript, indices))
+        task.add_done_callback(_retrieve_failure)
+        job = _Job(tuple(indices), task)
+        self._remember(key, job)
+        return key, job
+
     def _find(self, context: SummaryContext) -> tuple[bytes, _Job] | None:
-        """The job for the longest prefix of this conversation that one was started for."""
+        """The job for the longest prefix of this conversation that one was started for, by this tenant.
+
+        Every key starts with the tenant (a fixed-length digest), so another caller's job is never found.
+        """
         for index in range(len(context.chain) - 1, -1, -1):
             key = context.tenant + context.chain[index]
             job = self._jobs.get(key)
@@ -185,14 +197,18 @@ class Summaries:
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
         body = summary_request(context.body, transcript.messages, indices, self.instruction, self.settings)
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         url = self.settings.upstream + context.path
-        async with self._session.post(url, data=body, headers=self._headers(context)) as response:
-            payload = await response.read()
-        if response.status != 200:
-            logger.warning("The upstream refused a summary request with status %d.", response.status)
-            raise SummaryFailed("upstream_error")
+        async with self._client().post(
+            url, data=body, headers=self._headers(context), allow_redirects=False
+        ) as response:
+            if response.status != 200:
+                logger.warning(
+                    "The upstream answered a summary request with status %d (redirects are not followed); the"
+                    " compaction goes on without that summary.",
+                    response.status,
+                )
+                raise SummaryFailed("upstream_error")
+            payload = await _read_bounded(response, _MAX_ANSWER_BYTES)
         try:
             answer = orjson.loads(payload)
             text = answer["choices"][0]["message"]["content"]
@@ -205,8 +221,24 @@ class Summaries:
             raise SummaryFailed("empty")
         return text
 
+    def _client(self) -> aiohttp.ClientSession:
+        """The session summary calls go out on, created on first use.
+
+        It talks to the configured upstream only: redirects (not followed), proxies from the environment and cookies
+        would carry one caller's conversation, credential or session to another place or another caller. Answers are
+        asked for uncompressed and never decompressed, so the size bound holds for what is read.
+        """
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+                auto_decompress=False,
+            )
+        return self._session
+
     def _headers(self, context: SummaryContext) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if self.settings.summary_api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
             return headers
@@ -214,6 +246,19 @@ class Summaries:
             if value := context.headers.get(name):
                 headers[name] = value
         return headers
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The response body, failing the summary as soon as it exceeds `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            logger.warning("The upstream's answer to a summary request exceeded %d bytes; it was not used.", limit)
+            raise SummaryFailed("answer_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _retrieve_failure(task: asyncio.Task[str]) -> None:
