@@ -44,6 +44,11 @@ choices, response formats, tool choice) would change what comes back."""
 _MAX_JOBS = 10_000
 """Summaries remembered at once (finished ones wait to be used); the oldest are dropped first."""
 
+_QUEUED_PER_CALL = 1
+"""Summaries that may wait for a free call slot, per slot (`summary_concurrency`). Each holds its whole conversation
+in memory until written, so beyond the running calls and this many waiting per slot no new one is started: the
+compaction falls back (reason `busy`)."""
+
 _MAX_ANSWER_BYTES = 4 * 2**20
 """The largest summary answer read from the upstream; a summary is a few thousand tokens, so more is not one."""
 
@@ -98,6 +103,7 @@ class Summaries:
         self._jobs: OrderedDict[bytes, _Job] = OrderedDict()
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._unfinished = 0
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
         """Begin writing, in the background, the summary the next compaction will use (once per span)."""
@@ -111,6 +117,8 @@ class Summaries:
         """
         found = self._started(context, transcript, target_tokens)
         if found is None:
+            if self._busy():
+                self.metrics.summary_fallbacks.labels("busy").inc()
             return None
         key, job = found
         try:
@@ -147,19 +155,32 @@ class Summaries:
     def _started(
         self, context: SummaryContext, transcript: Transcript, target_tokens: int
     ) -> tuple[bytes, _Job] | None:
-        """The job for this conversation's longest known prefix, or a new one; None when there is nothing to do."""
+        """The job for this conversation's longest known prefix, or a new one.
+
+        None when there is nothing to summarize, or when too many summaries are unfinished to start another.
+        """
         found = self._find(context)
-        if found is not None:
+        if found is not None or self._busy():
             return found
         indices = self.spans.next_span(transcript, target_tokens)
         if not indices:
             return None
         key = context.tenant + context.chain[max(indices)]
         task = asyncio.create_task(self._write(context, transcript, indices))
-        task.add_done_callback(_retrieve_failure)
+        self._unfinished += 1
+        task.add_done_callback(self._finished)
         job = _Job(tuple(indices), task)
         self._remember(key, job)
         return key, job
+
+    def _busy(self) -> bool:
+        return self._unfinished >= self.settings.summary_concurrency * (1 + _QUEUED_PER_CALL)
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        """Count a summary as finished, and mark its failure as seen: one written ahead may fail with nobody waiting."""
+        self._unfinished -= 1
+        if not task.cancelled():
+            task.exception()
 
     def _find(self, context: SummaryContext) -> tuple[bytes, _Job] | None:
         """The job for the longest prefix of this conversation that one was started for, by this tenant.
@@ -259,12 +280,6 @@ async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
             raise SummaryFailed("answer_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _retrieve_failure(task: asyncio.Task[str]) -> None:
-    """Mark a summary's failure as seen: a summary written ahead may fail with nobody waiting for it."""
-    if not task.cancelled():
-        task.exception()
 
 
 def summary_request(

@@ -7,6 +7,7 @@ with another caller's call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -146,3 +147,45 @@ async def test_an_oversized_summary_answer_is_not_read_whole_and_the_compaction_
 
     assert headers["X-Compaction-Strategies"] == "sliding_window"
     assert proxy.service.metrics.summary_fallbacks.labels("answer_too_large")._value.get() == 1
+
+
+async def test_summaries_waiting_for_a_call_slot_are_bounded_and_the_rest_fall_back() -> None:
+    """Each unfinished summary holds its whole conversation: past the running calls and one waiting per slot, none
+    is started, so a flood of long conversations cannot pile them up in memory."""
+    release = asyncio.Event()
+    summary_calls: list[str] = []
+
+    async def upstream(request: web.Request) -> web.Response:
+        body = await request.json()
+        if is_summary_request(body):
+            summary_calls.append(request.headers["Authorization"])
+            await release.wait()
+            return web.json_response(completion(SUMMARY))
+        return web.json_response(completion("Noted."))
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", upstream)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    proxies = LoopbackProxies(
+        upstream=f"http://127.0.0.1:{server.port}",
+        context_windows={MODEL: WINDOW},
+        strategies=["summarization", "sliding_window", "middle_out"],
+        summary_concurrency=1,
+        summary_wait_seconds=0,
+    )
+    try:
+        proxy = await proxies.start()
+        for caller in ("sk-1", "sk-2", "sk-3"):
+            headers = await send(proxy, caller)
+            assert headers["X-Compaction-Strategies"] == "sliding_window"
+        fallbacks = proxy.service.metrics.summary_fallbacks
+        assert fallbacks.labels("busy")._value.get() == 1, "a third summary was started with two unfinished"
+        assert proxy.service.metrics.summaries_started._value.get() == 2
+        release.set()
+        await settled(proxy)
+        assert summary_calls == ["Bearer sk-1", "Bearer sk-2"]
+    finally:
+        release.set()
+        await proxies.close()
+        await server.close()
