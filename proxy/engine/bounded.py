@@ -19,12 +19,12 @@ V = TypeVar("V")
 class BoundedCache(Generic[K, V]):
     """Up to `max_entries` values by key; a lookup that hits makes its entry the most recently used.
 
-    :param max_entries: How many entries to keep; adding one more forgets the least recently used.
+    :param max_entries: How many entries to keep; adding one more forgets the least recently used. 0 keeps none.
     """
 
     def __init__(self, max_entries: int) -> None:
-        if max_entries < 1:
-            raise ValueError(f"`max_entries` must be at least 1, got {max_entries}.")
+        if max_entries < 0:
+            raise ValueError(f"`max_entries` must be at least 0, got {max_entries}.")
         self._entries: OrderedDict[K, V] = OrderedDict()
         self._max_entries = max_entries
         self._lock = threading.Lock()
