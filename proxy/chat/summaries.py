@@ -44,6 +44,14 @@ choices, response formats, tool choice) would change what comes back."""
 _MAX_JOBS = 10_000
 """Summaries remembered at once (finished ones wait to be used); the oldest are dropped first."""
 
+_QUEUED_PER_CALL = 1
+"""Summaries that may wait for a free call slot, per slot (`summary_concurrency`). Each holds its whole conversation
+in memory until written, so beyond the running calls and this many waiting per slot no new one is started: the
+compaction falls back (reason `busy`)."""
+
+_MAX_ANSWER_BYTES = 4 * 2**20
+"""The largest summary answer read from the upstream; a summary is a few thousand tokens, so more is not one."""
+
 
 class SummaryFailed(Exception):
     """A summary could not be had; `reason` is the metric label of why."""
@@ -95,18 +103,11 @@ class Summaries:
         self._jobs: OrderedDict[bytes, _Job] = OrderedDict()
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._unfinished = 0
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
         """Begin writing, in the background, the summary the next compaction will use (once per span)."""
-        if self._find(context) is not None:
-            return
-        indices = self.spans.next_span(transcript, target_tokens)
-        if not indices:
-            return
-        key = context.tenant + context.chain[max(indices)]
-        task = asyncio.create_task(self._write(context, transcript, indices))
-        task.add_done_callback(_retrieve_failure)
-        self._remember(key, _Job(tuple(indices), task))
+        self._started(context, transcript, target_tokens)
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -114,12 +115,11 @@ class Summaries:
         None when nothing can be summarized or the summary cannot be had in time; the reason is counted and the
         chain's remaining strategies take over.
         """
-        found = self._find(context)
+        found = self._started(context, transcript, target_tokens)
         if found is None:
-            self.start(context, transcript, target_tokens)
-            found = self._find(context)
-            if found is None:
-                return None
+            if self._busy():
+                self.metrics.summary_fallbacks.labels("busy").inc()
+            return None
         key, job = found
         try:
             text = await asyncio.wait_for(asyncio.shield(job.task), self.settings.summary_wait_seconds)
@@ -152,8 +152,41 @@ class Summaries:
             await self._session.close()
             self._session = None
 
+    def _started(
+        self, context: SummaryContext, transcript: Transcript, target_tokens: int
+    ) -> tuple[bytes, _Job] | None:
+        """The job for this conversation's longest known prefix, or a new one.
+
+        None when there is nothing to summarize, or when too many summaries are unfinished to start another.
+        """
+        found = self._find(context)
+        if found is not None or self._busy():
+            return found
+        indices = self.spans.next_span(transcript, target_tokens)
+        if not indices:
+            return None
+        key = context.tenant + context.chain[max(indices)]
+        task = asyncio.create_task(self._write(context, transcript, indices))
+        self._unfinished += 1
+        task.add_done_callback(self._finished)
+        job = _Job(tuple(indices), task)
+        self._remember(key, job)
+        return key, job
+
+    def _busy(self) -> bool:
+        return self._unfinished >= self.settings.summary_concurrency * (1 + _QUEUED_PER_CALL)
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        """Count a summary as finished, and mark its failure as seen: one written ahead may fail with nobody waiting."""
+        self._unfinished -= 1
+        if not task.cancelled():
+            task.exception()
+
     def _find(self, context: SummaryContext) -> tuple[bytes, _Job] | None:
-        """The job for the longest prefix of this conversation that one was started for."""
+        """The job for the longest prefix of this conversation that one was started for, by this tenant.
+
+        Every key starts with the tenant (a fixed-length digest), so another caller's job is never found.
+        """
         for index in range(len(context.chain) - 1, -1, -1):
             key = context.tenant + context.chain[index]
             job = self._jobs.get(key)
@@ -185,14 +218,18 @@ class Summaries:
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
         body = summary_request(context.body, transcript.messages, indices, self.instruction, self.settings)
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         url = self.settings.upstream + context.path
-        async with self._session.post(url, data=body, headers=self._headers(context)) as response:
-            payload = await response.read()
-        if response.status != 200:
-            logger.warning("The upstream refused a summary request with status %d.", response.status)
-            raise SummaryFailed("upstream_error")
+        async with self._client().post(
+            url, data=body, headers=self._headers(context), allow_redirects=False
+        ) as response:
+            if response.status != 200:
+                logger.warning(
+                    "The upstream answered a summary request with status %d (redirects are not followed); the"
+                    " compaction goes on without that summary.",
+                    response.status,
+                )
+                raise SummaryFailed("upstream_error")
+            payload = await _read_bounded(response, _MAX_ANSWER_BYTES)
         try:
             answer = orjson.loads(payload)
             text = answer["choices"][0]["message"]["content"]
@@ -205,8 +242,24 @@ class Summaries:
             raise SummaryFailed("empty")
         return text
 
+    def _client(self) -> aiohttp.ClientSession:
+        """The session summary calls go out on, created on first use.
+
+        It talks to the configured upstream only: redirects (not followed), proxies from the environment and cookies
+        would carry one caller's conversation, credential or session to another place or another caller. Answers are
+        asked for uncompressed and never decompressed, so the size bound holds for what is read.
+        """
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+                auto_decompress=False,
+            )
+        return self._session
+
     def _headers(self, context: SummaryContext) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if self.settings.summary_api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
             return headers
@@ -216,10 +269,17 @@ class Summaries:
         return headers
 
 
-def _retrieve_failure(task: asyncio.Task[str]) -> None:
-    """Mark a summary's failure as seen: a summary written ahead may fail with nobody waiting for it."""
-    if not task.cancelled():
-        task.exception()
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The response body, failing the summary as soon as it exceeds `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            logger.warning("The upstream's answer to a summary request exceeded %d bytes; it was not used.", limit)
+            raise SummaryFailed("answer_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def summary_request(

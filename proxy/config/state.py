@@ -35,6 +35,17 @@ class StateSettings(BaseModel):
     state_max_conversations: int = Field(
         default=100_000, gt=0, description="Bound on conversations kept by the in-memory store (least recent go)."
     )
+    prefix_memory_bytes: int = Field(
+        default=64 * 2**20,
+        gt=0,
+        description=(
+            "Memory, in bytes, for the parsed messages of recent requests, kept so that a conversation sent again"
+            " has only its new messages hashed. Each request is charged its body size plus about 400 bytes per"
+            " message; the least recently seen conversations are forgotten first, and a request costing more than a"
+            " quarter of this is not kept at all (it is hashed in full each time it comes). Shared by the"
+            " original requests and their compacted views."
+        ),
+    )
     tenant_key: SecretStr = Field(
         default_factory=_random_tenant_key,
         description=(

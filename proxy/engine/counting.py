@@ -12,7 +12,6 @@ models) and `ApproximateCounter` (no dependency, characters per token).
 from __future__ import annotations
 
 import math
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
@@ -20,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from proxy.engine.bounded import BoundedCache
 from proxy.engine.encodings import get_encoding
 from proxy.engine.images import image_tokens
 from proxy.engine.messages import (
@@ -65,11 +65,9 @@ class TokenCounter(ABC):
     """
 
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
-        """:param cache_size: How many message counts to remember; the oldest are forgotten first."""
-        self._cache: dict[bytes, int] = {}
-        self._cache_size = cache_size
-        self._schemas: dict[str, int] = {}
-        self._lock = threading.Lock()
+        """:param cache_size: How many message counts to remember; the least recently used are forgotten first."""
+        self._cache: BoundedCache[MessageKey, int] = BoundedCache(cache_size)
+        self._schemas: BoundedCache[str, int] = BoundedCache(_SCHEMA_CACHE_SIZE)
 
     @property
     @abstractmethod
@@ -105,11 +103,7 @@ class TokenCounter(ABC):
         if cached is not None:
             return cached
         tokens = self._measure_message(message, self.text_tokens)
-        with self._lock:
-            self._cache[key] = tokens
-            if len(self._cache) > self._cache_size:
-                # Oldest first: a conversation's early messages are re-counted at most once more if still in use.
-                del self._cache[next(iter(self._cache))]
+        self._cache.put(key, tokens)
         return tokens
 
     def messages_tokens(self, messages: Iterable[Message]) -> int:
@@ -137,10 +131,7 @@ class TokenCounter(ABC):
         tokens = self._schemas.get(rendered)
         if tokens is None:
             tokens = self.text_tokens(rendered)
-            with self._lock:
-                self._schemas[rendered] = tokens
-                if len(self._schemas) > _SCHEMA_CACHE_SIZE:
-                    del self._schemas[next(iter(self._schemas))]
+            self._schemas.put(rendered, tokens)
         return tokens
 
     def _measure_message(self, message: Message, measure: Callable[[str], int]) -> int:

@@ -85,13 +85,27 @@ def content_parts(message: Message) -> list[Mapping[str, Any]]:
     return [part for part in content if isinstance(part, Mapping)]
 
 
-@lru_cache(maxsize=65_536)
+_CACHED_ARGUMENTS_MAX_CHARS = 1024
+"""Tool-call arguments up to this long have their canonical form cached; longer ones cost more to keep than to redo.
+
+With the cache's 16,384 entries, this bounds what it holds to about 40 MB whatever clients send."""
+
+
 def _canonical_json_text(text: str) -> bytes:
     """`text` re-serialized with sorted keys and no whitespace when it is JSON; as it is otherwise."""
+    if len(text) <= _CACHED_ARGUMENTS_MAX_CHARS:
+        return _cached_canonical_json_text(text)
+    return _canonicalize(text)
+
+
+def _canonicalize(text: str) -> bytes:
     try:
         return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONDecodeError:
         return text.encode("utf-8", "surrogatepass")
+
+
+_cached_canonical_json_text = lru_cache(maxsize=16_384)(_canonicalize)
 
 
 def _value_bytes(value: Any) -> bytes:

@@ -24,7 +24,7 @@ class Transcript:
     :param keys: The messages' keys when the caller already computed them, so counting does not hash again.
     """
 
-    __slots__ = ("_keys", "_tokens", "counter", "messages", "meta")
+    __slots__ = ("_keys", "_tokens", "_total", "counter", "messages", "meta")
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class Transcript:
         self.meta: Sequence[Mapping[str, Any]] = meta if meta is not None else [_NO_META] * len(messages)
         self._tokens: list[int | None] = list(tokens) if tokens is not None else [None] * len(messages)
         self._keys = keys
+        self._total: int | None = None
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -63,8 +64,10 @@ class Transcript:
         return sum(self.tokens(index) for index in indices)
 
     def total(self) -> int:
-        """Tokens of all messages (without the request's fixed overhead)."""
-        return self.tokens_of(range(len(self.messages)))
+        """Tokens of all messages (without the request's fixed overhead), summed once: strategies ask repeatedly."""
+        if self._total is None:
+            self._total = self.tokens_of(range(len(self.messages)))
+        return self._total
 
     def role(self, index: int) -> str:
         """The role of the message at `index`."""

@@ -121,3 +121,20 @@ def test_tiktoken_counter_keeps_the_same_invariants() -> None:
             assert result.compacted.total() == counter.messages_tokens(result.compacted.messages)
 
     check()
+
+
+@PROPERTY_SETTINGS
+@given(conversation=conversations())
+def test_pruned_results_name_the_tool_their_call_ran(conversation: Conversation) -> None:
+    """Each placeholder names the function of the call its result answers, found in one pass over the run."""
+    transcript = Transcript(conversation.messages, COUNTER, conversation.meta)
+    plan = ToolResultPruning(min_tokens=20, placeholder="rerun {tool_name}").plan(transcript, 0)
+    if plan is None:
+        return
+    names = {
+        call["id"]: call["function"]["name"]
+        for message in conversation.messages
+        for call in message.get("tool_calls") or ()
+    }
+    for entry in plan.created():
+        assert entry.message["content"] == f"rerun {names[entry.message['tool_call_id']]}"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from proxy.engine.grouping import latest_user_index
@@ -42,10 +43,7 @@ class MiddleOut(Strategy):
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         task_index = latest_user_index(transcript)
-        candidates = sorted(
-            (index for index in range(len(transcript)) if index != task_index),
-            key=lambda index: (-transcript.tokens(index), index),
-        )
+        candidates = _largest_first(transcript, exclude=task_index)
         return replace_until_target(
             transcript, target_tokens, candidates, lambda index, excess: self._cut(transcript, index, excess)
         )
@@ -71,6 +69,18 @@ class MiddleOut(Strategy):
             base_meta=transcript.meta[index],
             removed_tokens=removed,
         )
+
+
+def _largest_first(transcript: Transcript, exclude: int | None) -> Iterator[int]:
+    """Message indices, largest first (oldest first among equals), `exclude` left out.
+
+    A heap, not a sort: a conversation of a million messages needs only its few largest, so the order costs
+    O(n + k log n) for the k taken.
+    """
+    heap = [(-transcript.tokens(index), index) for index in range(len(transcript)) if index != exclude]
+    heapq.heapify(heap)
+    while heap:
+        yield heapq.heappop(heap)[1]
 
 
 def _largest_text(message: Mapping[str, Any]) -> tuple[str, Any] | None:

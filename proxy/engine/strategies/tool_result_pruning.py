@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Hashable
 
 from proxy.engine.grouping import agent_step_groups
-from proxy.engine.messages import is_tool_result, tool_calls_of, tool_name_of_call
+from proxy.engine.messages import TOOL_RESULT_ROLES, is_tool_result, tool_calls_of, tool_name_of_call
 from proxy.engine.plan import Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.transcript import Transcript, created
@@ -58,8 +57,9 @@ class ToolResultPruning(Strategy):
         candidates = (
             index for index in range(len(transcript)) if index not in protected and self._prunable(transcript, index)
         )
+        call_names = _answered_call_names(transcript)
         return replace_until_target(
-            transcript, target_tokens, candidates, lambda index, _excess: self._pruned(transcript, index)
+            transcript, target_tokens, candidates, lambda index, _excess: self._pruned(transcript, index, call_names)
         )
 
     def _prunable(self, transcript: Transcript, index: int) -> bool:
@@ -71,9 +71,11 @@ class ToolResultPruning(Strategy):
             and transcript.tokens(index) > self.min_tokens
         )
 
-    def _pruned(self, transcript: Transcript, index: int) -> Created:
+    def _pruned(self, transcript: Transcript, index: int, call_names: dict[int, str]) -> Created:
         message = transcript.messages[index]
-        text = self.placeholder.replace("{tool_name}", _tool_name(transcript, index))
+        name = message.get("name")
+        tool_name = name if isinstance(name, str) and name else call_names.get(index, "the tool")
+        text = self.placeholder.replace("{tool_name}", tool_name)
         return created(
             {**message, "content": text},
             self.name,
@@ -83,17 +85,23 @@ class ToolResultPruning(Strategy):
         )
 
 
-def _tool_name(transcript: Transcript, index: int) -> str:
-    """The name of the tool whose result is at `index`: from the call it answers, or a legacy message's `name`."""
-    message: Mapping[str, Any] = transcript.messages[index]
-    name = message.get("name")
-    if isinstance(name, str) and name:
-        return name
-    call_id = message.get("tool_call_id")
-    for position in reversed(range(index)):
-        if transcript.role(position) == "assistant":
-            for call in tool_calls_of(transcript.messages[position]):
-                if call.get("id") == call_id:
-                    return tool_name_of_call(call)
-            break
-    return "the tool"
+def _answered_call_names(transcript: Transcript) -> dict[int, str]:
+    """For each tool result, the name of the call it answers among the calls of the nearest assistant message before it.
+
+    One pass over the transcript: looking back from each result instead made a long run of results quadratic.
+    """
+    names: dict[int, str] = {}
+    calls: dict[Hashable, str] = {}
+    for index, message in enumerate(transcript.messages):
+        role = transcript.role(index)
+        if role == "assistant":
+            calls = {}
+            for call in tool_calls_of(message):
+                call_id = call.get("id")
+                if isinstance(call_id, Hashable):
+                    calls.setdefault(call_id, tool_name_of_call(call))
+        elif role in TOOL_RESULT_ROLES:
+            call_id = message.get("tool_call_id")
+            if isinstance(call_id, Hashable) and call_id in calls:
+                names[index] = calls[call_id]
+    return names
