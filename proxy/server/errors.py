@@ -50,16 +50,22 @@ def client_timeout(seconds: float) -> web.Response:
     return response
 
 
-def upstream_unreachable(detail: str) -> web.Response:
-    """502 when the upstream could not be connected to or broke the connection before answering."""
+def upstream_unreachable(failure: str) -> web.Response:
+    """502 when the upstream could not be connected to or broke the connection before answering.
+
+    :param failure: What failed in plain words (an `UpstreamError`'s text): never a host, a port or upstream bytes.
+    """
     return error_response(
-        502, f"The upstream could not be reached: {detail}", type_="upstream_error", code="upstream_unreachable"
+        502, f"The upstream could not be reached: {failure}.", type_="upstream_error", code="upstream_unreachable"
     )
 
 
-def upstream_timeout(detail: str) -> web.Response:
-    """504 when the upstream did not connect or answer in time."""
-    return error_response(504, f"The upstream timed out: {detail}", type_="upstream_error", code="upstream_timeout")
+def upstream_timeout(failure: str) -> web.Response:
+    """504 when the upstream did not connect or answer in time.
+
+    :param failure: What timed out in plain words (an `UpstreamTimeout`'s text): never a host or a port.
+    """
+    return error_response(504, f"The upstream timed out: {failure}.", type_="upstream_error", code="upstream_timeout")
 
 
 def internal_error() -> web.Response:
