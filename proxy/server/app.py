@@ -16,7 +16,7 @@ from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
-from proxy.server.logging import SERVER_LOGGER
+from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
@@ -30,6 +30,8 @@ HANDLER_ARGS: dict[str, Any] = {
     "handler_cancellation": True,
     # The accounting middleware writes the access log (structured, without credentials).
     "access_log": None,
+    # A malformed request head is an INFO line, not an ERROR with a traceback.
+    "logger": ConnectionLogger(logging.getLogger(CONNECTION_LOGGER)),
 }
 """Connection-handler options; set on the app, so they hold however it is run (AppRunner, TestServer, run_app)."""
 

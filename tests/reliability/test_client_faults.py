@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -168,6 +169,30 @@ async def test_oversized_or_malformed_request_heads_are_refused_before_any_handl
     assert 400 <= status_of(answer) < 500
     assert upstream.requests == []
     await assert_serving(http, proxy)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: SECRET" + b"a" * 9000 + b"\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad SECRET: v\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: SECRET\r\n\r\n",
+        b"GET /v1/models SECRET/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["header-too-long", "malformed-header", "bad-content-length", "bad-version"],
+)
+async def test_a_malformed_request_is_one_info_line_without_traceback_or_request_bytes(
+    proxy: Proxy, caplog: pytest.LogCaptureFixture, head: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    answer = await raw_exchange(proxy.port, head)
+    assert status_of(answer) == 400
+    records = [record for record in caplog.records if record.name == "aiohttp.server"]
+    (record,) = records
+    assert (record.levelno, record.getMessage()) == (logging.INFO, "malformed request refused")
+    assert record.exc_info is None
+    assert record.__dict__["fields"]["status"] == 400
+    assert "SECRET" not in str(record.__dict__)
 
 
 async def test_head_limits_come_from_the_settings(
