@@ -37,9 +37,14 @@ HANDLER_ARGS: dict[str, Any] = {
 
 
 def handler_args(settings: Settings) -> dict[str, Any]:
-    """`HANDLER_ARGS` plus the request-head limits from the settings (longest line and header, most headers)."""
+    """`HANDLER_ARGS` plus the request-head limits from the settings: sizes, header count and time to send a head.
+
+    aiohttp's keep-alive timer runs from when a connection opens and again from the end of each response, and closes
+    the connection if no complete request head has arrived when it fires: that is `client_header_timeout`.
+    """
     return {
         **HANDLER_ARGS,
+        "keepalive_timeout": settings.client_header_timeout,
         "max_line_size": settings.max_header_bytes,
         "max_field_size": settings.max_header_bytes,
         "max_headers": settings.max_headers,

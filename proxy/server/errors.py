@@ -39,10 +39,10 @@ def too_large(limit: int) -> web.Response:
 
 
 def client_timeout(seconds: float) -> web.Response:
-    """408 when the client paused longer than `client_body_timeout` while sending its body; the connection closes."""
+    """408 when the body stalled (`client_body_timeout`) or trickled (`client_body_min_rate`); the connection closes."""
     response = error_response(
         408,
-        f"The request body did not arrive in time (no data for {seconds:g} seconds).",
+        f"The request body arrived too slowly (a pause over {seconds:g} seconds, or below the minimum average rate).",
         type_="invalid_request_error",
         code="request_timeout",
     )

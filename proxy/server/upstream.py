@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+from aiohttp.http import HttpProcessingError
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -80,7 +81,15 @@ def _failure(exc: BaseException) -> str:
 
 
 def _unreachable(exc: BaseException) -> UpstreamUnreachable:
-    """The 502 error for `exc`, after logging it for the operator (an OS error's text only: never upstream bytes)."""
+    """The 502 error for `exc`, after logging it for the operator (an OS error's text only: never upstream bytes).
+
+    A failure of the request body's own source is not the upstream's, and is left to the caller to report (the
+    client's upload stalled, say): aiohttp raises it as a connection error caused by the iterator's exception, where
+    every other cause is one of its own transport or parsing errors.
+    """
+    cause = exc.__cause__
+    if cause is not None and not isinstance(cause, aiohttp.ClientError | OSError | HttpProcessingError):
+        return UpstreamUnreachable("the request body could not be read")
     failure = _failure(exc)
     os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else None
     log.warning(

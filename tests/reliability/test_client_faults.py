@@ -81,16 +81,21 @@ async def raw_exchange(port: int, head: bytes, body_part: bytes = b"", within: f
     try:
         writer.write(head + body_part)
         await writer.drain()
-        async with asyncio.timeout(within):
-            answer_head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in answer_head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            return answer_head + await reader.readexactly(length)
+        return await read_answer(reader, within)
     finally:
         writer.close()
+
+
+async def read_answer(reader: asyncio.StreamReader, within: float) -> bytes:
+    """Read one answer (head and Content-Length body) from a raw connection, within `within` seconds."""
+    async with asyncio.timeout(within):
+        answer_head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in answer_head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return answer_head + await reader.readexactly(length)
 
 
 def status_of(answer: bytes) -> int:
@@ -120,6 +125,43 @@ async def test_a_stalled_request_body_gets_408_after_the_pause_limit(
         + proxy.metric("compaction_proxy_requests_total", route="other", status="408")
         == 1
     )
+    await assert_serving(http, proxy)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/echo/upload"])
+async def test_a_trickled_request_body_gets_408_once_below_the_minimum_rate(
+    upstream: OpenAIUpstream,
+    make_proxy: MakeProxy,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+) -> None:
+    """A byte every 50 ms never pauses for `client_body_timeout`, but at 20 B/s it falls below a 100 B/s minimum:
+    cut after 0.5 + N / 100 seconds, N the bytes sent by then (about 0.7 s)."""
+    proxy = await make_proxy(upstream.base_url, client_body_timeout=0.5, client_body_min_rate=100)
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    writer.write(head.encode())
+    started = loop.time()
+
+    async def trickle() -> None:
+        for _ in range(1000):
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        answer = await read_answer(reader, within=5)
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert 0.5 < loop.time() - started < 2.5
+    assert status_of(answer) == 408
+    assert openai_error(body_of(answer))["code"] == "request_timeout"
+    # The client's fault: not reported to the operator as an upstream failure.
+    assert not [record for record in caplog.records if record.getMessage().startswith("upstream request failed")]
     await assert_serving(http, proxy)
 
 
