@@ -24,6 +24,38 @@ class ClientSettings(BaseModel):
             " closed, so a trickling upload cannot hold a handler (and an upstream connection) open indefinitely."
         ),
     )
+    client_body_min_rate: int = Field(
+        default=500,
+        gt=0,
+        description=(
+            "Slowest average rate, in bytes per second, at which a request body may arrive once its first"
+            " `client_body_timeout` seconds are over: a body of N bytes must be complete within"
+            " `client_body_timeout` + N / this seconds of its head (Apache's mod_reqtimeout MinRate), else 408 and"
+            " the connection closed. A client trickling a byte now and then never pauses long enough for"
+            " `client_body_timeout` alone; this stops it. 500 B/s is Apache's default: far below any real uplink."
+        ),
+    )
+    client_header_timeout: PositiveSeconds = Field(
+        default=75.0,
+        description=(
+            "Seconds a client connection may go without a complete request head, counted from when it opens and"
+            " again from the end of each response: a connection that sends nothing, sends its head too slowly, or"
+            " idles between requests (keep-alive) that long is closed. 75 s (nginx's keep-alive default) outlasts"
+            " the 60 s idle timeout of common load balancers, so one in front never reuses a connection the proxy"
+            " has just closed."
+        ),
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Most client connections open at once. At the cap, a new connection makes room by closing the one that"
+            " has been idle (no request in progress) longest; when none is idle, the new one is closed. None (the"
+            " default): derived from the process's open-file limit (RLIMIT_NOFILE), leaving room for one upstream"
+            " connection per client connection and for the proxy's own files, so the proxy never runs out of file"
+            " descriptors. Applies to `compaction-proxy serve`."
+        ),
+    )
     max_header_bytes: int = Field(
         default=8190,
         ge=1024,

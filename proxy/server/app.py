@@ -16,7 +16,7 @@ from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
-from proxy.server.logging import SERVER_LOGGER
+from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
@@ -30,14 +30,21 @@ HANDLER_ARGS: dict[str, Any] = {
     "handler_cancellation": True,
     # The accounting middleware writes the access log (structured, without credentials).
     "access_log": None,
+    # A malformed request head is an INFO line, not an ERROR with a traceback.
+    "logger": ConnectionLogger(logging.getLogger(CONNECTION_LOGGER)),
 }
 """Connection-handler options; set on the app, so they hold however it is run (AppRunner, TestServer, run_app)."""
 
 
 def handler_args(settings: Settings) -> dict[str, Any]:
-    """`HANDLER_ARGS` plus the request-head limits from the settings (longest line and header, most headers)."""
+    """`HANDLER_ARGS` plus the request-head limits from the settings: sizes, header count and time to send a head.
+
+    aiohttp's keep-alive timer runs from when a connection opens and again from the end of each response, and closes
+    the connection if no complete request head has arrived when it fires: that is `client_header_timeout`.
+    """
     return {
         **HANDLER_ARGS,
+        "keepalive_timeout": settings.client_header_timeout,
         "max_line_size": settings.max_header_bytes,
         "max_field_size": settings.max_header_bytes,
         "max_headers": settings.max_headers,

@@ -40,10 +40,10 @@ def too_large(limit: int) -> web.Response:
 
 
 def client_timeout(seconds: float) -> web.Response:
-    """408 when the client paused longer than `client_body_timeout` while sending its body; the connection closes."""
+    """408 when the body stalled (`client_body_timeout`) or trickled (`client_body_min_rate`); the connection closes."""
     response = error_response(
         408,
-        f"The request body did not arrive in time (no data for {seconds:g} seconds).",
+        f"The request body arrived too slowly (a pause over {seconds:g} seconds, or below the minimum average rate).",
         type_="invalid_request_error",
         code="request_timeout",
     )
@@ -51,16 +51,22 @@ def client_timeout(seconds: float) -> web.Response:
     return response
 
 
-def upstream_unreachable(detail: str) -> web.Response:
-    """502 when the upstream could not be connected to or broke the connection before answering."""
+def upstream_unreachable(failure: str) -> web.Response:
+    """502 when the upstream could not be connected to or broke the connection before answering.
+
+    :param failure: What failed in plain words (an `UpstreamError`'s text): never a host, a port or upstream bytes.
+    """
     return error_response(
-        502, f"The upstream could not be reached: {detail}", type_="upstream_error", code="upstream_unreachable"
+        502, f"The upstream could not be reached: {failure}.", type_="upstream_error", code="upstream_unreachable"
     )
 
 
-def upstream_timeout(detail: str) -> web.Response:
-    """504 when the upstream did not connect or answer in time."""
-    return error_response(504, f"The upstream timed out: {detail}", type_="upstream_error", code="upstream_timeout")
+def upstream_timeout(failure: str) -> web.Response:
+    """504 when the upstream did not connect or answer in time.
+
+    :param failure: What timed out in plain words (an `UpstreamTimeout`'s text): never a host or a port.
+    """
+    return error_response(504, f"The upstream timed out: {failure}.", type_="upstream_error", code="upstream_timeout")
 
 
 def internal_error() -> web.Response:

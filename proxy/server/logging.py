@@ -14,15 +14,19 @@ import logging
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final
 
 import orjson
+from aiohttp.http import HttpProcessingError
 
 from proxy.config import LogFormat, Settings
 
 ACCESS_LOGGER: Final = "compaction_proxy.access"
 SERVER_LOGGER: Final = "compaction_proxy.server"
+CONNECTION_LOGGER: Final = "aiohttp.server"
+"""aiohttp's logger for its connection handlers (the proxy passes it wrapped in `ConnectionLogger`)."""
 _RESERVED: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
@@ -105,6 +109,37 @@ class TextFormatter(_RedactingFormatter):
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+class ConnectionLogger(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's connection-handler logger, with a malformed client request logged as one INFO line.
+
+    aiohttp logs every request head it cannot parse (a bad request line or header, one too long, too many) with
+    `logger.exception`: an ERROR and a traceback per request, as many as a client cares to send, for what is the
+    client's fault. Those become one INFO line with the status answered and the kind of error, nothing of the
+    request's bytes. Anything else (an exception a handler left unhandled: the proxy's fault) is logged as before.
+    """
+
+    def exception(
+        self,
+        msg: object,
+        *args: object,
+        exc_info: Any = True,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+        extra: Mapping[str, object] | None = None,
+        **kwargs: object,
+    ) -> None:
+        """Log a malformed request (an `HttpProcessingError`) at INFO without a traceback; the rest as aiohttp does."""
+        if isinstance(exc_info, HttpProcessingError):
+            self.logger.info(
+                "malformed request refused",
+                extra={"fields": {"status": exc_info.code, "error": type(exc_info).__name__}},
+            )
+            return
+        self.logger.exception(
+            msg, *args, exc_info=exc_info, stack_info=stack_info, stacklevel=stacklevel, extra=extra, **kwargs
+        )
 
 
 def configure_logging(settings: Settings) -> None:

@@ -11,6 +11,7 @@ from aiohttp import web
 from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
 from proxy.server.app import create_app, runner_options
+from proxy.server.connections import CappedListener, default_max_connections
 from proxy.server.keys import READINESS
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 
@@ -30,24 +31,30 @@ def serve(settings: Settings, chat: ChatCompaction | None = None) -> None:
 
 
 async def serve_async(settings: Settings, chat: ChatCompaction | None = None) -> None:
-    """The coroutine behind `serve`, for callers that run their own event loop."""
+    """The coroutine behind `serve`, for callers that run their own event loop.
+
+    The app listens through a `CappedListener` (at most `max_connections` client connections) instead of an aiohttp
+    site; the runner still owns the app's lifecycle and the graceful shutdown of open connections.
+    """
     app = create_app(settings, chat)
     runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
+    assert runner.server is not None  # set by setup()
+    listener = CappedListener(runner.server, settings.max_connections or default_max_connections())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
+        await listener.start(settings.host, settings.port)
         log.info(
             "listening",
             extra={
                 "fields": {
-                    "addresses": [f"{address[0]}:{address[1]}" for address in runner.addresses],
+                    "addresses": listener.addresses,
                     "upstream": settings.upstream,
                     "mode": settings.mode.value,
+                    "max_connections": listener.limit,
                 }
             },
         )
@@ -57,5 +64,6 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        listener.close()
         await runner.cleanup()
     log.info("stopped")

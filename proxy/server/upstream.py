@@ -4,27 +4,41 @@ Every request goes to the upstream's origin and base path, whatever the client's
 Responses are read raw (`auto_decompress=False`): compressed bodies reach the client with their Content-Encoding
 intact and are never decompressed twice. Cookies are never stored: a shared jar would leak one caller's cookies to
 another.
+
+A transport failure is raised as an `UpstreamError` whose text says what failed in plain words (connection refused,
+DNS lookup failed, ...) and nothing else: it reaches clients in 502/504 bodies, so it must not name the upstream's
+host or port (an internal name tells an outsider about the network) nor quote what a broken upstream sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+from aiohttp.http import HttpProcessingError
 from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings
+from proxy.server.logging import SERVER_LOGGER
+
+log = logging.getLogger(SERVER_LOGGER)
 
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 """Headers aiohttp would add on its own: the upstream must see the client's (or none), not aiohttp's."""
 
 
 class UpstreamError(Exception):
-    """The upstream exchange failed in transport (not an HTTP error status, which is relayed as it came)."""
+    """The upstream exchange failed in transport (not an HTTP error status, which is relayed as it came).
+
+    Its text is what failed in plain words, fit for a client to read (see the module docstring).
+    """
 
     kind = "unreachable"
 
@@ -39,9 +53,56 @@ class UpstreamTimeout(UpstreamError):
     kind = "timeout"
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+DETAIL_LIMIT = 200
+"""Longest operating-system error text logged with a failed connection."""
+
+
+def _failure(exc: BaseException) -> str:
+    """What failed, in plain words: never the exception's own text, which names hosts or quotes upstream bytes."""
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, socket.gaierror):
+            return "DNS lookup failed"
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "connection refused"
+        return "could not connect"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the upstream closed the connection"
+    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
+        return "connection reset"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "malformed or incomplete response body"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "malformed response"
+    if isinstance(exc, ValueError):
+        return "the request could not be sent"
+    return "connection failed"
+
+
+def _unreachable(exc: BaseException) -> UpstreamUnreachable:
+    """The 502 error for `exc`, after logging it for the operator (an OS error's text only: never upstream bytes).
+
+    A failure of the request body's own source is not the upstream's, and is left to the caller to report (the
+    client's upload stalled, say): aiohttp raises it as a connection error caused by the iterator's exception, where
+    every other cause is one of its own transport or parsing errors.
+    """
+    cause = exc.__cause__
+    if cause is not None and not isinstance(cause, aiohttp.ClientError | OSError | HttpProcessingError):
+        return UpstreamUnreachable("the request body could not be read")
+    failure = _failure(exc)
+    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else None
+    log.warning(
+        "upstream request failed before an answer; check that the upstream is up and reachable from here",
+        extra={
+            "fields": {
+                "failure": failure,
+                "error": type(exc).__name__,
+                "detail": str(os_error)[:DETAIL_LIMIT] if os_error is not None else None,
+            }
+        },
+    )
+    return UpstreamUnreachable(failure)
 
 
 class Upstream:
@@ -96,10 +157,12 @@ class Upstream:
                 response = await self.session.request(
                     method, url, headers=headers, data=data, allow_redirects=False, compress=None
                 )
+        except aiohttp.ServerTimeoutError as exc:  # the session's only socket timeout is `sock_connect`
+            raise UpstreamTimeout("timed out connecting") from exc
         except TimeoutError as exc:
-            raise UpstreamTimeout(_describe(exc)) from exc
+            raise UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise UpstreamUnreachable(_describe(exc)) from exc
+            raise _unreachable(exc) from exc
         try:
             yield response
         finally:
@@ -120,6 +183,6 @@ class Upstream:
             async with asyncio.timeout(self.idle_timeout):
                 return await response.content.readany()
         except TimeoutError as exc:
-            raise UpstreamTimeout(_describe(exc)) from exc
+            raise UpstreamTimeout(f"the response paused for more than {self.idle_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamUnreachable(_describe(exc)) from exc
+            raise UpstreamUnreachable(_failure(exc)) from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -80,16 +81,21 @@ async def raw_exchange(port: int, head: bytes, body_part: bytes = b"", within: f
     try:
         writer.write(head + body_part)
         await writer.drain()
-        async with asyncio.timeout(within):
-            answer_head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in answer_head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            return answer_head + await reader.readexactly(length)
+        return await read_answer(reader, within)
     finally:
         writer.close()
+
+
+async def read_answer(reader: asyncio.StreamReader, within: float) -> bytes:
+    """Read one answer (head and Content-Length body) from a raw connection, within `within` seconds."""
+    async with asyncio.timeout(within):
+        answer_head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in answer_head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return answer_head + await reader.readexactly(length)
 
 
 def status_of(answer: bytes) -> int:
@@ -119,6 +125,43 @@ async def test_a_stalled_request_body_gets_408_after_the_pause_limit(
         + proxy.metric("compaction_proxy_requests_total", route="other", status="408")
         == 1
     )
+    await assert_serving(http, proxy)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/echo/upload"])
+async def test_a_trickled_request_body_gets_408_once_below_the_minimum_rate(
+    upstream: OpenAIUpstream,
+    make_proxy: MakeProxy,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+) -> None:
+    """A byte every 50 ms never pauses for `client_body_timeout`, but at 20 B/s it falls below a 100 B/s minimum:
+    cut after 0.5 + N / 100 seconds, N the bytes sent by then (about 0.7 s)."""
+    proxy = await make_proxy(upstream.base_url, client_body_timeout=0.5, client_body_min_rate=100)
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    writer.write(head.encode())
+    started = loop.time()
+
+    async def trickle() -> None:
+        for _ in range(1000):
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        answer = await read_answer(reader, within=5)
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert 0.5 < loop.time() - started < 2.5
+    assert status_of(answer) == 408
+    assert openai_error(body_of(answer))["code"] == "request_timeout"
+    # The client's fault: not reported to the operator as an upstream failure.
+    assert not [record for record in caplog.records if record.getMessage().startswith("upstream request failed")]
     await assert_serving(http, proxy)
 
 
@@ -168,6 +211,30 @@ async def test_oversized_or_malformed_request_heads_are_refused_before_any_handl
     assert 400 <= status_of(answer) < 500
     assert upstream.requests == []
     await assert_serving(http, proxy)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: SECRET" + b"a" * 9000 + b"\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad SECRET: v\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: SECRET\r\n\r\n",
+        b"GET /v1/models SECRET/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["header-too-long", "malformed-header", "bad-content-length", "bad-version"],
+)
+async def test_a_malformed_request_is_one_info_line_without_traceback_or_request_bytes(
+    proxy: Proxy, caplog: pytest.LogCaptureFixture, head: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    answer = await raw_exchange(proxy.port, head)
+    assert status_of(answer) == 400
+    records = [record for record in caplog.records if record.name == "aiohttp.server"]
+    (record,) = records
+    assert (record.levelno, record.getMessage()) == (logging.INFO, "malformed request refused")
+    assert record.exc_info is None
+    assert record.__dict__["fields"]["status"] == 400
+    assert "SECRET" not in str(record.__dict__)
 
 
 async def test_head_limits_come_from_the_settings(

@@ -4,14 +4,17 @@ a broken stream is never passed off as whole, and the proxy keeps serving afterw
 Already covered in tests/server: 502 for a refused connection and 504 for a silent upstream (PassThrough compaction),
 429/503 relayed with headers (PassThrough). Here: the real compaction service, streaming and not, resets before and
 during a response, first-byte and idle timeouts against the fake's delays, the connect timeout, every 5xx and 429
-byte for byte, the upstream coming back, and the metrics that count each fault.
+byte for byte, the upstream coming back, and the metrics that count each fault. 502 and 504 bodies say what failed in
+plain words, never the upstream's host, port or bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -97,6 +100,7 @@ async def test_slow_first_byte_is_a_504_within_the_first_byte_timeout(
     assert status == 504
     error = openai_error(body)
     assert (error["type"], error["code"]) == ("upstream_error", "upstream_timeout")
+    assert error["message"] == "The upstream timed out: no response within 0.3 seconds."
     assert 0.3 <= elapsed < 1.5
     assert proxy.metric("compaction_proxy_upstream_errors_total", kind="timeout") == 1
     # A slow answer inside the limit is fine.
@@ -162,7 +166,10 @@ async def test_connect_timeout_is_a_504(
     for stream in (False, True):
         status, _, body = await post_chat(http, proxy, chat_body(stream=stream))
         assert status == 504
-        assert openai_error(body)["code"] == "upstream_timeout"
+        error = openai_error(body)
+        assert error["code"] == "upstream_timeout"
+        assert error["message"] == "The upstream timed out: timed out connecting."
+        assert str(full_backlog_port).encode() not in body
     assert proxy.metric("compaction_proxy_upstream_errors_total", kind="timeout") == 2
 
 
@@ -213,3 +220,65 @@ async def test_error_statuses_reach_the_client_with_the_upstreams_headers_and_bo
     assert upstream.chat_requests  # it did reach the upstream (once: no retry of a non-overflow error)
     assert len(upstream.chat_requests) == 1
     await assert_serving(http, proxy)
+
+
+@pytest.fixture
+async def garbling_upstream() -> AsyncIterator[str]:
+    """An upstream that answers every request with a malformed status line quoting secret bytes; its base URL."""
+
+    async def garble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 2x0 UPSTREAM-SECRET-BYTES\r\nX-Internal: UPSTREAM-SECRET-BYTES\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garble, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("where", "failure"),
+    [
+        ("refused", "connection refused"),
+        ("unresolvable", "DNS lookup failed"),
+        ("garbling", "malformed response"),
+    ],
+)
+async def test_502_bodies_say_what_failed_without_naming_the_upstream_or_echoing_its_bytes(
+    make_proxy: MakeProxy,
+    http: aiohttp.ClientSession,
+    garbling_upstream: str,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    where: str,
+    failure: str,
+) -> None:
+    closed = OpenAIUpstream()
+    await closed.start()
+    await closed.close()
+    upstream_url = {
+        "refused": closed.base_url,
+        "unresolvable": "http://llm-gateway.internal.invalid:8443",
+        "garbling": garbling_upstream,
+    }[where]
+    host_and_port = upstream_url.removeprefix("http://")
+    proxy = await make_proxy(upstream_url)
+    caplog.set_level(logging.INFO)
+    for path, body in (("/v1/chat/completions", chat_body()), ("/v1/embeddings", b'{"model": "m", "input": "x"}')):
+        async with http.post(proxy.url + path, data=body) as response:
+            assert response.status == 502
+            answer = await response.read()
+        error = openai_error(answer)
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_unreachable")
+        assert error["message"] == f"The upstream could not be reached: {failure}."
+        for secret in (host_and_port, *host_and_port.split(":"), "internal", "UPSTREAM-SECRET"):
+            assert secret.encode() not in answer
+    warnings = [record for record in caplog.records if record.getMessage().startswith("upstream request failed")]
+    assert len(warnings) == 2
+    assert all(record.levelno == logging.WARNING for record in warnings)
+    assert all(record.__dict__["fields"]["failure"] == failure for record in warnings)
+    assert not [record for record in caplog.records if "UPSTREAM-SECRET" in f"{record.getMessage()} {record.__dict__}"]
