@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from proxy.chat.names import name_key
-from proxy.lru import LRU
+from proxy.engine.bounded import BoundedCache
 
 MAX_LEARNED: Final = 4096
 """(tenant, model) pairs whose learned window, and whose largest answered request, are remembered."""
@@ -83,8 +83,8 @@ class ContextWindows:
     ) -> None:
         self.configured = dict(configured or {})
         self.default = default
-        self._learned: LRU[bytes, int] = LRU(max_learned)
-        self._fits: LRU[bytes, int] = LRU(max_learned)
+        self._learned: BoundedCache[bytes, int] = BoundedCache(max_learned)
+        self._fits: BoundedCache[bytes, int] = BoundedCache(max_learned)
 
     def resolve(self, model: str | None, requested: int | None = None, tenant: bytes = b"") -> int | None:
         """The window for `model`; `requested` (from `X-Context-Window`) beats everything else."""

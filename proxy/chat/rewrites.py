@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.chat.known_prefixes import KnownPrefixes
+from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes
 from proxy.engine import EditPlan
 from proxy.engine.messages import Message
 from proxy.engine.plan import Kept
@@ -51,6 +51,7 @@ class Keyed:
     messages: list[Message]
     keys: list[bytes]
     chain: list[bytes]
+    body_bytes: int
 
 
 class RewriteMemory:
@@ -58,18 +59,23 @@ class RewriteMemory:
 
     :param store: Where rewrites live (shared by replicas when it is Redis).
     :param enabled: False replays and stores nothing (every request is compacted afresh).
+    :param memory_bytes: What the parsed messages of recent requests may hold, shared by the originals and their
+        rewritten views (see `KnownPrefixes`).
     """
 
-    def __init__(self, store: StateStore, *, enabled: bool = True) -> None:
+    def __init__(self, store: StateStore, *, enabled: bool = True, memory_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.store = store
         self.enabled = enabled
-        self.prefixes = KnownPrefixes()
-        self.view_prefixes = KnownPrefixes()
+        self.prefixes = KnownPrefixes(max_bytes=memory_bytes // 2)
+        self.view_prefixes = KnownPrefixes(max_bytes=memory_bytes // 2)
 
-    def keyed(self, scope: bytes, original: list[Message]) -> Keyed:
-        """The original messages' keys and chain, hashing only what follows the remembered prefix (CPU work)."""
-        keys, chain = self.prefixes.keys(scope, original)
-        return Keyed(original, keys, chain)
+    def keyed(self, scope: bytes, original: list[Message], body_bytes: int) -> Keyed:
+        """The original messages' keys and chain, hashing only what follows the remembered prefix (CPU work).
+
+        :param body_bytes: The size of the body the messages came from, what remembering them is charged.
+        """
+        keys, chain = self.prefixes.keys(scope, original, body_bytes)
+        return Keyed(original, keys, chain, body_bytes)
 
     async def find(self, scope: bytes, keyed: Keyed) -> tuple[int, EditPlan] | None:
         """The rewrite stored for the longest known prefix, stored again at this request's head when older."""
@@ -93,12 +99,15 @@ class RewriteMemory:
         meta: list[Mapping[str, Any]] = [{} if isinstance(entry, Kept) else entry.meta for entry in plan.entries]
         messages = plan.apply_messages(keyed.messages)
         # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
-        view_keys, view_chain = self.view_prefixes.keys(scope, messages)
+        view_keys, view_chain = self.view_prefixes.keys(scope, messages, keyed.body_bytes)
         return View(messages, view_keys, meta, plan, keyed.chain, view_chain)
 
-    def compacted_chain(self, scope: bytes, messages: list[Message]) -> list[bytes]:
-        """The chain of a freshly compacted view, remembered as the view the next turn will extend (CPU work)."""
-        _keys, chain = self.view_prefixes.keys(scope, messages)
+    def compacted_chain(self, scope: bytes, messages: list[Message], body_bytes: int) -> list[bytes]:
+        """The chain of a freshly compacted view, remembered as the view the next turn will extend (CPU work).
+
+        :param body_bytes: An upper bound on the view's size: the size of the original body.
+        """
+        _keys, chain = self.view_prefixes.keys(scope, messages, body_bytes)
         return chain
 
     async def remember(self, scope: bytes, view: View, compaction: EditPlan) -> None:

@@ -51,9 +51,9 @@ from proxy.engine import (
     counter_for_model,
     decide,
 )
+from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
-from proxy.lru import LRU
 from proxy.state import StateStore, open_store
 from proxy.windows import MAX_LEARNED, ContextWindows
 
@@ -114,12 +114,14 @@ class ChatCompactionService:
         self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.metrics = CompactionMetrics()
-        self.rewrites = RewriteMemory(self.store, enabled=settings.rewrite_memory)
+        self.rewrites = RewriteMemory(
+            self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes
+        )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
-        self._unknown_models_logged: LRU[bytes, bool] = LRU(MAX_LEARNED)
+        self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
@@ -203,13 +205,13 @@ class ChatCompactionService:
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
         compacted = list(result.compacted.messages)
-        chain = await self._work(exchange, lambda: self.rewrites.compacted_chain(scope, compacted))
+        chain = await self._work(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size))
         return await self._forward(chat.body, exchange, compacted, chain)
 
     async def _view(self, exchange: _Exchange) -> View:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory`)."""
         scope, messages = exchange.scope, exchange.request.messages
-        keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages))
+        keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
         found = await self.rewrites.find(scope, keyed)
         plan = found[1] if found else None
         return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan))
@@ -340,7 +342,7 @@ class ChatCompactionService:
 
     def _log_unknown_model(self, model: str | None) -> None:
         key = name_key(model)
-        if key not in self._unknown_models_logged:
+        if self._unknown_models_logged.get(key) is None:
             self._unknown_models_logged.put(key, True)
             logger.warning(
                 "No context window is known for model %r: its requests are forwarded uncompacted. Set "

@@ -16,10 +16,10 @@ from typing import Any, Final
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key
 from proxy.engine import Anchor, Calibration
+from proxy.engine.bounded import BoundedCache
 from proxy.engine.calibration import RATIO_BOUNDS
 from proxy.engine.counting import TokenCounter
 from proxy.engine.messages import chain_keys, message_key
-from proxy.lru import LRU
 from proxy.state import StateStore
 from proxy.windows import MAX_LEARNED, ContextWindows
 
@@ -77,7 +77,7 @@ class UsageReports:
         self.store = store
         self.windows = windows
         self.metrics = metrics
-        self._calibrations: LRU[bytes, Calibration] = LRU(MAX_LEARNED)
+        self._calibrations: BoundedCache[bytes, Calibration] = BoundedCache(MAX_LEARNED)
 
     async def anchor(self, scope: bytes, sent_chain: list[bytes]) -> Anchor | None:
         """The provider's count for the longest known prefix of what is about to be sent."""
