@@ -338,6 +338,7 @@ async def test_completion_budget_and_per_model_windows_count(
         ({"model": "gpt-4o", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
         ({"model": "gpt-4o", "messages": [{"content": "x"}]}, "messages[0].role", "missing_required_parameter"),
         ({"messages": USER_HELLO}, None, None),
+        ({"model": "gpt-4o", "messages": USER_HELLO, "max_tokens": {"n": 1}}, "max_tokens", "invalid_type"),
         (
             {"model": "gpt-4o", "messages": USER_HELLO, "stream_options": {"include_usage": True}},
             "stream_options",

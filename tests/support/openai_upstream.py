@@ -255,6 +255,10 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
     for index, message in enumerate(messages):
         _validate_message(index, message)
     _validate_tool_pairing(messages)
+    for param in ("max_tokens", "max_completion_tokens"):
+        value = body.get(param)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise _invalid_type(param, "an integer", value)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise OpenAIError(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
