@@ -46,6 +46,14 @@ class StateSettings(BaseModel):
             " original requests and their compacted views."
         ),
     )
+    state_max_bytes: int = Field(
+        default=256 * 2**20,
+        gt=0,
+        description=(
+            "Bound, in bytes, on what the in-memory store's remembered rewrites hold (about 64 bytes per message of"
+            " each conversation, plus the messages compaction created); the least recently used go first."
+        ),
+    )
     tenant_key: SecretStr = Field(
         default_factory=_random_tenant_key,
         description=(

@@ -1,45 +1,96 @@
-"""The in-memory state store: bounded LRU with a time to live, all a sidecar needs."""
+"""The in-memory state store: bounded LRU with a time to live, all a sidecar needs.
+
+It is bounded by entries and by bytes: a rewrite holds one entry per message of its conversation and the messages
+compaction created (summaries, cut-down messages), so a few huge conversations must not hold more memory than
+many ordinary ones would.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
-from proxy.engine.plan import EditPlan
+import orjson
+
+from proxy.engine.plan import Created, EditPlan
 
 V = TypeVar("V")
 
+RECORD_OVERHEAD: Final = 200
+"""Bytes one record costs besides its value: the key, the expiry, the dict slot."""
+
+DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+"""What the rewrites of an in-memory store hold at most unless told otherwise."""
+
+PLAN_ENTRY_BYTES: Final = 64
+"""Bytes one entry of a plan costs (a `Kept` index object and its slot in the plan's tuple)."""
+
+
+def plan_bytes(plan: EditPlan) -> int:
+    """What a stored plan holds in memory, about: its entries and the messages it created."""
+    created = sum(len(orjson.dumps(entry.message, default=str)) for entry in plan.entries if isinstance(entry, Created))
+    return RECORD_OVERHEAD + PLAN_ENTRY_BYTES * len(plan.entries) + created
+
 
 class _ExpiringLRU(Generic[V]):
-    """A dict bounded to `max_entries` (least recently used evicted first) whose entries expire after `ttl`."""
+    """A dict bounded to `max_entries` and `max_bytes`, least recently used evicted first, entries expiring after `ttl`.
 
-    def __init__(self, max_entries: int, ttl_seconds: float, clock: Callable[[], float]) -> None:
-        self._entries: OrderedDict[bytes, tuple[float, V]] = OrderedDict()
+    `size` says what a value costs.
+    """
+
+    def __init__(
+        self,
+        max_entries: int,
+        ttl_seconds: float,
+        clock: Callable[[], float],
+        max_bytes: int,
+        size: Callable[[V], int],
+    ) -> None:
+        self._entries: OrderedDict[bytes, tuple[float, V, int]] = OrderedDict()
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._ttl = ttl_seconds
         self._clock = clock
+        self._size = size
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def cost(self) -> int:
+        """What the entries held now cost, as charged."""
+        return self._bytes
 
     def get(self, key: bytes) -> V | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        expires, value = entry
+        expires, value, _cost = entry
         if expires < self._clock():
-            del self._entries[key]
+            self._forget(key)
             return None
         self._entries.move_to_end(key)
         return value
 
     def put(self, key: bytes, value: V) -> None:
-        self._entries[key] = (self._clock() + self._ttl, value)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        cost = self._size(value)
+        if cost > self._max_bytes:
+            self._forget(key)
+            return
+        self._forget(key)
+        self._entries[key] = (self._clock() + self._ttl, value, cost)
+        self._bytes += cost
+        while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+            _key, (_expires, _value, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+    def _forget(self, key: bytes) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry[2]
 
     def latest(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, V] | None:
         """The value for the longest prefix of `chain`, scanning from the newest message back."""
@@ -51,18 +102,26 @@ class _ExpiringLRU(Generic[V]):
 
 
 class MemoryStore:
-    """Rewrites and anchors in process memory, bounded in entries and age.
+    """Rewrites and anchors in process memory, bounded in entries, bytes and age.
 
     :param max_entries: How many records of each kind to keep; the least recently used go first. A conversation
         holds one rewrite (the latest) and a couple of anchors at a time, so this bounds conversations too.
     :param ttl_seconds: How long a record lives after it was last written.
+    :param max_bytes: What the rewrites may hold in all (see `plan_bytes`); the least recently used go first, and a
+        single rewrite larger than this is not kept. Anchors are small and bounded by `max_entries`.
     """
 
     def __init__(
-        self, max_entries: int = 100_000, ttl_seconds: float = 86_400, clock: Callable[[], float] = time.monotonic
+        self,
+        max_entries: int = 100_000,
+        ttl_seconds: float = 86_400,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
-        self.rewrites: _ExpiringLRU[EditPlan] = _ExpiringLRU(max_entries, ttl_seconds, clock)
-        self.anchors: _ExpiringLRU[int] = _ExpiringLRU(max_entries, ttl_seconds, clock)
+        self.rewrites: _ExpiringLRU[EditPlan] = _ExpiringLRU(max_entries, ttl_seconds, clock, max_bytes, plan_bytes)
+        self.anchors: _ExpiringLRU[int] = _ExpiringLRU(
+            max_entries, ttl_seconds, clock, max_entries * RECORD_OVERHEAD, lambda _tokens: RECORD_OVERHEAD
+        )
 
     async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
         """The rewrite for the longest stored prefix of `chain`."""

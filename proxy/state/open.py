@@ -18,7 +18,11 @@ def open_store(settings: Settings) -> StateStore:
     """
     url = settings.state_url
     if url.startswith("memory://"):
-        return MemoryStore(max_entries=settings.state_max_conversations, ttl_seconds=settings.state_ttl_seconds)
+        return MemoryStore(
+            max_entries=settings.state_max_conversations,
+            ttl_seconds=settings.state_ttl_seconds,
+            max_bytes=settings.state_max_bytes,
+        )
     if url.startswith(("redis://", "rediss://", "unix://")):
         try:
             from proxy.state.redis import RedisStore

@@ -72,3 +72,16 @@ async def test_the_service_bounds_its_store_by_the_setting() -> None:
         assert await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply)) is None
         assert len(service.store.anchors) <= 1000
     assert len(service.store.anchors) == 1000
+
+
+async def test_huge_rewrites_are_bounded_by_bytes_not_only_by_count() -> None:
+    """A few conversations of 100,000 messages cannot hold more than `max_bytes`, however few entries they are."""
+    store = MemoryStore(max_entries=1000, max_bytes=16 * 2**20)
+    for index in range(10):
+        await store.save_rewrite(*key(2, index), EditPlan.identity(100_000))  # about 6 MiB each
+        assert store.rewrites.cost <= 16 * 2**20
+    assert len(store.rewrites) == 2
+    newest = key(2, 9)
+    assert await store.latest_rewrite(newest[0], [newest[1]]) is not None
+    await store.save_rewrite(*key(2, 10), EditPlan.identity(1_000_000))  # larger than the whole budget: not kept
+    assert await store.latest_rewrite(key(2, 10)[0], [key(2, 10)[1]]) is None
