@@ -247,10 +247,12 @@ class Summaries:
 
         It talks to the configured upstream only: redirects (not followed), proxies from the environment and cookies
         would carry one caller's conversation, credential or session to another place or another caller. Answers are
-        asked for uncompressed and never decompressed, so the size bound holds for what is read.
+        asked for uncompressed and never decompressed, so the size bound holds for what is read. TLS trusts what the
+        upstream connection trusts (`upstream_ca_bundle`).
         """
         if self._session is None:
             self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self.settings.upstream_ssl()),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 trust_env=False,

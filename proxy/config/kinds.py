@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import ssl
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Final
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, FilePath
 
 MIB: Final = 1024 * 1024
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+def _check_ca_bundle(path: Path) -> Path:
+    """Load the file as TLS trust once, so a bundle that holds no PEM certificate stops the start-up, not a request."""
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError):
+        raise ValueError("must be a readable PEM file of CA certificates") from None
+    return path
+
+
+CABundle = Annotated[FilePath, AfterValidator(_check_ca_bundle)]
+"""A PEM file of CA certificates to trust in addition to the default (system) trust."""
 
 
 class Mode(StrEnum):

@@ -8,7 +8,9 @@ import secrets
 from collections.abc import Mapping
 from typing import Final
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+
+from proxy.config.kinds import CABundle
 
 CREDENTIAL_HEADERS: Final = ("authorization", "api-key", "x-api-key")
 """Request headers that carry the caller's credentials (OpenAI bearer token, Azure `api-key`, others' `x-api-key`)."""
@@ -28,6 +30,13 @@ class StateSettings(BaseModel):
     state_url: str = Field(
         default="memory://",
         description="Where per-conversation state lives: `memory://` (in-process LRU) or `redis://host:port/db`.",
+    )
+    state_ca_bundle: CABundle | None = Field(
+        default=None,
+        description=(
+            "PEM file of CA certificates trusted for TLS to a `rediss://` state_url in addition to the system's default"
+            " trust, for a Redis whose certificate a private CA signed. Only with a rediss:// state_url."
+        ),
     )
     state_ttl_seconds: int = Field(
         default=86400, gt=0, description="How long an idle conversation's state (anchors, plans) is kept."
@@ -69,6 +78,12 @@ class StateSettings(BaseModel):
         if not value.startswith(("memory://", "redis://", "rediss://", "unix://")):
             raise ValueError("must be memory:// or a redis:// / rediss:// / unix:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _check_state_ca_bundle(self) -> StateSettings:
+        if self.state_ca_bundle is not None and not self.state_url.startswith("rediss://"):
+            raise ValueError("state_ca_bundle applies only to a rediss:// state_url (Redis over TLS)")
+        return self
 
     @field_validator("tenant_key")
     @classmethod

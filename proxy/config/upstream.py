@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ssl
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-from proxy.config.kinds import PositiveSeconds
+from proxy.config.kinds import CABundle, PositiveSeconds
 
 
 class UpstreamSettings(BaseModel):
@@ -18,6 +19,14 @@ class UpstreamSettings(BaseModel):
             "Base URL of the real provider (scheme, host, optional port and base path). Every request is forwarded to"
             " this origin, never elsewhere: a request path `/v1/models` goes to `<upstream>/v1/models`, and a base"
             " path such as `https://api.groq.com/openai` is prepended. No query string or fragment."
+        ),
+    )
+    upstream_ca_bundle: CABundle | None = Field(
+        default=None,
+        description=(
+            "PEM file of CA certificates trusted for TLS to the upstream (and the summary calls, which go there too)"
+            " in addition to the system's default trust, for an upstream or TLS-inspecting proxy behind a private CA."
+            " Unlike SSL_CERT_FILE, which replaces the default bundle, public CAs stay trusted."
         ),
     )
     connect_timeout: PositiveSeconds = Field(
@@ -50,3 +59,15 @@ class UpstreamSettings(BaseModel):
         except ValueError as exc:
             raise ValueError(str(exc)) from None
         return value.strip().rstrip("/")
+
+    def upstream_ssl(self) -> ssl.SSLContext | bool:
+        """The TLS verification for connections to the upstream, as aiohttp's `ssl` argument.
+
+        True (aiohttp's default verification) without `upstream_ca_bundle`; with it, a verifying context that loads
+        the default trust and then the bundle, so the bundle's CAs are added rather than substituted.
+        """
+        if self.upstream_ca_bundle is None:
+            return True
+        context = ssl.create_default_context()
+        context.load_verify_locations(cafile=self.upstream_ca_bundle)
+        return context

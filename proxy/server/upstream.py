@@ -120,10 +120,10 @@ class Upstream:
 
     @staticmethod
     def create_session(settings: Settings) -> aiohttp.ClientSession:
-        """Return the pooled client session the app keeps for its lifetime."""
+        """Return the pooled client session the app keeps for its lifetime, trusting `upstream_ca_bundle` too."""
         timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=settings.connect_timeout, sock_read=None)
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=settings.upstream_ssl()),
             timeout=timeout,
             auto_decompress=False,
             skip_auto_headers=SKIP_AUTO_HEADERS,

@@ -30,6 +30,6 @@ def open_store(settings: Settings) -> StateStore:
             raise ValueError(
                 "state_url names Redis but the redis package is not installed: pip install 'compaction-proxy[redis]'."
             ) from error
-        return RedisStore(url, ttl_seconds=settings.state_ttl_seconds)
+        return RedisStore(url, ttl_seconds=settings.state_ttl_seconds, ca_bundle=settings.state_ca_bundle)
     scheme = url.split("://", 1)[0]
     raise ValueError(f"state_url {scheme}:// is not supported; use memory://, redis://, rediss:// or unix://.")

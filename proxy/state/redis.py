@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -68,6 +69,8 @@ class RedisStore:
     :param max_connections: Connections per replica; a burst beyond them waits (up to the timeout) for a free one
         instead of failing, as redis-py's default pool would after 100.
     :param max_save_attempts: Compare-and-set rounds a contested rewrite save tries before leaving the stored plan.
+    :param ca_bundle: For a `rediss://` URL, a PEM file of CA certificates trusted in addition to the default trust
+        (redis-py loads its `ssl_ca_certs` on top of the system's); None trusts the default only.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class RedisStore:
         timeout_seconds: float = 1.0,
         max_connections: int = 64,
         max_save_attempts: int = 8,
+        ca_bundle: Path | None = None,
     ) -> None:
         if ttl_seconds <= 0:
             raise ValueError("ttl_seconds must be positive")
@@ -96,6 +100,7 @@ class RedisStore:
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             retry=Retry(NoBackoff(), 1),
+            **({"ssl_ca_certs": str(ca_bundle)} if ca_bundle is not None else {}),
         )
         self._redis: Redis = Redis(connection_pool=self._pool)
         self._save_rewrite = self._redis.register_script(_SAVE_REWRITE)
