@@ -10,9 +10,10 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from proxy.chat.request import ChatRequest, InvalidChatRequest
+from proxy.config import load_settings
 from proxy.engine import (
     DEFAULT_CHAIN,
     STRATEGY_NAMES,
@@ -26,6 +27,9 @@ from proxy.engine import (
 )
 
 USAGE_ERROR = 2
+
+OFFLINE_STRATEGIES: Final = tuple(name for name in STRATEGY_NAMES if name != "summarization")
+"""The strategies `compact` can run: summarization needs the upstream, and these commands never call it."""
 
 
 class CommandError(Exception):
@@ -46,13 +50,13 @@ def add_compact(subcommands: Any) -> None:
     )
     _add_common_arguments(compact)
     compact.add_argument("--context-window", type=int, required=True, help="the model's context window in tokens")
-    compact.add_argument("--compact-at", type=float, default=0.7, help="fraction of the window that triggers (0.7)")
-    compact.add_argument("--compact-to", type=float, default=0.4, help="fraction of the window to compact to (0.4)")
+    compact.add_argument("--compact-at", metavar="FRACTION", help="fraction of the window that triggers (0.7)")
+    compact.add_argument("--compact-to", metavar="FRACTION", help="fraction of the window to compact to (0.4)")
     compact.add_argument(
-        "--strategy",
-        action="append",
-        choices=[name for name in STRATEGY_NAMES if name != "summarization"],
-        help=f"a strategy of the chain, in order; repeat for several (default: {' '.join(DEFAULT_CHAIN)})",
+        "--strategies",
+        metavar="A,B,...",
+        help=f"the chain, comma-separated, in order, as `serve` takes it (default: {','.join(DEFAULT_CHAIN)}; one of"
+        f" {', '.join(OFFLINE_STRATEGIES)})",
     )
     compact.set_defaults(handler=_reporting_errors(compact_command))
 
@@ -80,9 +84,16 @@ def count_command(args: argparse.Namespace) -> int:
 
 def compact_command(args: argparse.Namespace) -> int:
     """Print the compacted request body on stdout, and one report line on stderr."""
+    flags = {"compact_at": args.compact_at, "compact_to": args.compact_to, "strategies": args.strategies}
     try:
-        thresholds = Thresholds(args.context_window, compact_at=args.compact_at, compact_to=args.compact_to)
-        chain = chain_by_names(args.strategy or DEFAULT_CHAIN)
+        # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
+        settings = load_settings(cli=flags, environ={})
+        unknown = [name for name in settings.strategies if name not in OFFLINE_STRATEGIES]
+        if unknown:
+            offline = ", ".join(OFFLINE_STRATEGIES)
+            raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
+        thresholds = Thresholds(args.context_window, compact_at=settings.compact_at, compact_to=settings.compact_to)
+        chain = chain_by_names(settings.strategies)
     except ValueError as error:
         raise CommandError(str(error)) from None
     request, counter = _load(args)

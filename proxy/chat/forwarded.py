@@ -43,16 +43,40 @@ def forwarded_body(raw: bytes, request: ChatRequest, messages: list[Message] | N
     return request.with_messages(messages, stream_options=usage_options)
 
 
-def report_headers(outcome: Outcome, window: int) -> dict[str, str]:
-    """Response headers telling the client what was decided."""
+INVALID_WINDOW_WARNING: Final = "X-Context-Window ignored: not a positive integer"
+"""`X-Compaction-Warning` when a request's `X-Context-Window` is not a window: the request is served as without it."""
+
+
+def requested_window(value: str | None) -> tuple[int | None, str | None]:
+    """The window an `X-Context-Window` header asks for, and the warning to answer when it asks for none.
+
+    :returns: `(tokens, None)` for a positive integer, `(None, None)` when absent, `(None, warning)` otherwise.
+    """
+    if value is None:
+        return None, None
+    text = value.strip()
+    if len(text) <= 12 and text.isascii() and text.isdigit() and int(text) > 0:
+        return int(text), None
+    return None, INVALID_WINDOW_WARNING
+
+
+def report_headers(outcome: Outcome, window: int, *, observed: bool = False) -> dict[str, str]:
+    """Response headers telling the client what was decided.
+
+    `X-Compaction-Tokens-Before` is always an integer; `X-Compaction-Tokens-Before-Bound: true` says it is an upper
+    bound (a request clearly under the trigger is sized by its bytes, not tokenized).
+
+    :param observed: Observe mode: what compaction would have done is reported as `would-compact`, never `compacted`.
+    """
     decision = outcome.decision
+    compacted = "would-compact" if observed else "compacted"
     headers = {
-        "X-Compaction": "compacted" if outcome.result else "unchanged",
+        "X-Compaction": compacted if outcome.result else "unchanged",
         "X-Compaction-Context-Window": str(window),
         "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
     }
     if decision.bounded:
-        headers["X-Compaction-Tokens-Before"] = f"<={decision.estimated_tokens}"
+        headers["X-Compaction-Tokens-Before-Bound"] = "true"
     if outcome.result:
         headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
         headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)

@@ -25,7 +25,7 @@ from typing import Any, Final, TypeVar
 from xxhash import xxh3_128_digest
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers
+from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers, requested_window
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
@@ -137,6 +137,11 @@ class ChatCompactionService:
         self.off_loop.close()
         await self.store.close()
 
+    async def unready_reason(self) -> str | None:
+        """Why the proxy should take no traffic now: a state store that does not answer its ping; None when ready."""
+        ping = getattr(self.store, "ping", None)
+        return "state_store_unreachable" if ping is not None and not await ping() else None
+
     async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
         """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
         headers = {key.lower(): value for key, value in chat.headers.items()}
@@ -162,10 +167,12 @@ class ChatCompactionService:
     async def _prepare(self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str]) -> ForwardPlan:
         tenant = self._tenant(headers)
         model = request.model or _deployment_name(chat.path)
-        requested = _int_header(headers.get(CONTEXT_WINDOW_HEADER))
+        requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
         scope = _scope(tenant, requested)
         window = self.windows.resolve(model, requested, tenant)
         exchange = _Exchange(scope, tenant, request, model, window, len(chat.body))
+        if warning:
+            exchange.headers["X-Compaction-Warning"] = warning
         view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
@@ -180,7 +187,7 @@ class ChatCompactionService:
         sized = await self._work(exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration))
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
         outcome = await self._compaction(exchange, sized, context)
-        exchange.headers.update(report_headers(outcome, window))
+        exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
@@ -395,10 +402,3 @@ def _deployment_name(path: str) -> str | None:
         position = parts.index("deployments") + 1
         return parts[position] if position < len(parts) else None
     return None
-
-
-def _int_header(value: str | None) -> int | None:
-    try:
-        return int(value) if value and len(value) <= 12 else None
-    except ValueError:
-        return None

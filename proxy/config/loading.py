@@ -26,6 +26,10 @@ CONFIG_ENV: Final = ENV_PREFIX + "CONFIG"
 """Environment variable naming the config file when `--config` is not given."""
 
 
+_RANGE_ERRORS: Final = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+"""Pydantic's error types for a number outside its bounds."""
+
+
 class ConfigError(ValueError):
     """A setting could not be loaded or is invalid; the message is one line, fit to show the operator as-is."""
 
@@ -55,8 +59,8 @@ def _split_mapping(raw: str) -> Any:
     return result
 
 
-def _from_env(field: str, raw: str) -> Any:
-    """Turn one environment string into what the model validates: lists and dicts get parsed, empty means None."""
+def _from_text(field: str, raw: str) -> Any:
+    """Turn one environment or flag string into what the model validates: lists and dicts parsed, empty means None."""
     if field in ("strategies", "proxy_keys"):
         return _split_list(raw)
     if field == "context_windows":
@@ -98,12 +102,15 @@ def load_settings(
     cli: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     config_file: str | Path | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> Settings:
     """Merge every source by precedence and validate once.
 
-    :param cli: Values from command-line flags, by field name; None values are treated as not given.
+    :param cli: Values from command-line flags, by field name; None values are treated as not given. Strings are
+        read in the environment's syntax (comma-separated lists, `model=tokens` mappings).
     :param environ: The environment to read `COMPACTION_PROXY_*` from; `os.environ` when None.
     :param config_file: Config file path (from `--config`); falls back to `COMPACTION_PROXY_CONFIG`.
+    :param flags: The flag each `cli` value came from, as errors name it; `--<field-name>` for fields not in it.
     :raises ConfigError: With a one-line message naming the bad field and the source of its value.
     """
     env = os.environ if environ is None else environ
@@ -120,15 +127,20 @@ def load_settings(
         name = env_name(field)
         if name in env:
             try:
-                values[field] = _from_env(field, env[name])
+                values[field] = _from_text(field, env[name])
             except ValueError as exc:
                 raise ConfigError(f"invalid setting {field!r} (from {name}): {exc}") from None
             sources[field] = name
 
     for field, value in (cli or {}).items():
-        if value is not None:
-            values[field] = value
-            sources[field] = "--" + field.replace("_", "-")
+        if value is None:
+            continue
+        flag = (flags or {}).get(field, "--" + field.replace("_", "-"))
+        try:
+            values[field] = _from_text(field, value) if isinstance(value, str) else value
+        except ValueError as exc:
+            raise ConfigError(f"invalid setting {field!r} (from {flag}): {exc}") from None
+        sources[field] = flag
 
     try:
         return Settings.model_validate(values)
@@ -137,10 +149,16 @@ def load_settings(
 
 
 def _describe(exc: ValidationError, sources: Mapping[str, str]) -> str:
-    """Summarize a validation error in one line: the first failing field, where its value came from, and why."""
-    error = exc.errors(include_url=False, include_input=False)[0]
+    """Summarize a validation error in one line: the first failing field, where its value came from, and why.
+
+    The value itself is quoted only for a number out of its range (`Input should be less than or equal to 1, got
+    1.5`): other values may be secrets or long, and are never echoed.
+    """
+    error = exc.errors(include_url=False)[0]
     loc = [str(part) for part in error["loc"]]
     message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] in _RANGE_ERRORS:
+        message += f", got {str(error['input'])[:32]}"
     if not loc:
         return f"invalid settings: {message}"
     field = loc[0]

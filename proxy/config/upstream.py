@@ -58,7 +58,14 @@ class UpstreamSettings(BaseModel):
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
             raise ValueError(str(exc)) from None
-        return value.strip().rstrip("/")
+        base = value.strip().rstrip("/")
+        if base.lower().endswith("/v1"):
+            # Clients already put /v1 in every path (their base URL is the proxy's plus /v1): it would be sent twice.
+            raise ValueError(
+                f"must not end in /v1, which clients already send in every path (/v1/v1/... would get 404): pass"
+                f" {base[:-3]}"
+            )
+        return base
 
     def upstream_ssl(self) -> ssl.SSLContext | bool:
         """The TLS verification for connections to the upstream, as aiohttp's `ssl` argument.

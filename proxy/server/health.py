@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.server.keys import METRICS, READINESS
+from proxy.server.keys import CHAT, METRICS, READINESS
+from proxy.server.readiness import unready_reason
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -13,12 +14,19 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """200 once started, 503 before that and from the moment shutdown begins."""
+    """200 once started, 503 before that, from the moment shutdown begins, and while the state store is unreachable.
+
+    A replica whose Redis does not answer still forwards requests (uncompacted), but a load balancer should prefer
+    one whose store answers.
+    """
     readiness = request.app[READINESS]
-    if readiness.ready:
-        return web.json_response({"status": "ready"})
-    state = "shutting_down" if readiness.shutting_down else "starting"
-    return web.json_response({"status": state}, status=503)
+    if not readiness.ready:
+        state = "shutting_down" if readiness.shutting_down else "starting"
+        return web.json_response({"status": state}, status=503)
+    reason = await unready_reason(request.app[CHAT])
+    if reason is not None:
+        return web.json_response({"status": reason}, status=503)
+    return web.json_response({"status": "ready"})
 
 
 async def metrics(request: web.Request) -> web.Response:

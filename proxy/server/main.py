@@ -12,8 +12,9 @@ from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
 from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
-from proxy.server.keys import READINESS
+from proxy.server.keys import CHAT, READINESS
 from proxy.server.logging import SERVER_LOGGER, configure_logging
+from proxy.server.readiness import unready_reason
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -58,6 +59,7 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
                 }
             },
         )
+        await _warn_about_state(settings, app)
         await stop.wait()
         app[READINESS].stopping()
         log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace_seconds}})
@@ -67,3 +69,18 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
         listener.close()
         await runner.cleanup()
     log.info("stopped")
+
+
+async def _warn_about_state(settings: Settings, app: web.Application) -> None:
+    """One WARNING each for a shared state store without a tenant key and for a store that does not answer."""
+    shared = not settings.state_url.startswith("memory://")
+    if shared and "tenant_key" not in settings.model_fields_set:
+        log.warning(
+            "state_url names a shared store but tenant_key is not set: this process keys state with a random key, so"
+            " replicas will not share conversations. Set COMPACTION_PROXY_TENANT_KEY to the same secret everywhere."
+        )
+    if await unready_reason(app[CHAT]) == "state_store_unreachable":
+        log.warning(
+            "The state store does not answer: requests are forwarded uncompacted and /readyz answers 503 until it"
+            " does. Check state_url and that Redis is up and reachable from here."
+        )

@@ -1,8 +1,15 @@
-"""The proxy's readiness: ready once started, not ready again as soon as it begins to shut down."""
+"""The proxy's readiness: ready once started, while its compaction side can work, and not once shutdown begins."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+async def unready_reason(chat: object) -> str | None:
+    """What keeps the compaction side from working (its optional `unready_reason()`, e.g. Redis down), or None."""
+    probe = getattr(chat, "unready_reason", None)
+    reason: str | None = await probe() if callable(probe) else None
+    return reason
 
 
 @dataclass

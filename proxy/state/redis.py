@@ -35,6 +35,7 @@ from typing import Any, Final
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from proxy.engine.plan import EditPlan
 from proxy.state.codec import PlanDecodeError, decode_plan, encode_plan, supersedes
@@ -162,6 +163,13 @@ class RedisStore:
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
         """Store an anchor (the provider's count for exactly that prefix: the last write is as good as any)."""
         await self._redis.set(self.anchor_key(tenant, chain_key), str(tokens), px=self._ttl_ms)
+
+    async def ping(self) -> bool:
+        """Whether Redis answers a PING now, within the store's timeout (the proxy is not ready while it does not)."""
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError):
+            return False
 
     async def close(self) -> None:
         """Close the client and disconnect the connection pool."""

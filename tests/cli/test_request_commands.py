@@ -72,7 +72,7 @@ def test_compact_under_the_trigger_prints_the_body_unchanged() -> None:
         (
             ["compact", "-", "--context-window", "100", "--compact-at", "0.3", "--compact-to", "0.5"],
             b"{}",
-            b"0 < compact_to < compact_at <= 1",
+            b"compact_to (0.5) must be below compact_at (0.3)",
         ),
     ],
 )

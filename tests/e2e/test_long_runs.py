@@ -95,6 +95,6 @@ async def test_observe_mode_forwards_byte_identical_bodies(upstream: OpenAIUpstr
         http.post(f"{base_url}/chat/completions", data=raw, headers={"Authorization": "Bearer sk-test"}) as response,
     ):
         assert response.status == 200
-        assert response.headers["X-Compaction"] == "compacted"  # what enforce would have done
+        assert response.headers["X-Compaction"] == "would-compact"  # what enforce would have done
         await response.read()
     assert upstream.requests[-1].body == raw

