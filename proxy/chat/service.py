@@ -138,7 +138,7 @@ class ChatCompactionService:
         await self.store.close()
 
     async def unready_reason(self) -> str | None:
-        """Why the proxy should take no traffic now: a state store that does not answer its ping; None when ready."""
+        """Why compaction cannot work now (a state store that does not answer its ping), or None."""
         ping = getattr(self.store, "ping", None)
         return "state_store_unreachable" if ping is not None and not await ping() else None
 

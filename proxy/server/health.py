@@ -14,10 +14,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """200 once started, 503 before that, from the moment shutdown begins, and while the state store is unreachable.
+    """200 once started, 503 before that and from the moment shutdown begins.
 
-    A replica whose Redis does not answer still forwards requests (uncompacted), but a load balancer should prefer
-    one whose store answers.
+    A replica whose state store does not answer still forwards every request (uncompacted: fail open), and every
+    replica of a gateway shares that store, so a 503 then would take the whole Service out of rotation for nothing:
+    the answer stays 200, with `{"status": "degraded", "reason": ...}` for people and monitors to see.
     """
     readiness = request.app[READINESS]
     if not readiness.ready:
@@ -25,7 +26,7 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": state}, status=503)
     reason = await unready_reason(request.app[CHAT])
     if reason is not None:
-        return web.json_response({"status": reason}, status=503)
+        return web.json_response({"status": "degraded", "reason": reason})
     return web.json_response({"status": "ready"})
 
 

@@ -1,4 +1,4 @@
-"""The proxy's readiness: ready once started, while its compaction side can work, and not once shutdown begins."""
+"""The proxy's readiness: ready once started and not once shutdown begins; degraded while compaction cannot work."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 
 async def unready_reason(chat: object) -> str | None:
-    """What keeps the compaction side from working (its optional `unready_reason()`, e.g. Redis down), or None."""
+    """What keeps the compaction side from working (its optional `unready_reason()`, e.g. Redis down), or None.
+
+    Requests are still forwarded meanwhile (uncompacted), so this degrades readiness without revoking it.
+    """
     probe = getattr(chat, "unready_reason", None)
     reason: str | None = await probe() if callable(probe) else None
     return reason

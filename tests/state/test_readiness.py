@@ -31,13 +31,13 @@ def warnings(proxy: process_proxy.ProcessProxy) -> list[str]:
     return [str(record["message"]) for record in proxy.records() if record.get("level") == "warning"]
 
 
-async def test_an_unreachable_redis_is_logged_and_not_ready(
+async def test_an_unreachable_redis_is_logged_and_readiness_degraded(
     start_process_proxy: process_proxy.StartProcessProxy,
 ) -> None:
     url = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens there
     proxy = await start_process_proxy(UPSTREAM, state_url=url, tenant_key=TENANT_KEY)
     await proxy.wait_for_log(lambda record: "state store does not answer" in str(record.get("message")))
-    assert await readyz(proxy) == (503, {"status": "state_store_unreachable"})
+    assert await readyz(proxy) == (200, {"status": "degraded", "reason": "state_store_unreachable"})
     async with aiohttp.ClientSession() as http, http.get(f"{proxy.url}/healthz") as response:
         assert response.status == 200
     assert len(warnings(proxy)) == 1, warnings(proxy)
@@ -77,4 +77,4 @@ async def test_readiness_follows_redis_going_away(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    assert await readyz(proxy) == (503, {"status": "state_store_unreachable"})
+    assert await readyz(proxy) == (200, {"status": "degraded", "reason": "state_store_unreachable"})
