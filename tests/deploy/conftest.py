@@ -37,8 +37,6 @@ LIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
 LOCKED_DOWN = ("--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges")
 """How the image must run: the Kubernetes examples' hardening."""
 
-_skipped: list[str] = []
-
 
 def podman(*args: str, check: bool = True, timeout: float = PODMAN_TIMEOUT_SECONDS) -> subprocess.CompletedProcess[str]:
     """Run a podman command and return what it did; raises with its output when it fails and `check` is set."""
@@ -62,7 +60,6 @@ def image() -> str:
         reason = f"the container image tests need podman and {IMAGE_ENV}; run: {ENABLE}"
         if os.environ.get("CI"):
             pytest.fail(f"{reason}. CI is set: the image must be built and tested in CI")
-        _skipped.append(reason)
         pytest.skip(reason)
     if podman("image", "exists", name, check=False).returncode != 0:
         pytest.fail(f"{IMAGE_ENV}={name} names no image podman has; build it: {ENABLE}")
@@ -124,9 +121,3 @@ def run_container(image: str) -> Iterator[Callable[..., Container]]:
     yield run
     for name in names:
         podman("rm", "--force", "--time", "0", name, check=False)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Never skip the image in silence: end the run by saying that it was not tested and how to test it."""
-    if _skipped:
-        terminalreporter.write_line(f"container image NOT tested: {_skipped[0]}", yellow=True, bold=True)
