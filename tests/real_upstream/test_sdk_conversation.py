@@ -58,10 +58,13 @@ class Turn:
 
 
 def proxy_estimate(headers: Any) -> int | None:
-    """The proxy's estimate of what it forwarded: its size after compacting, or before when it did not compact."""
-    name = "X-Compaction-Tokens-After" if headers.get("X-Compaction") == "compacted" else "X-Compaction-Tokens-Before"
-    value = headers.get(name)
-    if value is None or value.startswith("<="):
+    """The proxy's estimate of what it forwarded: its size after compacting, or before when it did not compact.
+
+    None when it made none, or only an upper bound (`X-Compaction-Tokens-Before-Bound`).
+    """
+    compacted = headers.get("X-Compaction") == "compacted"
+    value = headers.get("X-Compaction-Tokens-After" if compacted else "X-Compaction-Tokens-Before")
+    if value is None or (not compacted and headers.get("X-Compaction-Tokens-Before-Bound") == "true"):
         return None
     return int(value)
 
