@@ -57,7 +57,7 @@ def _split_mapping(raw: str) -> Any:
 
 def _from_env(field: str, raw: str) -> Any:
     """Turn one environment string into what the model validates: lists and dicts get parsed, empty means None."""
-    if field in ("strategies", "proxy_keys"):
+    if field in ("strategies", "proxy_keys", "window_probes"):
         return _split_list(raw)
     if field == "context_windows":
         return _split_mapping(raw)
