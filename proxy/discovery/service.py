@@ -116,23 +116,31 @@ class WindowDiscovery:
         await self.client.aclose()
 
     async def _discovered(self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool) -> int | None:
-        """The window found for the model, starting (and, when `wait`, awaiting within the budget) a run if due."""
-        key = name_key(model)
+        """The window found for the model, starting a run when none was ever made or one is due.
+
+        :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
+            never awaited again.
+        """
         credentials = {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
-        known = self._known.get(key)
-        if known is not None and known.locked:
-            if not credentials:
-                return None
-            key = tenant + key
-            known = self._known.get(key)
+        key, known = self._lookup(model, tenant, credentials)
         if known is None:
+            started = key not in self._running
             task = self._start(key, model, tenant, credentials)
-            if wait and task is not None and self.timeout > 0:
+            if wait and started and task is not None and self.timeout > 0:
                 await asyncio.wait({task}, timeout=self.timeout)
-            known = self._known.get(key)
+                key, known = self._lookup(model, tenant, credentials)
         elif known.due <= time.monotonic():
             self._start(key, model, tenant, credentials)
         return known.tokens if known is not None else None
+
+    def _lookup(self, model: str, tenant: bytes, credentials: Mapping[str, str]) -> tuple[bytes, _Known | None]:
+        """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed)."""
+        key = name_key(model)
+        known = self._known.get(key)
+        if known is not None and known.locked and credentials:
+            key = tenant + key
+            known = self._known.get(key)
+        return key, known
 
     def _start(self, key: bytes, model: str, tenant: bytes, credentials: dict[str, str]) -> asyncio.Task[None] | None:
         """The run for `key` in flight, or a new one; None when too many are in flight."""
