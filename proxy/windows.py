@@ -4,12 +4,15 @@ The table holds each family's total context window (prompt plus reply) in tokens
 prefix, so dated snapshots (`gpt-4o-2024-08-06`) and provider prefixes (`openai/gpt-4o`) resolve too. Operators
 override it per model in config, clients per request with `X-Context-Window`, and the proxy learns a model's window
 from an overflow error that states it: for the tenant that got the error only, and never below what the provider has
-already shown to fit for that tenant and model.
+already shown to fit for that tenant and model. A window the upstream itself reports (`proxy.discovery`) ranks below
+what operators, clients and errors said and above the table, which only guesses from the model's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 from proxy.chat.names import name_key
@@ -56,6 +59,31 @@ KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
 }
 
 
+class WindowSource(StrEnum):
+    """Where a request's window came from, strongest first (the `X-Compaction-Window-Source` response header)."""
+
+    REQUEST = "request"
+    """The client's `X-Context-Window` header."""
+    LEARNED = "learned"
+    """An overflow error the upstream answered this tenant with: the deployment's own refusal beats any belief."""
+    CONFIGURED = "configured"
+    """The operator's `context_windows`."""
+    DISCOVERED = "discovered"
+    """What the upstream reports about the model it serves (`proxy.discovery`)."""
+    TABLE = "table"
+    """The shipped table, by model name."""
+    DEFAULT = "default"
+    """`default_context_window`."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A request's context window in tokens and where it came from."""
+
+    tokens: int
+    source: WindowSource
+
+
 def table_window(model: str | None, table: Mapping[str, int] = KNOWN_CONTEXT_WINDOWS) -> int | None:
     """The window of the longest table entry that prefixes the model name, with or without a provider prefix."""
     if not model:
@@ -71,7 +99,7 @@ def table_window(model: str | None, table: Mapping[str, int] = KNOWN_CONTEXT_WIN
 
 
 class ContextWindows:
-    """Resolves the context window for a request: per request, learned, configured, shipped, default.
+    """Resolves the context window for a request: per request, learned, configured, discovered, shipped, default.
 
     :param configured: Per-model overrides from the proxy's settings (exact name or prefix).
     :param default: The window for models nobody knows, or None to leave their requests uncompacted.
@@ -87,13 +115,29 @@ class ContextWindows:
         self._fits: BoundedCache[bytes, int] = BoundedCache(max_learned)
 
     def resolve(self, model: str | None, requested: int | None = None, tenant: bytes = b"") -> int | None:
-        """The window for `model`; `requested` (from `X-Context-Window`) beats everything else."""
+        """The window for `model` in tokens; `requested` (from `X-Context-Window`) beats everything else."""
+        window = self.resolve_window(model, requested, tenant)
+        return window.tokens if window else None
+
+    def resolve_window(
+        self, model: str | None, requested: int | None = None, tenant: bytes = b"", discovered: int | None = None
+    ) -> Window | None:
+        """The window for `model` and its source, the strongest first (see `WindowSource`).
+
+        :param discovered: What the upstream reported for the model, if anything.
+        """
         if requested is not None and requested > 0:
-            return requested
+            return Window(requested, WindowSource.REQUEST)
         learned = self._learned.get(_key(tenant, model)) if model else None
         if learned is not None:
-            return learned
-        return table_window(model, self.configured) or table_window(model) or self.default
+            return Window(learned, WindowSource.LEARNED)
+        candidates = (
+            (table_window(model, self.configured), WindowSource.CONFIGURED),
+            (discovered, WindowSource.DISCOVERED),
+            (table_window(model), WindowSource.TABLE),
+            (self.default, WindowSource.DEFAULT),
+        )
+        return next((Window(tokens, source) for tokens, source in candidates if tokens), None)
 
     def learn(self, model: str | None, window: int, tenant: bytes = b"") -> bool:
         """Remember a window an overflow error stated, for this tenant only.

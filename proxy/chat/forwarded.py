@@ -18,6 +18,9 @@ from proxy.engine.messages import Message
 
 _USAGE_OPTION: Final = b',"stream_options":{"include_usage":true}}'
 
+WINDOW_SOURCE_HEADER: Final = "X-Compaction-Window-Source"
+"""Response header saying where the request's window came from (`proxy.windows.WindowSource`)."""
+
 
 def asks_for_usage(body: Mapping[str, Any]) -> bool:
     """Whether the request already asks a stream for its usage chunk."""

@@ -25,7 +25,13 @@ from typing import Any, Final, TypeVar
 from xxhash import xxh3_128_digest
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers, requested_window
+from proxy.chat.forwarded import (
+    WINDOW_SOURCE_HEADER,
+    asks_for_usage,
+    forwarded_body,
+    report_headers,
+    requested_window,
+)
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
@@ -35,6 +41,7 @@ from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
+from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     Anchor,
     Calibration,
@@ -55,7 +62,7 @@ from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
 from proxy.state import StateStore, open_store
-from proxy.windows import MAX_LEARNED, ContextWindows
+from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -113,6 +120,7 @@ class ChatCompactionService:
         self.store: StateStore = store or open_store(settings)
         self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
+        self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()
         self.rewrites = RewriteMemory(
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes
@@ -134,6 +142,7 @@ class ChatCompactionService:
         """Release the state store, the summary client and the worker threads (called at app cleanup)."""
         if self.summaries is not None:
             await self.summaries.aclose()
+        await self.discovery.aclose()
         self.off_loop.close()
         await self.store.close()
 
@@ -169,10 +178,13 @@ class ChatCompactionService:
         model = request.model or _deployment_name(chat.path)
         requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
         scope = _scope(tenant, requested)
-        window = self.windows.resolve(model, requested, tenant)
+        resolved = await self.discovery.resolve(model, requested, tenant, headers)
+        window = resolved.tokens if resolved else None
         exchange = _Exchange(scope, tenant, request, model, window, len(chat.body))
         if warning:
             exchange.headers["X-Compaction-Warning"] = warning
+        if resolved:
+            exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
@@ -305,9 +317,9 @@ class ChatCompactionService:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or self.mode is Mode.OBSERVE:
             return None
-        window = exchange.window
+        window, learned = exchange.window, False
         if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
-            window = overflow.window
+            window, learned = overflow.window, True
         if window is None:
             return None
         request = exchange.request
@@ -337,6 +349,8 @@ class ChatCompactionService:
         )
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
+        if learned:
+            retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         return await self._forward(b"", retry, list(result.compacted.messages), None)
 
     async def _work(self, exchange: _Exchange, work: Callable[[], T]) -> T:

@@ -10,6 +10,9 @@ from proxy.config.kinds import Mode
 
 DEFAULT_STRATEGIES: Final = ("tool_result_pruning", "sliding_window", "middle_out")
 
+WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
+"""Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
+
 
 class CompactionSettings(BaseModel):
     """The trigger, the target, the chain and the windows."""
@@ -53,6 +56,37 @@ class CompactionSettings(BaseModel):
         gt=0,
         description="Window assumed for models neither table knows; None leaves such requests uncompacted.",
     )
+    # Window discovery: asking the upstream itself for the window of a model no setting names (`proxy.discovery`).
+    window_probes: list[str] = Field(
+        default_factory=lambda: list(WINDOW_PROBES),
+        description=(
+            "Which endpoints of the upstream are asked for a model's context window when neither the request, an"
+            " overflow error nor `context_windows` gives it: `openai_models` (`GET /v1/models`: vLLM and SGLang"
+            " `max_model_len`, llama.cpp `meta.n_ctx`), `llama_cpp_props` (`GET /props`), `ollama_show`"
+            " (`POST /api/show`, the effective `num_ctx`), `lm_studio_models` (`GET /api/v0/models`, the loaded"
+            " context length), `tgi_info` (`GET /info`, the input limit). `[]` asks nothing. Each is asked once per"
+            " model, then rarely; the window found ranks above the shipped table. Unset, every probe runs, except"
+            " against OpenAI's own API (`api.openai.com`), which serves none of them. From the environment: a JSON"
+            " list or comma-separated names."
+        ),
+    )
+    discovery_timeout: float = Field(
+        default=0.5,
+        ge=0,
+        description=(
+            "Seconds the first request for a model whose window nothing else gives (or only `default_context_window`)"
+            " waits for the upstream's answer; past that it proceeds with what is known, and the answer serves later"
+            " requests. Requests for models the shipped table knows never wait: their answer only serves later ones."
+        ),
+    )
+    discovery_refresh_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "Seconds a discovered window is used before the upstream is asked again, in the background (a server"
+            " restarted with another context size is noticed within this time)."
+        ),
+    )
     conversation_header: str = Field(
         default="X-Conversation-Id",
         min_length=1,
@@ -92,6 +126,15 @@ class CompactionSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("a strategy may appear only once")
         return names
+
+    @field_validator("window_probes")
+    @classmethod
+    def _check_probes(cls, value: list[str]) -> list[str]:
+        names = [name.strip() for name in value]
+        unknown = sorted(set(names) - set(WINDOW_PROBES))
+        if unknown:
+            raise ValueError(f"unknown window probes {unknown}; known: {', '.join(WINDOW_PROBES)}")
+        return list(dict.fromkeys(names))
 
     @field_validator("context_windows")
     @classmethod

@@ -62,12 +62,13 @@ async def upstream() -> AsyncIterator[OpenAIUpstream]:
 async def make_proxy() -> AsyncIterator[MakeProxy]:
     """`await make_proxy(upstream_url, chat=None, **settings)`: a proxy on loopback with the real compaction service.
 
-    `chat` replaces the service (e.g. one built with a failing chain or store); settings go to `Settings`.
+    `chat` replaces the service (e.g. one built with a failing chain or store); settings go to `Settings`. Window
+    probes are off unless a test turns them on, so the upstream sees only what the test sends.
     """
     servers: list[TestServer] = []
 
     async def start(upstream_url: str, chat: ChatCompaction | None = None, **overrides: Any) -> Proxy:
-        settings = Settings(upstream=upstream_url, **overrides)
+        settings = Settings(upstream=upstream_url, **{"window_probes": [], **overrides})
         app = create_app(settings, chat if chat is not None else ChatCompactionService(settings))
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()

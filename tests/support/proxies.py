@@ -27,10 +27,14 @@ class RunningProxy:
 
 
 class LoopbackProxies:
-    """Starts proxies in front of one upstream, each with `defaults` under its own settings, and closes them all."""
+    """Starts proxies in front of one upstream, each with `defaults` under its own settings, and closes them all.
+
+    Window probes are off unless `defaults` or a proxy's settings turn them on, so the upstream sees only what the
+    test sends.
+    """
 
     def __init__(self, **defaults: Any) -> None:
-        self.defaults = defaults
+        self.defaults = {"window_probes": [], **defaults}
         self._servers: list[TestServer] = []
 
     async def start(self, **settings: Any) -> RunningProxy:

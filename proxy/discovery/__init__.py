@@ -1,0 +1,1 @@
+"""Window discovery: the context window a model is served with, asked of the upstream itself (see `service`)."""

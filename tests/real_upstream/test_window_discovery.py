@@ -1,0 +1,67 @@
+"""Zero configuration against llama-server: the proxy asks the server for its window and never overflows it.
+
+No window is given anywhere (no `context_windows`, no default, no `X-Context-Window`, and the table does not know
+SmolLM2). Without discovery the proxy forwarded such a model's requests uncompacted until the server refused one for
+overflow, then learned the window from the error and retried. With it, the first request already carries the
+server's window (from `/props`), and a 40-turn conversation several times that window is compacted before it
+overflows: no request is ever refused and retried.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.real_upstream.conftest import MODEL, N_CTX, LlamaServer, Proxies
+from tests.real_upstream.texts import SYSTEM_PROMPT, sensor_log, user_turn
+
+pytestmark = pytest.mark.real_upstream
+
+TURNS = 40
+MAX_TOKENS = 16
+READINGS = 6
+"""Readings per user turn (about 140 server tokens): 40 turns are about three windows."""
+
+
+async def test_the_first_request_already_knows_the_servers_window(proxies: Proxies, llama_server: LlamaServer) -> None:
+    # A generous wait budget: what is tested is what the server says, not how fast it says it on a busy machine.
+    base_url, _service = await proxies.start(context_windows={}, discovery_timeout=5.0)
+    client = openai.AsyncOpenAI(api_key="sk-local", base_url=base_url, max_retries=0, timeout=120)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{sensor_log(0, READINGS)} Acknowledge the baseline."},
+    ]
+    turns: list[dict[str, Any]] = []
+    try:
+        for batch in range(1, TURNS + 1):
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0
+            )
+            completion = raw.parse()
+            assert raw.status_code == 200
+            assert completion.usage is not None
+            turns.append(
+                {
+                    "compaction": raw.headers.get("X-Compaction"),
+                    "window": raw.headers.get("X-Compaction-Context-Window"),
+                    "source": raw.headers.get("X-Compaction-Window-Source"),
+                    "prompt_tokens": completion.usage.prompt_tokens,
+                }
+            )
+            messages += [
+                {"role": "assistant", "content": completion.choices[0].message.content or ""},
+                {"role": "user", "content": user_turn(batch, READINGS)},
+            ]
+    finally:
+        await client.close()
+    print(f"\nreal_upstream window-discovery: {json.dumps(turns)}")
+
+    history = sum(len(llama_server.tokenize(str(message["content"]))) for message in messages)
+    assert history > 2 * N_CTX, "the conversation would not have overflowed sent direct"
+    assert (turns[0]["window"], turns[0]["source"]) == (str(N_CTX), "discovered")
+    assert [turn["compaction"] for turn in turns].count("compacted-after-overflow") == 0
+    assert any(turn["compaction"] == "compacted" for turn in turns)
+    assert all(turn["prompt_tokens"] < N_CTX for turn in turns)
