@@ -50,17 +50,23 @@ class RequestLimits:
                 f"(setting max_messages). Compact or split the conversation before sending it.",
                 "too_many_messages",
             )
-        parts = 0
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                parts += len(content)
+        parts = content_parts(messages)
         if parts > self.max_content_parts:
             raise RequestOverLimit(
                 f"The request has {parts} content parts; this proxy accepts at most {self.max_content_parts} "
                 f"(setting max_content_parts).",
                 "too_many_content_parts",
             )
+
+
+def content_parts(messages: list[Any]) -> int:
+    """How many content parts the messages hold: the entries of their list contents."""
+    parts = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts += len(content)
+    return parts
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,14 @@ from typing import Any, Final, TypeVar
 from xxhash import xxh3_128_digest
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import asks_for_usage, forwarded_body, report_headers
+from proxy.chat.forwarded import asks_for_usage, report_headers
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.chat.rewrites import RewriteMemory, View
+from proxy.chat.splice import Extension, Forwarded, Splices, forward
 from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
@@ -79,6 +80,15 @@ class _Exchange:
     estimate: Estimate | None = None
     retried: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    extension: Extension | None = None
+    view: View | None = None
+    counted: list[int | None] | None = None
+    forwarded: Forwarded | None = None
+
+    @property
+    def new_bytes(self) -> int:
+        """What this request added to the known one it extends (all of it when it extends none)."""
+        return self.extension.end - self.extension.previous.end if self.extension else self.size
 
     @property
     def sent(self) -> Sent:
@@ -103,10 +113,17 @@ class ChatCompactionService:
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
     :param chain: The compaction chain; the one `settings.strategies` names when None.
+    :param splice: Recognize a conversation's next request from its bytes (see `splice`); False only to compare the
+        shortcut with the full path.
     """
 
     def __init__(
-        self, settings: Settings, store: StateStore | None = None, chain: CompactionChain | None = None
+        self,
+        settings: Settings,
+        store: StateStore | None = None,
+        chain: CompactionChain | None = None,
+        *,
+        splice: bool = True,
     ) -> None:
         self.settings = settings
         self.mode = settings.mode
@@ -115,10 +132,11 @@ class ChatCompactionService:
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.metrics = CompactionMetrics()
         self.rewrites = RewriteMemory(
-            self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes
+            self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
+        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
@@ -143,8 +161,9 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
+        extension = await self._extension(chat.body, headers)
         try:
-            request = await self.off_loop.run(len(chat.body), lambda: ChatRequest.parse(chat.body, self.limits))
+            request = extension.request if extension else await self._parse(chat.body)
         except InvalidChatRequest:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels("unparsed").inc()
@@ -153,20 +172,53 @@ class ChatCompactionService:
             self.metrics.requests.labels("refused").inc()
             return Refusal(400, str(over), over.code, param="messages")
         try:
-            return await self._prepare(chat, request, headers)
+            plan = await self._prepare(chat, request, headers, extension)
         except Exception as error:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
+        await self._remember(chat.body, plan)
+        return plan
 
-    async def _prepare(self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str]) -> ForwardPlan:
+    async def _parse(self, raw: bytes) -> ChatRequest:
+        return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
+
+    async def _extension(self, raw: bytes, headers: Mapping[str, str]) -> Extension | None:
+        """The request as the conversation's last one plus new messages, recognized from its bytes; None to parse it."""
+        try:
+            scope = _scope(self._tenant(headers), _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
+            return await self.splices.recognize(scope, raw, self.off_loop) if self.splices else None
+        except Exception as error:
+            log_failure(logger, "Recognizing a re-sent conversation failed; parsing the request in full.", error)
+            self.metrics.errors.inc()
+            return None
+
+    async def _remember(self, raw: bytes, plan: ForwardPlan) -> None:
+        """Remember what was made of the request, so the conversation's next one is recognized from its bytes."""
+        exchange, splices = plan.context, self.splices
+        if splices is None or not isinstance(exchange, _Exchange):
+            return
+        made = (exchange.request, exchange.extension, exchange.view, exchange.counted, exchange.forwarded)
+        try:
+            await self._work(
+                exchange, lambda: splices.remember(exchange.scope, raw, *made), whole=not exchange.extension
+            )
+        except Exception as error:
+            log_failure(
+                logger, "Remembering a request for the next turn failed; the next one is parsed in full.", error
+            )
+            self.metrics.errors.inc()
+
+    async def _prepare(
+        self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str], extension: Extension | None
+    ) -> ForwardPlan:
         tenant = self._tenant(headers)
         model = request.model or _deployment_name(chat.path)
         requested = _int_header(headers.get(CONTEXT_WINDOW_HEADER))
         scope = _scope(tenant, requested)
         window = self.windows.resolve(model, requested, tenant)
-        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body))
-        view = await self._view(exchange)
+        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), extension=extension)
+        view = exchange.view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
@@ -177,7 +229,11 @@ class ChatCompactionService:
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
-        sized = await self._work(exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration))
+        known = exchange.counted
+        sized = await self._work(
+            exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration, known)
+        )
+        exchange.counted = sized.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
         outcome = await self._compaction(exchange, sized, context)
         exchange.headers.update(report_headers(outcome, window))
@@ -191,6 +247,7 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
+        exchange.view = exchange.counted = None
         await self.rewrites.remember(scope, view, result.plan)
         exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
@@ -205,16 +262,28 @@ class ChatCompactionService:
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
         compacted = list(result.compacted.messages)
-        chain = await self._work(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size))
+        chain = await self._work(
+            exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
+        )
         return await self._forward(chat.body, exchange, compacted, chain)
 
     async def _view(self, exchange: _Exchange) -> View:
-        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`)."""
+        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`).
+
+        A request extending a known one has the known view extended, and the counts made for it reused.
+        """
         scope, messages = exchange.scope, exchange.request.messages
         keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
         found = await self.rewrites.find(scope, keyed)
         plan = found[1] if found else None
-        return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan))
+        previous = exchange.extension.previous if exchange.extension else None
+        if previous is not None and previous.view is not None:
+            extended = self.rewrites.extended_view(previous.view, keyed, plan)
+            if extended is not None:
+                added = len(extended.messages) - len(previous.view.messages)
+                exchange.counted = [*previous.tokens, *[None] * added] if previous.tokens is not None else None
+                return extended
+        return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan), whole=True)
 
     async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.
@@ -230,11 +299,10 @@ class ChatCompactionService:
             return Outcome(decision)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
-            return Outcome(
-                decision, await self._work(exchange, lambda: self.chain.compact(transcript, decision.target_tokens))
-            )
+            compact = lambda: self.chain.compact(transcript, decision.target_tokens)  # noqa: E731
+            return Outcome(decision, await self._work(exchange, compact, whole=True))
         summarized = transcript.edited(summary)
-        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens))
+        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens), whole=True)
         result = CompactionResult(
             plan=summary if rest is None else summary.then(rest.plan),
             compacted=summarized if rest is None else rest.compacted,
@@ -264,12 +332,12 @@ class ChatCompactionService:
         request = exchange.request
         ask_usage = request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
-        def build() -> tuple[bytes, list[bytes]]:
+        def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            return forwarded_body(raw, request, messages, ask_usage=ask_usage), sent_chain
+            return (*forward(exchange.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
-        body, exchange.chain = await self._work(exchange, build)
+        body, exchange.forwarded, exchange.chain = await self._work(exchange, build, whole=messages is not None)
         return ForwardPlan(
             body=body,
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
@@ -313,7 +381,7 @@ class ChatCompactionService:
             target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
             return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
 
-        result = await self._work(exchange, compact)
+        result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
@@ -332,9 +400,12 @@ class ChatCompactionService:
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
         return await self._forward(b"", retry, list(result.compacted.messages), None)
 
-    async def _work(self, exchange: _Exchange, work: Callable[[], T]) -> T:
-        """CPU work for this request: off the event loop when its body is large."""
-        return await self.off_loop.run(exchange.size, work)
+    async def _work(self, exchange: _Exchange, work: Callable[[], T], *, whole: bool = False) -> T:
+        """CPU work for this request: off the event loop when it is large.
+
+        :param whole: The work is proportional to the whole request, not only to what it added to a known one.
+        """
+        return await self.off_loop.run(exchange.size if whole else exchange.new_bytes, work)
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
@@ -358,9 +429,13 @@ def _sized(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and h
     thresholds: Thresholds,
     anchor: Anchor | None,
     calibration: Calibration,
+    counted: list[int | None] | None,
 ) -> _Sized:
-    """Count what the decision needs and decide (CPU work)."""
-    transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+    """Count what the decision needs and decide (CPU work).
+
+    :param counted: The view's counts already made (for a known request extended), by position.
+    """
+    transcript = Transcript(view.messages, counter, view.meta, tokens=counted, keys=view.keys)
     overhead = counter.overhead_tokens(request.body)
     decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=calibration)
     return _Sized(transcript, thresholds, decision, overhead, anchor)

@@ -1,0 +1,166 @@
+"""Where a chat request's messages sit in its raw bytes, found without parsing the whole body again.
+
+A client re-sends its conversation every turn: the new body is the previous one with messages inserted before the
+`]` that closes `messages`. To recognize that from bytes alone, the proxy needs the offset where the last message
+of a body it has parsed ends (`messages_end`), the end of the first messages to look the conversation up by
+(`opening_ends`), and the messages in an inserted piece of bytes (`appended_messages`).
+
+The scans step over JSON tokens with C-speed regular expressions (a string of any length is one step) and give up
+after `MAX_SCAN_TOKENS`, so a body with huge fields before its messages costs a bounded amount and is simply not
+spliced. Every answer is exact: `messages_end` proves what it returns with a parse of the messages array.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import orjson
+
+from proxy.engine.messages import Message
+
+MAX_SCAN_TOKENS: Final = 1024
+"""JSON tokens a scan reads at most (about 0.3 ms): the fields before `messages` and its first two messages must
+fit in it."""
+
+_WHITESPACE: Final = b" \t\n\r"
+_TOKEN: Final = re.compile(rb'[ \t\n\r]*(?:("[^"\\]*(?:\\.[^"\\]*)*")|([\[\]{},:])|([^ \t\n\r\[\]{},:"]+))', re.DOTALL)
+_STRING, _PUNCTUATION, _SCALAR = 1, 2, 3
+_TRAILING_CONTENT: Final = "unexpected content after document"
+
+
+class _Tokens:
+    """A forward reader of JSON tokens in `raw` from `position`, at most `MAX_SCAN_TOKENS` of them."""
+
+    def __init__(self, raw: bytes, position: int = 0) -> None:
+        self.raw = raw
+        self.position = position
+        self.budget = MAX_SCAN_TOKENS
+
+    def next(self) -> tuple[int, bytes] | None:
+        """The next token's kind and bytes, or None at the end, on bytes that are not JSON, or out of budget."""
+        self.budget -= 1
+        found = _TOKEN.match(self.raw, self.position) if self.budget >= 0 else None
+        if found is None or found.lastindex is None:
+            return None
+        self.position = found.end()
+        return found.lastindex, found.group(found.lastindex)
+
+    def skip_value(self) -> bool:
+        """Step over one value (a scalar, string, object or array); False when that is not what follows."""
+        depth = 0
+        while (token := self.next()) is not None:
+            kind, text = token
+            if kind == _PUNCTUATION and text in b"[{":
+                depth += 1
+            elif kind == _PUNCTUATION and text in b"]}":
+                depth -= 1
+                if depth < 0:
+                    return False
+            elif kind == _PUNCTUATION and depth == 0:
+                return False
+            if depth == 0:
+                return True
+        return False
+
+    def expect(self, punctuation: bytes) -> bool:
+        """Read one token; whether it is `punctuation`."""
+        return self.next() == (_PUNCTUATION, punctuation)
+
+
+def _messages_array(raw: bytes) -> int | None:
+    """The offset just after the `[` opening the first `messages` member of the body's object, if the scan finds it."""
+    tokens = _Tokens(raw)
+    if not tokens.expect(b"{"):
+        return None
+    while (key := tokens.next()) is not None and key[0] == _STRING:
+        if not tokens.expect(b":"):
+            return None
+        if orjson.loads(key[1]) == "messages":
+            return tokens.position if tokens.expect(b"[") else None
+        if not tokens.skip_value() or not tokens.expect(b","):
+            return None
+    return None
+
+
+def opening_ends(raw: bytes) -> tuple[int, ...]:
+    """Where the body's first and second messages end (fewer when it has fewer or the scan gives up).
+
+    Only the bytes up to each returned offset are read to find it, so a body that starts with the same bytes up to
+    there gives the same offset.
+    """
+    start = _messages_array(raw)
+    if start is None:
+        return ()
+    tokens = _Tokens(raw, start)
+    ends: list[int] = []
+    while len(ends) < 2 and tokens.skip_value():
+        ends.append(tokens.position)
+        if not tokens.expect(b","):
+            break
+    return tuple(ends)
+
+
+def messages_end(raw: bytes) -> int | None:
+    """Where the last message of the body's `messages` ends: the offset just after its closing `}`.
+
+    Exact or None. `raw` must be a body that parsed as a JSON object. The array is the one after the first `messages`
+    key; parsing from its `[` proves where it closes (the parser stops at the first byte after it), and what follows
+    must hold no other `messages` key, so it is the array the parse of the whole body took. None when the array is
+    empty, its last element is not an object, or the scan gives up.
+    """
+    start = _messages_array(raw)
+    if start is None:
+        return None
+    view = memoryview(raw)
+    try:
+        orjson.loads(view[start - 1 :])
+    except orjson.JSONDecodeError as error:
+        if error.msg != _TRAILING_CONTENT:
+            return None
+        after = start - 1 + error.pos
+    else:
+        return None
+    close = raw.rfind(b"]", start - 1, after)
+    end = close
+    while end > start and raw[end - 1] in _WHITESPACE:
+        end -= 1
+    if close < start or raw[end - 1 : end] != b"}" or not _only_other_fields(view[after:]):
+        return None
+    return end
+
+
+def _only_other_fields(rest: memoryview) -> bool:
+    """Whether what follows the messages array is the rest of the object with no second `messages` member."""
+    if rest[:1] == b"}":
+        return True
+    if rest[:1] != b",":
+        return False
+    try:
+        fields = orjson.loads(b"{" + rest[1:].tobytes())
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(fields, dict) and "messages" not in fields
+
+
+def appended_messages(inserted: bytes) -> list[Message] | None:
+    """The messages in `inserted`, the bytes a new request holds between the previous last message and its tail.
+
+    They must read `,` followed by one or more objects, separated by commas, as in a JSON array. The objects are
+    parsed nested as deep as they are in a body (an object in an array in an array), so the parser's depth limit
+    treats them exactly as it would in a whole parse; the outer array holding a single element proves the bytes
+    did not close the inner one early. None when the bytes are anything else.
+    """
+    stripped = inserted.lstrip(_WHITESPACE)
+    if stripped[:1] != b",":
+        return None
+    try:
+        wrapped = orjson.loads(b"[[" + stripped[1:] + b"]]")
+    except orjson.JSONDecodeError:
+        return None
+    if len(wrapped) != 1:
+        return None
+    added = wrapped[0]
+    if not added or not all(isinstance(message, dict) for message in added):
+        return None
+    return added

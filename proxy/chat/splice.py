@@ -1,0 +1,214 @@
+"""Work proportional to what is new: a conversation's next request recognized in its bytes and spliced.
+
+An agent re-sends its whole history every turn, so the next request of a conversation is usually the last one with
+messages inserted before the `]` that closes `messages`, every other byte unchanged. For each conversation the
+proxy remembers the last request's raw body, where its last message ends, what the full path made of it (the
+parsed request, the upstream's view, the body it forwarded). A new request that starts with exactly the remembered
+bytes up to that offset and ends with exactly the remembered bytes after it is that request plus what lies
+between: two memory compares, then only the inserted bytes are parsed.
+
+The proxy then works on the new messages only: the parsed request is the remembered one with them appended, the
+view extends the remembered view (`RewriteMemory.extended_view`), token counts already made are reused, and a body
+the proxy serializes itself is the remembered one with the new messages serialized into it. Every step checks what
+it relies on and does the full work when it does not hold, so the result is always exactly the full path's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import is_
+
+import orjson
+from xxhash import xxh3_128_digest
+
+from proxy.chat.forwarded import forwarded_body, forwarded_fields, keeps_client_bytes
+from proxy.chat.known_prefixes import BYTES_PER_MESSAGE, DEFAULT_MAX_CONVERSATIONS, RecentByOpening
+from proxy.chat.off_loop import OffLoop
+from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
+from proxy.chat.request import ChatRequest, RequestLimits, content_parts
+from proxy.chat.rewrites import View
+from proxy.engine.messages import Message
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """A body the proxy serialized itself (a rewritten view, stream options added): what a splice extends.
+
+    :param body: The bytes sent upstream.
+    :param messages: The messages serialized in it, the very objects.
+    :param end: Where the last of them ends in `body`.
+    :param ask_usage: Whether `include_usage` was added to it.
+    """
+
+    body: bytes
+    messages: list[Message]
+    end: int
+    ask_usage: bool
+
+
+@dataclass(frozen=True)
+class LastRequest:
+    """A conversation's last request as the proxy handled it.
+
+    :param raw: The client's body.
+    :param end: Where its last message ends in `raw`.
+    :param request: `raw` parsed.
+    :param content_parts: The content parts of its messages (checked against the limits with the new ones).
+    :param view: The upstream's view it was decided on, when no compaction changed it (the next view extends it).
+    :param tokens: The view's token counts known after the decision (None where not counted).
+    :param forwarded: The body sent, when the proxy serialized it.
+    """
+
+    raw: bytes
+    end: int
+    request: ChatRequest
+    content_parts: int
+    view: View | None
+    tokens: list[int | None] | None
+    forwarded: Forwarded | None
+
+    def inserted(self, raw: bytes) -> bytes | None:
+        """The bytes `raw` holds between this request's last message and its tail, if it has both exactly."""
+        tail = len(self.raw) - self.end
+        if len(raw) < len(self.raw) or not raw.endswith(memoryview(self.raw)[self.end :]):
+            return None
+        if not raw.startswith(memoryview(self.raw)[: self.end]):
+            return None
+        return raw[self.end : len(raw) - tail]
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A request recognized from its bytes as a remembered one plus `added` messages (none when re-sent as it was).
+
+    :param request: The request, exactly as parsing its whole body gives it.
+    :param end: Where its last message ends in its body.
+    """
+
+    previous: LastRequest
+    request: ChatRequest
+    added: list[Message]
+    end: int
+    content_parts: int
+
+
+class Splices:
+    """The last request of recent conversations, per scope, and the extensions recognized against them.
+
+    A conversation is found by its opening: its body's bytes up to the end of its second message (its first when it
+    has one), which hold the system prompt and the task, so the runs of one agent rarely share one.
+
+    :param limits: The proxy's limits: an extension over them is left to the full path, which refuses it.
+    :param max_bytes: What the remembered requests may cost together, each charged twice its body (the bytes and
+        the parsed request), the body the proxy serialized for it, and `BYTES_PER_MESSAGE` per message.
+    """
+
+    def __init__(self, limits: RequestLimits, max_bytes: int) -> None:
+        self.limits = limits
+        self._recent: RecentByOpening[LastRequest] = RecentByOpening(DEFAULT_MAX_CONVERSATIONS, max_bytes)
+
+    async def recognize(self, scope: bytes, raw: bytes, off_loop: OffLoop) -> Extension | None:
+        """The request as a remembered one plus new messages, when its bytes say so; None to parse it in full."""
+        matched = self.match(scope, raw)
+        if matched is None:
+            return None
+        previous, inserted = matched
+        return await off_loop.run(len(inserted), lambda: self.extension(previous, inserted))
+
+    def match(self, scope: bytes, raw: bytes) -> tuple[LastRequest, bytes] | None:
+        """The remembered request `raw` extends and the bytes it inserts, comparing bytes only."""
+        for end in reversed(opening_ends(raw)):
+            for previous in self._recent.candidates(_opening(scope, raw, end)):
+                inserted = previous.inserted(raw)
+                if inserted is not None:
+                    return previous, inserted
+        return None
+
+    def extension(self, previous: LastRequest, inserted: bytes) -> Extension | None:
+        """The request `previous` plus the messages in `inserted` (CPU work: a parse of `inserted`).
+
+        None when the bytes are not one or more message objects, or when the request would be over the limits.
+        """
+        added = appended_messages(inserted) if inserted else []
+        if added is None:
+            return None
+        known = previous.request.messages
+        parts = previous.content_parts + content_parts(added)
+        if len(known) + len(added) > self.limits.max_messages or parts > self.limits.max_content_parts:
+            return None
+        request = previous.request
+        if added:
+            messages = [*known, *added]
+            request = ChatRequest({**request.body, "messages": messages}, messages)
+        return Extension(previous, request, added, previous.end + len(inserted), parts)
+
+    def remember(  # noqa: PLR0917 - what the full path made of the request, gathered at its end
+        self,
+        scope: bytes,
+        raw: bytes,
+        request: ChatRequest,
+        extension: Extension | None,
+        view: View | None,
+        tokens: list[int | None] | None,
+        forwarded: Forwarded | None,
+    ) -> None:
+        """Remember the request for the conversation's next turn (CPU work: proving where a new body's messages end).
+
+        :param extension: How the request was recognized, if it was; a body seen for the first time is proven here.
+        """
+        end = extension.end if extension else messages_end(raw)
+        openings = opening_ends(raw)
+        if end is None or not openings:
+            return
+        parts = extension.content_parts if extension else content_parts(request.messages)
+        last = LastRequest(raw, end, request, parts, view, tokens, forwarded)
+        cost = 2 * len(raw) + BYTES_PER_MESSAGE * len(request.messages)
+        if forwarded is not None and forwarded.body is not raw:
+            cost += len(forwarded.body)
+        replacing = extension.previous if extension else None
+        self._recent.remember(_opening(scope, raw, openings[-1]), last, cost, replacing=replacing)
+
+
+def forward(
+    extension: Extension | None,
+    raw: bytes,
+    request: ChatRequest,
+    messages: list[Message] | None,
+    *,
+    ask_usage: bool,
+) -> tuple[bytes, Forwarded | None]:
+    """`forwarded_body`, splicing a remembered serialized body when this request extends it (CPU work).
+
+    :returns: The body, and what a later splice needs when the proxy serialized it.
+    """
+    if keeps_client_bytes(request, messages, ask_usage=ask_usage):
+        return forwarded_body(raw, request, messages, ask_usage=ask_usage), None
+    sent = request.messages if messages is None else messages
+    earlier = extension.previous.forwarded if extension else None
+    if earlier is not None and earlier.ask_usage == ask_usage and _starts_with(sent, earlier.messages):
+        added = sent[len(earlier.messages) :]
+        if not added:
+            return earlier.body, earlier
+        inserted = b"," + orjson.dumps(added)[1:-1]
+        body = b"".join((memoryview(earlier.body)[: earlier.end], inserted, memoryview(earlier.body)[earlier.end :]))
+        return body, Forwarded(body, sent, earlier.end + len(inserted), ask_usage)
+    fields = forwarded_fields(request, messages, ask_usage=ask_usage)
+    body = orjson.dumps(fields)
+    end = len(body) - len(_after_messages(fields))
+    return body, Forwarded(body, sent, end, ask_usage) if sent and body[end - 1 : end] == b"}" else None
+
+
+def _opening(scope: bytes, raw: bytes, end: int) -> bytes:
+    return scope + xxh3_128_digest(memoryview(raw)[:end])
+
+
+def _starts_with(messages: list[Message], known: list[Message]) -> bool:
+    """Whether `messages` starts with the very objects of `known`: equal dicts could still serialize differently."""
+    return 0 < len(known) <= len(messages) and messages[len(known) - 1] is known[-1] and all(map(is_, messages, known))
+
+
+def _after_messages(fields: dict[str, object]) -> bytes:
+    """What `orjson.dumps(fields)` holds after its last message: `]`, then the fields after `messages`, then `}`."""
+    names = list(fields)
+    after = {name: fields[name] for name in names[names.index("messages") + 1 :]}
+    return b"]" + (b"," + orjson.dumps(after)[1:] if after else b"}")
