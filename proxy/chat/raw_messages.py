@@ -13,7 +13,8 @@ spliced. Every answer is exact: `messages_end` proves what it returns with a par
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import orjson
 
@@ -26,7 +27,9 @@ fit in it."""
 _WHITESPACE: Final = b" \t\n\r"
 _TOKEN: Final = re.compile(rb'[ \t\n\r]*(?:("[^"\\]*(?:\\.[^"\\]*)*")|([\[\]{},:])|([^ \t\n\r\[\]{},:"]+))', re.DOTALL)
 _STRING, _PUNCTUATION, _SCALAR = 1, 2, 3
-_TRAILING_CONTENT: Final = "unexpected content after document"
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_PUNCTUATION_BYTES: Final = b"[]{},:"
+_SCALAR_STOPS: Final = _WHITESPACE + _PUNCTUATION_BYTES + b'"'
 
 
 class _Tokens:
@@ -101,43 +104,113 @@ def opening_ends(raw: bytes) -> tuple[int, ...]:
     return tuple(ends)
 
 
-def messages_end(raw: bytes) -> int | None:
+def messages_end(raw: bytes, body: Mapping[str, Any]) -> int | None:
     """Where the last message of the body's `messages` ends: the offset just after its closing `}`.
 
-    Exact or None. `raw` must be a body that parsed as a JSON object. The array is the one after the first `messages`
-    key; parsing from its `[` proves where it closes (the parser stops at the first byte after it), and what follows
-    must hold no other `messages` key, so it is the array the parse of the whole body took. None when the array is
-    empty, its last element is not an object, or the scan gives up.
+    Exact or None. `body` is `raw` parsed (a JSON object). The array is the one after the first `messages` key, and
+    its `]` is looked for behind the members that follow it in `body`; parsing the bytes between proves they are
+    one array, and what follows must hold no other `messages` member, so it is the array the parse of the whole
+    body took. None when the array is empty, its last element is not an object, or a scan gives up.
     """
     start = _messages_array(raw)
-    if start is None:
+    names = list(body)
+    close = _closing_bracket(raw, len(names) - names.index("messages") - 1) if "messages" in body else None
+    if start is None or close is None or close < start:
         return None
-    view = memoryview(raw)
     try:
-        orjson.loads(view[start - 1 :])
-    except orjson.JSONDecodeError as error:
-        if error.msg != _TRAILING_CONTENT:
-            return None
-        after = start - 1 + error.pos
-    else:
+        orjson.loads(memoryview(raw)[start - 1 : close + 1])
+    except orjson.JSONDecodeError:
         return None
-    close = raw.rfind(b"]", start - 1, after)
     end = close
     while end > start and raw[end - 1] in _WHITESPACE:
         end -= 1
-    if close < start or raw[end - 1 : end] != b"}" or not _only_other_fields(view[after:]):
+    if raw[end - 1 : end] != b"}" or not _only_other_fields(raw[close + 1 :]):
         return None
     return end
 
 
-def _only_other_fields(rest: memoryview) -> bool:
+def _closing_bracket(raw: bytes, members_after: int) -> int | None:
+    """The offset of the `]` found behind the last `members_after` members of the body's object, scanning back."""
+    tokens = _BackwardTokens(raw)
+    if tokens.previous() != b"}":
+        return None
+    for _member in range(members_after):
+        if not tokens.skip_value() or tokens.previous() != b":":
+            return None
+        key = tokens.previous()
+        if key is None or key[:1] != b'"' or tokens.previous() != b",":
+            return None
+    return tokens.position if tokens.previous() == b"]" else None
+
+
+class _BackwardTokens:
+    """A reader of JSON tokens from the end of `raw` towards its start, at most `MAX_SCAN_TOKENS` of them.
+
+    A quote delimits a string exactly when an even number of backslashes precedes it (outside strings there are
+    none), so strings are found from their end too.
+    """
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.position = len(raw)
+        self.budget = MAX_SCAN_TOKENS
+
+    def previous(self) -> bytes | None:
+        """The token before `position`, now at `position`; None at the start or out of budget."""
+        raw, end = self.raw, self.position
+        while end > 0 and raw[end - 1] in _WHITESPACE:
+            end -= 1
+        self.budget -= 1
+        if end == 0 or self.budget < 0:
+            return None
+        start = end - 1
+        if raw[start] == _QUOTE:
+            start = self._string_start(start)
+            if start < 0:
+                return None
+        elif raw[start] not in _PUNCTUATION_BYTES:
+            while start > 0 and raw[start - 1] not in _SCALAR_STOPS:
+                start -= 1
+        self.position = start
+        return raw[start:end]
+
+    def _string_start(self, closing: int) -> int:
+        quote = self.raw.rfind(b'"', 0, closing)
+        while quote > 0:
+            backslashes = quote
+            while backslashes > 0 and self.raw[backslashes - 1] == _BACKSLASH:
+                backslashes -= 1
+            if (quote - backslashes) % 2 == 0:
+                return quote
+            quote = self.raw.rfind(b'"', 0, quote)
+        return quote
+
+    def skip_value(self) -> bool:
+        """Step back over one value; False when that is not what precedes."""
+        depth = 0
+        while (token := self.previous()) is not None:
+            if token in (b"]", b"}"):
+                depth += 1
+            elif token in (b"[", b"{"):
+                depth -= 1
+                if depth < 0:
+                    return False
+            elif token in (b",", b":") and depth == 0:
+                return False
+            if depth == 0:
+                return True
+        return False
+
+
+def _only_other_fields(rest: bytes) -> bool:
     """Whether what follows the messages array is the rest of the object with no second `messages` member."""
+    rest = rest.lstrip(_WHITESPACE)
     if rest[:1] == b"}":
         return True
     if rest[:1] != b",":
         return False
     try:
-        fields = orjson.loads(b"{" + rest[1:].tobytes())
+        fields = orjson.loads(b"{" + rest[1:])
     except orjson.JSONDecodeError:
         return False
     return isinstance(fields, dict) and "messages" not in fields

@@ -156,7 +156,7 @@ class Splices:
 
         :param extension: How the request was recognized, if it was; a body seen for the first time is proven here.
         """
-        end = extension.end if extension else messages_end(raw)
+        end = extension.end if extension else messages_end(raw, request.body)
         openings = opening_ends(raw)
         if end is None or not openings:
             return
