@@ -135,13 +135,19 @@ class KnownPrefixes:
             measured = _text_bytes(messages) if body_bytes is None else body_bytes
         else:
             added = messages[len(reused.keys) :]
-            new_keys = [message_key(message) for message in added]
-            keys = [*reused.keys, *new_keys]
-            chain = [*reused.chain, *chain_keys(new_keys, start=reused.chain[-1])]
+            keys, chain = extended_keys(reused.keys, reused.chain, added)
             measured = reused.cost + _text_bytes(added) if body_bytes is None else body_bytes
         cost = measured + BYTES_PER_MESSAGE * len(messages)
         self._seen.remember(opening, _Seen(messages, keys, chain, cost), cost, replacing=reused)
         return keys, chain
+
+
+def extended_keys(
+    keys: list[MessageKey], chain: list[bytes], added: list[Message]
+) -> tuple[list[MessageKey], list[bytes]]:
+    """The keys and chain of a conversation (`keys`, `chain`, not empty) continued by `added`: only those are hashed."""
+    new_keys = [message_key(message) for message in added]
+    return [*keys, *new_keys], [*chain, *chain_keys(new_keys, start=chain[-1])]
 
 
 def _extends(messages: list[Message], known: list[Message]) -> bool:

@@ -233,7 +233,7 @@ def appended_messages(inserted: bytes) -> list[Message] | None:
         return None
     if len(wrapped) != 1:
         return None
-    added = wrapped[0]
+    added: list[Message] = wrapped[0]
     if not added or not all(isinstance(message, dict) for message in added):
         return None
     return added

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes
+from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended_keys
 from proxy.engine import EditPlan
 from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
@@ -52,6 +52,11 @@ class Keyed:
     keys: list[bytes]
     chain: list[bytes]
     body_bytes: int
+
+    def extended(self, messages: list[Message], body_bytes: int) -> Keyed:
+        """The keys of `messages`, which start with these messages: only the ones after them are hashed."""
+        keys, chain = extended_keys(self.keys, self.chain, messages[len(self.keys) :])
+        return Keyed(messages, keys, chain, body_bytes)
 
 
 class RewriteMemory:

@@ -32,7 +32,7 @@ from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.chat.rewrites import RewriteMemory, View
-from proxy.chat.splice import Extension, Forwarded, Splices, forward
+from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
 from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
@@ -80,15 +80,7 @@ class _Exchange:
     estimate: Estimate | None = None
     retried: bool = False
     headers: dict[str, str] = field(default_factory=dict)
-    extension: Extension | None = None
-    view: View | None = None
-    counted: list[int | None] | None = None
-    forwarded: Forwarded | None = None
-
-    @property
-    def new_bytes(self) -> int:
-        """What this request added to the known one it extends (all of it when it extends none)."""
-        return self.extension.end - self.extension.previous.end if self.extension else self.size
+    turn: Turn = field(default_factory=Turn)
 
     @property
     def sent(self) -> Sent:
@@ -198,11 +190,9 @@ class ChatCompactionService:
         exchange, splices = plan.context, self.splices
         if splices is None or not isinstance(exchange, _Exchange):
             return
-        made = (exchange.request, exchange.extension, exchange.view, exchange.counted, exchange.forwarded)
+        remember = lambda: splices.remember(exchange.scope, raw, exchange.request, exchange.turn)  # noqa: E731
         try:
-            await self._work(
-                exchange, lambda: splices.remember(exchange.scope, raw, *made), whole=not exchange.extension
-            )
+            await self._work(exchange, remember, whole=exchange.turn.extension is None)
         except Exception as error:
             log_failure(
                 logger, "Remembering a request for the next turn failed; the next one is parsed in full.", error
@@ -217,8 +207,8 @@ class ChatCompactionService:
         requested = _int_header(headers.get(CONTEXT_WINDOW_HEADER))
         scope = _scope(tenant, requested)
         window = self.windows.resolve(model, requested, tenant)
-        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), extension=extension)
-        view = exchange.view = await self._view(exchange)
+        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
+        view = exchange.turn.view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
@@ -229,11 +219,11 @@ class ChatCompactionService:
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
-        known = exchange.counted
+        known = exchange.turn.counted
         sized = await self._work(
             exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration, known)
         )
-        exchange.counted = sized.transcript.counted()
+        exchange.turn.counted = sized.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
         outcome = await self._compaction(exchange, sized, context)
         exchange.headers.update(report_headers(outcome, window))
@@ -247,7 +237,7 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
-        exchange.view = exchange.counted = None
+        exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
         exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
@@ -272,17 +262,16 @@ class ChatCompactionService:
 
         A request extending a known one has the known view extended, and the counts made for it reused.
         """
-        scope, messages = exchange.scope, exchange.request.messages
-        keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
+        scope, messages, turn = exchange.scope, exchange.request.messages, exchange.turn
+        keyed = turn.known_keys(exchange.size)
+        if keyed is None:
+            keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
+        turn.keyed = keyed
         found = await self.rewrites.find(scope, keyed)
         plan = found[1] if found else None
-        previous = exchange.extension.previous if exchange.extension else None
-        if previous is not None and previous.view is not None:
-            extended = self.rewrites.extended_view(previous.view, keyed, plan)
-            if extended is not None:
-                added = len(extended.messages) - len(previous.view.messages)
-                exchange.counted = [*previous.tokens, *[None] * added] if previous.tokens is not None else None
-                return extended
+        extended = turn.extended_view(self.rewrites, keyed, plan)
+        if extended is not None:
+            return extended
         return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan), whole=True)
 
     async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
@@ -335,9 +324,9 @@ class ChatCompactionService:
         def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            return (*forward(exchange.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
+            return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
-        body, exchange.forwarded, exchange.chain = await self._work(exchange, build, whole=messages is not None)
+        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=messages is not None)
         return ForwardPlan(
             body=body,
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
@@ -405,7 +394,7 @@ class ChatCompactionService:
 
         :param whole: The work is proportional to the whole request, not only to what it added to a known one.
         """
-        return await self.off_loop.run(exchange.size if whole else exchange.new_bytes, work)
+        return await self.off_loop.run(exchange.size if whole else exchange.turn.new_bytes(exchange.size), work)
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""

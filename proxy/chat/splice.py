@@ -26,7 +26,8 @@ from proxy.chat.known_prefixes import BYTES_PER_MESSAGE, DEFAULT_MAX_CONVERSATIO
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.chat.request import ChatRequest, RequestLimits, content_parts
-from proxy.chat.rewrites import View
+from proxy.chat.rewrites import Keyed, RewriteMemory, View
+from proxy.engine import EditPlan
 from proxy.engine.messages import Message
 
 
@@ -54,8 +55,9 @@ class LastRequest:
     :param end: Where its last message ends in `raw`.
     :param request: `raw` parsed.
     :param content_parts: The content parts of its messages (checked against the limits with the new ones).
+    :param keyed: Its messages' keys and chain.
     :param view: The upstream's view it was decided on, when no compaction changed it (the next view extends it).
-    :param tokens: The view's token counts known after the decision (None where not counted).
+    :param counted: The view's token counts made for the decision (None where not counted).
     :param forwarded: The body sent, when the proxy serialized it.
     """
 
@@ -63,8 +65,9 @@ class LastRequest:
     end: int
     request: ChatRequest
     content_parts: int
+    keyed: Keyed | None
     view: View | None
-    tokens: list[int | None] | None
+    counted: list[int | None] | None
     forwarded: Forwarded | None
 
     def inserted(self, raw: bytes) -> bytes | None:
@@ -83,6 +86,7 @@ class Extension:
 
     :param request: The request, exactly as parsing its whole body gives it.
     :param end: Where its last message ends in its body.
+    :param content_parts: The content parts of all its messages.
     """
 
     previous: LastRequest
@@ -90,6 +94,41 @@ class Extension:
     added: list[Message]
     end: int
     content_parts: int
+
+
+@dataclass
+class Turn:
+    """What the proxy makes of one request while handling it: what the next request of the conversation reuses.
+
+    :param extension: How the request extends the conversation's last one, when it was recognized from its bytes.
+    """
+
+    extension: Extension | None = None
+    keyed: Keyed | None = None
+    view: View | None = None
+    counted: list[int | None] | None = None
+    forwarded: Forwarded | None = None
+
+    def new_bytes(self, size: int) -> int:
+        """What the request added to the one it extends, in bytes: all its `size` when it extends none."""
+        return self.extension.end - self.extension.previous.end if self.extension else size
+
+    def known_keys(self, body_bytes: int) -> Keyed | None:
+        """The request's keys, hashing only its new messages, when it extends a known request."""
+        previous = self.extension.previous if self.extension else None
+        if self.extension is None or previous is None or previous.keyed is None:
+            return None
+        return previous.keyed.extended(self.extension.request.messages, body_bytes)
+
+    def extended_view(self, rewrites: RewriteMemory, keyed: Keyed, plan: EditPlan | None) -> View | None:
+        """The view extending the last request's view (see `RewriteMemory.extended_view`), its counts reused."""
+        previous = self.extension.previous if self.extension else None
+        if previous is None or previous.view is None:
+            return None
+        view = rewrites.extended_view(previous.view, keyed, plan)
+        if view is not None and previous.counted is not None:
+            self.counted = [*previous.counted, *[None] * (len(view.messages) - len(previous.counted))]
+        return view
 
 
 class Splices:
@@ -142,29 +181,18 @@ class Splices:
             request = ChatRequest({**request.body, "messages": messages}, messages)
         return Extension(previous, request, added, previous.end + len(inserted), parts)
 
-    def remember(  # noqa: PLR0917 - what the full path made of the request, gathered at its end
-        self,
-        scope: bytes,
-        raw: bytes,
-        request: ChatRequest,
-        extension: Extension | None,
-        view: View | None,
-        tokens: list[int | None] | None,
-        forwarded: Forwarded | None,
-    ) -> None:
-        """Remember the request for the conversation's next turn (CPU work: proving where a new body's messages end).
-
-        :param extension: How the request was recognized, if it was; a body seen for the first time is proven here.
-        """
+    def remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
+        """Remember the request for the conversation's next turn (CPU work: proving where a new body's messages end)."""
+        extension = turn.extension
         end = extension.end if extension else messages_end(raw, request.body)
         openings = opening_ends(raw)
         if end is None or not openings:
             return
         parts = extension.content_parts if extension else content_parts(request.messages)
-        last = LastRequest(raw, end, request, parts, view, tokens, forwarded)
+        last = LastRequest(raw, end, request, parts, turn.keyed, turn.view, turn.counted, turn.forwarded)
         cost = 2 * len(raw) + BYTES_PER_MESSAGE * len(request.messages)
-        if forwarded is not None and forwarded.body is not raw:
-            cost += len(forwarded.body)
+        if turn.forwarded is not None:
+            cost += len(turn.forwarded.body)
         replacing = extension.previous if extension else None
         self._recent.remember(_opening(scope, raw, openings[-1]), last, cost, replacing=replacing)
 

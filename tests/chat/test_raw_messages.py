@@ -14,7 +14,7 @@ import pytest
 
 from proxy.chat.raw_messages import appended_messages, messages_end
 from proxy.chat.request import ChatRequest, RequestLimits
-from proxy.chat.splice import Splices
+from proxy.chat.splice import Splices, Turn
 
 SCOPE = b"tenant"
 LIMITS = RequestLimits(max_messages=100, max_content_parts=100)
@@ -29,7 +29,7 @@ NEW = [{"role": "assistant", "content": "] a reply }"}, {"role": "user", "conten
 
 def remembered(raw: bytes) -> Splices:
     splices = Splices(LIMITS, max_bytes=2**20)
-    splices.remember(SCOPE, raw, ChatRequest.parse(raw), None, None, None, None)
+    splices.remember(SCOPE, raw, ChatRequest.parse(raw), Turn())
     return splices
 
 
