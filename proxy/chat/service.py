@@ -18,7 +18,7 @@ unchanged: the proxy must never fail a request that would have succeeded without
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -169,7 +169,14 @@ class ChatCompactionService:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        await self._remember(chat.body, plan)
+        if self.splices is not None and isinstance(plan.context, _Exchange):
+            exchange = plan.context
+            remembered = self.splices.remember(
+                exchange.scope, chat.body, exchange.request, exchange.turn, self.off_loop
+            )
+            await self._safely(
+                remembered, "Remembering a request failed; the conversation's next one is parsed in full."
+            )
         return plan
 
     async def _parse(self, raw: bytes) -> ChatRequest:
@@ -177,27 +184,20 @@ class ChatCompactionService:
 
     async def _extension(self, raw: bytes, headers: Mapping[str, str]) -> Extension | None:
         """The request as the conversation's last one plus new messages, recognized from its bytes; None to parse it."""
+        if self.splices is None:
+            return None
+        scope = _scope(self._tenant(headers), _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
+        recognized = self.splices.recognize(scope, raw, self.off_loop)
+        return await self._safely(recognized, "Recognizing a re-sent conversation failed; it is parsed in full.")
+
+    async def _safely(self, work: Awaitable[T], failure: str) -> T | None:
+        """What `work` gives, or None when it fails (logged and counted): the shortcut never fails a request."""
         try:
-            scope = _scope(self._tenant(headers), _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
-            return await self.splices.recognize(scope, raw, self.off_loop) if self.splices else None
+            return await work
         except Exception as error:
-            log_failure(logger, "Recognizing a re-sent conversation failed; parsing the request in full.", error)
+            log_failure(logger, failure, error)
             self.metrics.errors.inc()
             return None
-
-    async def _remember(self, raw: bytes, plan: ForwardPlan) -> None:
-        """Remember what was made of the request, so the conversation's next one is recognized from its bytes."""
-        exchange, splices = plan.context, self.splices
-        if splices is None or not isinstance(exchange, _Exchange):
-            return
-        remember = lambda: splices.remember(exchange.scope, raw, exchange.request, exchange.turn)  # noqa: E731
-        try:
-            await self._work(exchange, remember, whole=exchange.turn.extension is None)
-        except Exception as error:
-            log_failure(
-                logger, "Remembering a request for the next turn failed; the next one is parsed in full.", error
-            )
-            self.metrics.errors.inc()
 
     async def _prepare(
         self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str], extension: Extension | None
@@ -258,21 +258,9 @@ class ChatCompactionService:
         return await self._forward(chat.body, exchange, compacted, chain)
 
     async def _view(self, exchange: _Exchange) -> View:
-        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`).
-
-        A request extending a known one has the known view extended, and the counts made for it reused.
-        """
-        scope, messages, turn = exchange.scope, exchange.request.messages, exchange.turn
-        keyed = turn.known_keys(exchange.size)
-        if keyed is None:
-            keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
-        turn.keyed = keyed
-        found = await self.rewrites.find(scope, keyed)
-        plan = found[1] if found else None
-        extended = turn.extended_view(self.rewrites, keyed, plan)
-        if extended is not None:
-            return extended
-        return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan), whole=True)
+        """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
+        messages, size = exchange.request.messages, exchange.size
+        return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
     async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.

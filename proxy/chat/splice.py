@@ -27,7 +27,6 @@ from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.chat.request import ChatRequest, RequestLimits, content_parts
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
-from proxy.engine import EditPlan
 from proxy.engine.messages import Message
 
 
@@ -113,20 +112,26 @@ class Turn:
         """What the request added to the one it extends, in bytes: all its `size` when it extends none."""
         return self.extension.end - self.extension.previous.end if self.extension else size
 
-    def known_keys(self, body_bytes: int) -> Keyed | None:
-        """The request's keys, hashing only its new messages, when it extends a known request."""
-        previous = self.extension.previous if self.extension else None
-        if self.extension is None or previous is None or previous.keyed is None:
-            return None
-        return previous.keyed.extended(self.extension.request.messages, body_bytes)
+    async def replayed(
+        self, rewrites: RewriteMemory, scope: bytes, messages: list[Message], size: int, off_loop: OffLoop
+    ) -> View:
+        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`).
 
-    def extended_view(self, rewrites: RewriteMemory, keyed: Keyed, plan: EditPlan | None) -> View | None:
-        """The view extending the last request's view (see `RewriteMemory.extended_view`), its counts reused."""
+        When the request extends a known one, only its new messages are hashed, the known view is extended and the
+        counts made for it are reused (in `counted`); otherwise the work is the whole request's.
+        """
         previous = self.extension.previous if self.extension else None
-        if previous is None or previous.view is None:
-            return None
-        view = rewrites.extended_view(previous.view, keyed, plan)
-        if view is not None and previous.counted is not None:
+        if previous is not None and previous.keyed is not None:
+            keyed = previous.keyed.extended(messages, size)
+        else:
+            keyed = await off_loop.run(size, lambda: rewrites.keyed(scope, messages, size))
+        self.keyed = keyed
+        found = await rewrites.find(scope, keyed)
+        plan = found[1] if found else None
+        view = rewrites.extended_view(previous.view, keyed, plan) if previous and previous.view else None
+        if view is None:
+            return await off_loop.run(size, lambda: rewrites.view(scope, keyed, plan))
+        if previous is not None and previous.counted is not None:
             self.counted = [*previous.counted, *[None] * (len(view.messages) - len(previous.counted))]
         return view
 
@@ -181,8 +186,14 @@ class Splices:
             request = ChatRequest({**request.body, "messages": messages}, messages)
         return Extension(previous, request, added, previous.end + len(inserted), parts)
 
-    def remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
-        """Remember the request for the conversation's next turn (CPU work: proving where a new body's messages end)."""
+    async def remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn, off_loop: OffLoop) -> None:
+        """Remember the request for the conversation's next turn.
+
+        A body seen for the first time is proven (`messages_end`) off the event loop when it is large.
+        """
+        await off_loop.run(turn.new_bytes(len(raw)), lambda: self._remember(scope, raw, request, turn))
+
+    def _remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
         extension = turn.extension
         end = extension.end if extension else messages_end(raw, request.body)
         openings = opening_ends(raw)

@@ -12,6 +12,7 @@ import json
 import orjson
 import pytest
 
+from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end
 from proxy.chat.request import ChatRequest, RequestLimits
 from proxy.chat.splice import Splices, Turn
@@ -27,9 +28,9 @@ TRICKY = [
 NEW = [{"role": "assistant", "content": "] a reply }"}, {"role": "user", "content": '\\"more\\"'}]
 
 
-def remembered(raw: bytes) -> Splices:
+async def remembered(raw: bytes) -> Splices:
     splices = Splices(LIMITS, max_bytes=2**20)
-    splices.remember(SCOPE, raw, ChatRequest.parse(raw), Turn())
+    await splices.remember(SCOPE, raw, ChatRequest.parse(raw), Turn(), OffLoop())
     return splices
 
 
@@ -50,19 +51,19 @@ def recognized(splices: Splices, raw: bytes) -> ChatRequest | None:
     ids=["orjson", "python", "indented", "odd-spacing"],
 )
 @pytest.mark.parametrize("first", [True, False], ids=["messages-first", "messages-inside"])
-def test_a_body_with_messages_inserted_is_recognized_as_its_full_parse(dumps: object, first: bool) -> None:
+async def test_a_body_with_messages_inserted_is_recognized_as_its_full_parse(dumps: object, first: bool) -> None:
     def body(messages: list[dict[str, str]]) -> bytes:
         fields = {"messages": messages, "model": "m"} if first else {"model": "m", "messages": messages, "n": 1}
         return dumps(fields)  # type: ignore[operator]
 
-    splices = remembered(body(TRICKY))
+    splices = await remembered(body(TRICKY))
     for grown in (TRICKY, [*TRICKY, NEW[0]], [*TRICKY, *NEW]):
         raw = body(grown)
         assert recognized(splices, raw) == ChatRequest.parse(raw)
 
 
-def test_a_client_that_reserializes_with_other_spacing_is_not_recognized() -> None:
-    splices = remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
+async def test_a_client_that_reserializes_with_other_spacing_is_not_recognized() -> None:
+    splices = await remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
     assert recognized(splices, json.dumps({"model": "m", "messages": [*TRICKY, *NEW]}).encode()) is None
 
 
@@ -75,14 +76,14 @@ def test_a_client_that_reserializes_with_other_spacing_is_not_recognized() -> No
     ],
     ids=["earlier-message-edited", "last-message-replaced", "shorter"],
 )
-def test_a_changed_history_is_not_recognized(change: object) -> None:
-    splices = remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
+async def test_a_changed_history_is_not_recognized(change: object) -> None:
+    splices = await remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
     changed = change(TRICKY)  # type: ignore[operator]
     assert recognized(splices, orjson.dumps({"model": "m", "messages": changed})) is None
 
 
-def test_a_changed_field_after_the_messages_is_not_recognized() -> None:
-    splices = remembered(orjson.dumps({"messages": TRICKY, "temperature": 0.5}))
+async def test_a_changed_field_after_the_messages_is_not_recognized() -> None:
+    splices = await remembered(orjson.dumps({"messages": TRICKY, "temperature": 0.5}))
     assert recognized(splices, orjson.dumps({"messages": [*TRICKY, *NEW], "temperature": 0.7})) is None
 
 
