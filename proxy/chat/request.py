@@ -2,7 +2,8 @@
 
 Only what compaction relies on is checked: a JSON object with a `messages` list of objects, within the proxy's
 limits on messages and content parts. Anything else (unknown fields, odd roles, odd content) is the provider's to
-judge: the proxy forwards it untouched.
+judge: the proxy forwards it untouched. Also here: what the request's path and headers tell compaction (an Azure
+deployment, a requested window, and the state scope that follows from them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from xxhash import xxh3_128_digest
 
 from proxy.engine.messages import Message
 
@@ -117,3 +119,31 @@ class ChatRequest:
     def with_messages(self, messages: list[Message], **fields: Any) -> bytes:
         """The request body with its messages replaced (and `fields` set), every other field as it was."""
         return orjson.dumps({**self.body, **fields, "messages": messages})
+
+
+def state_scope(tenant: bytes, requested_window: int | None) -> bytes:
+    """The state scope of a request: its tenant, or the tenant under a per-request window override.
+
+    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
+    request's override is never remembered for the conversation's later turns without it.
+    """
+    if requested_window is None or requested_window <= 0:
+        return tenant
+    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
+
+
+def deployment_name(path: str) -> str | None:
+    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
+    parts = path.strip("/").split("/")
+    if "deployments" in parts:
+        position = parts.index("deployments") + 1
+        return parts[position] if position < len(parts) else None
+    return None
+
+
+def int_header(value: str | None) -> int | None:
+    """A header's integer value; None when it is absent, not an integer or longer than 12 characters."""
+    try:
+        return int(value) if value and len(value) <= 12 else None
+    except ValueError:
+        return None

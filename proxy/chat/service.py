@@ -18,11 +18,9 @@ unchanged: the proxy must never fail a request that would have succeeded without
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
-
-from xxhash import xxh3_128_digest
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import asks_for_usage, report_headers
@@ -30,7 +28,15 @@ from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
-from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
+from proxy.chat.request import (
+    ChatRequest,
+    InvalidChatRequest,
+    RequestLimits,
+    RequestOverLimit,
+    deployment_name,
+    int_header,
+    state_scope,
+)
 from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
 from proxy.chat.summaries import Summaries, SummaryContext
@@ -128,7 +134,7 @@ class ChatCompactionService:
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
-        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2) if splice else None
+        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
@@ -153,7 +159,8 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        extension = await self._extension(chat.body, headers)
+        scope = state_scope(self._tenant(headers), int_header(headers.get(CONTEXT_WINDOW_HEADER)))
+        extension = await self.splices.recognize(scope, chat.body, self.off_loop) if self.splices else None
         try:
             request = extension.request if extension else await self._parse(chat.body)
         except InvalidChatRequest:
@@ -169,43 +176,20 @@ class ChatCompactionService:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        if self.splices is not None and isinstance(plan.context, _Exchange):
-            exchange = plan.context
-            remembered = self.splices.remember(
-                exchange.scope, chat.body, exchange.request, exchange.turn, self.off_loop
-            )
-            await self._safely(
-                remembered, "Remembering a request failed; the conversation's next one is parsed in full."
-            )
+        if self.splices is not None and isinstance(exchange := plan.context, _Exchange):
+            await self.splices.remember(scope, chat.body, exchange.request, exchange.turn, self.off_loop)
         return plan
 
     async def _parse(self, raw: bytes) -> ChatRequest:
         return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
 
-    async def _extension(self, raw: bytes, headers: Mapping[str, str]) -> Extension | None:
-        """The request as the conversation's last one plus new messages, recognized from its bytes; None to parse it."""
-        if self.splices is None:
-            return None
-        scope = _scope(self._tenant(headers), _int_header(headers.get(CONTEXT_WINDOW_HEADER)))
-        recognized = self.splices.recognize(scope, raw, self.off_loop)
-        return await self._safely(recognized, "Recognizing a re-sent conversation failed; it is parsed in full.")
-
-    async def _safely(self, work: Awaitable[T], failure: str) -> T | None:
-        """What `work` gives, or None when it fails (logged and counted): the shortcut never fails a request."""
-        try:
-            return await work
-        except Exception as error:
-            log_failure(logger, failure, error)
-            self.metrics.errors.inc()
-            return None
-
     async def _prepare(
         self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str], extension: Extension | None
     ) -> ForwardPlan:
         tenant = self._tenant(headers)
-        model = request.model or _deployment_name(chat.path)
-        requested = _int_header(headers.get(CONTEXT_WINDOW_HEADER))
-        scope = _scope(tenant, requested)
+        model = request.model or deployment_name(chat.path)
+        requested = int_header(headers.get(CONTEXT_WINDOW_HEADER))
+        scope = state_scope(tenant, requested)
         window = self.windows.resolve(model, requested, tenant)
         exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
         view = exchange.turn.view = await self._view(exchange)
@@ -384,6 +368,9 @@ class ChatCompactionService:
         """
         return await self.off_loop.run(exchange.size if whole else exchange.turn.new_bytes(exchange.size), work)
 
+    def _failed(self) -> None:
+        self.metrics.errors.inc()
+
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
         return bytes.fromhex(self.settings.tenant_of(headers))
@@ -418,17 +405,6 @@ def _sized(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and h
     return _Sized(transcript, thresholds, decision, overhead, anchor)
 
 
-def _scope(tenant: bytes, requested_window: int | None) -> bytes:
-    """The state scope of a request: its tenant, or the tenant under a per-request window override.
-
-    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
-    request's override is never remembered for the conversation's later turns without it.
-    """
-    if requested_window is None or requested_window <= 0:
-        return tenant
-    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
-
-
 def _chain_names(strategies: list[str]) -> list[str]:
     """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
     names = [name for name in strategies if name != Summarization.name]
@@ -438,19 +414,3 @@ def _chain_names(strategies: list[str]) -> list[str]:
 def build_chat_compaction(settings: Settings) -> ChatCompactionService:
     """The compaction side of the proxy for these settings."""
     return ChatCompactionService(settings)
-
-
-def _deployment_name(path: str) -> str | None:
-    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
-    parts = path.strip("/").split("/")
-    if "deployments" in parts:
-        position = parts.index("deployments") + 1
-        return parts[position] if position < len(parts) else None
-    return None
-
-
-def _int_header(value: str | None) -> int | None:
-    try:
-        return int(value) if value and len(value) <= 12 else None
-    except ValueError:
-        return None

@@ -15,6 +15,8 @@ it relies on and does the full work when it does not hold, so the result is alwa
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import is_
 
@@ -28,6 +30,9 @@ from proxy.chat.raw_messages import appended_messages, messages_end, opening_end
 from proxy.chat.request import ChatRequest, RequestLimits, content_parts
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
 from proxy.engine.messages import Message
+from proxy.failures import log_failure
+
+logger = logging.getLogger("proxy.compaction")
 
 
 @dataclass(frozen=True)
@@ -142,22 +147,31 @@ class Splices:
     A conversation is found by its opening: its body's bytes up to the end of its second message (its first when it
     has one), which hold the system prompt and the task, so the runs of one agent rarely share one.
 
+    Like the rest of compaction it fails open: an error of its own is logged, counted with `on_failure`, and the
+    request takes the full path.
+
     :param limits: The proxy's limits: an extension over them is left to the full path, which refuses it.
     :param max_bytes: What the remembered requests may cost together, each charged twice its body (the bytes and
         the parsed request), the body the proxy serialized for it, and `BYTES_PER_MESSAGE` per message.
+    :param on_failure: Counts an error of the shortcut.
     """
 
-    def __init__(self, limits: RequestLimits, max_bytes: int) -> None:
+    def __init__(self, limits: RequestLimits, max_bytes: int, on_failure: Callable[[], None]) -> None:
         self.limits = limits
+        self.on_failure = on_failure
         self._recent: RecentByOpening[LastRequest] = RecentByOpening(DEFAULT_MAX_CONVERSATIONS, max_bytes)
 
     async def recognize(self, scope: bytes, raw: bytes, off_loop: OffLoop) -> Extension | None:
         """The request as a remembered one plus new messages, when its bytes say so; None to parse it in full."""
-        matched = self.match(scope, raw)
-        if matched is None:
+        try:
+            matched = self.match(scope, raw)
+            if matched is None:
+                return None
+            previous, inserted = matched
+            return await off_loop.run(len(inserted), lambda: self.extension(previous, inserted))
+        except Exception as error:
+            self._failed("Recognizing a re-sent conversation failed; it is parsed in full.", error)
             return None
-        previous, inserted = matched
-        return await off_loop.run(len(inserted), lambda: self.extension(previous, inserted))
 
     def match(self, scope: bytes, raw: bytes) -> tuple[LastRequest, bytes] | None:
         """The remembered request `raw` extends and the bytes it inserts, comparing bytes only."""
@@ -191,7 +205,14 @@ class Splices:
 
         A body seen for the first time is proven (`messages_end`) off the event loop when it is large.
         """
-        await off_loop.run(turn.new_bytes(len(raw)), lambda: self._remember(scope, raw, request, turn))
+        try:
+            await off_loop.run(turn.new_bytes(len(raw)), lambda: self._remember(scope, raw, request, turn))
+        except Exception as error:
+            self._failed("Remembering a request failed; the conversation's next one is parsed in full.", error)
+
+    def _failed(self, message: str, error: Exception) -> None:
+        log_failure(logger, message, error)
+        self.on_failure()
 
     def _remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
         extension = turn.extension

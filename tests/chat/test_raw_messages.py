@@ -29,7 +29,7 @@ NEW = [{"role": "assistant", "content": "] a reply }"}, {"role": "user", "conten
 
 
 async def remembered(raw: bytes) -> Splices:
-    splices = Splices(LIMITS, max_bytes=2**20)
+    splices = Splices(LIMITS, max_bytes=2**20, on_failure=pytest.fail)
     await splices.remember(SCOPE, raw, ChatRequest.parse(raw), Turn(), OffLoop())
     return splices
 
