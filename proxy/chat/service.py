@@ -298,7 +298,8 @@ class ChatCompactionService:
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
             return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
-        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=messages is not None)
+        whole = messages is not None and not exchange.turn.splices(messages)
+        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
         return ForwardPlan(
             body=body,
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},

@@ -50,6 +50,10 @@ class Forwarded:
     end: int
     ask_usage: bool
 
+    def extended_by(self, messages: list[Message], *, ask_usage: bool) -> bool:
+        """Whether the body for `messages` (of a request extending this one's) is this body with messages added."""
+        return self.ask_usage == ask_usage and _starts_with(messages, self.messages)
+
 
 @dataclass(frozen=True)
 class LastRequest:
@@ -112,6 +116,11 @@ class Turn:
     view: View | None = None
     counted: list[int | None] | None = None
     forwarded: Forwarded | None = None
+
+    def splices(self, messages: list[Message]) -> bool:
+        """Whether the body the proxy serializes for `messages` is spliced from the last request's (see `forward`)."""
+        earlier = self.extension.previous.forwarded if self.extension else None
+        return earlier is not None and _starts_with(messages, earlier.messages)
 
     def new_bytes(self, size: int) -> int:
         """What the request added to the one it extends, in bytes: all its `size` when it extends none."""
@@ -245,7 +254,7 @@ def forward(
         return forwarded_body(raw, request, messages, ask_usage=ask_usage), None
     sent = request.messages if messages is None else messages
     earlier = extension.previous.forwarded if extension else None
-    if earlier is not None and earlier.ask_usage == ask_usage and _starts_with(sent, earlier.messages):
+    if earlier is not None and earlier.extended_by(sent, ask_usage=ask_usage):
         added = sent[len(earlier.messages) :]
         if not added:
             return earlier.body, earlier

@@ -55,7 +55,7 @@ class Transcript:
         return count
 
     def counted(self) -> list[int | None]:
-        """The counts made so far, by position (None where not counted): a transcript extending this one starts there."""
+        """The counts made so far, by position (None where not yet counted), for a transcript extending this one."""
         return list(self._tokens)
 
     def upper_bound(self, index: int) -> int:
