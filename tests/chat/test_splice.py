@@ -14,11 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.off_loop import OffLoop
+from proxy.chat.request import ChatRequest, RequestLimits
 from proxy.chat.service import ChatCompactionService
+from proxy.chat.splice import Splices, Turn
 from proxy.config import Mode, Settings
 from proxy.engine import counter_for_model
 from tests.engine.conversations import conversations
@@ -143,3 +147,14 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
         sent = min(len(history), sent + added)
     if all(action == "grow" for action, _added in plan) and len(history) > 1:
         assert recognized == len(plan) - 1, "every request after the first extends the one before it"
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=3_000), min_size=1, max_size=30))
+async def test_what_is_remembered_never_costs_more_than_its_budget(sizes: list[int]) -> None:
+    splices = Splices(RequestLimits(max_messages=100, max_content_parts=100), max_bytes=40_000, on_failure=pytest.fail)
+    for number, size in enumerate(sizes):
+        raw = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": f"{number} " + "x" * size}]})
+        await splices.remember(b"tenant", raw, ChatRequest.parse(raw), Turn(), OffLoop())
+        assert splices._recent.cost <= 40_000
+    assert splices._recent.cost > 0
