@@ -30,6 +30,8 @@ _STRING, _PUNCTUATION, _SCALAR = 1, 2, 3
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _PUNCTUATION_BYTES: Final = b"[]{},:"
 _SCALAR_STOPS: Final = _WHITESPACE + _PUNCTUATION_BYTES + b'"'
+_LONGEST_SCALAR: Final = 64
+"""Bytes a number or literal read backwards may have; a longer one ends the scan (numbers that long are not sent)."""
 
 
 class _Tokens:
@@ -169,8 +171,11 @@ class _BackwardTokens:
             if start < 0:
                 return None
         elif raw[start] not in _PUNCTUATION_BYTES:
-            while start > 0 and raw[start - 1] not in _SCALAR_STOPS:
+            shortest = max(end - _LONGEST_SCALAR, 0)
+            while start > shortest and raw[start - 1] not in _SCALAR_STOPS:
                 start -= 1
+            if start == shortest and start > 0 and raw[start - 1] not in _SCALAR_STOPS:
+                return None
         self.position = start
         return raw[start:end]
 

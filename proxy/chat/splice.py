@@ -90,8 +90,9 @@ class LastRequest:
 
 @dataclass(frozen=True)
 class Extension:
-    """A request recognized from its bytes as a remembered one plus `added` messages (none when re-sent as it was).
+    """A request recognized from its bytes as a remembered one plus new messages (none when re-sent as it was).
 
+    :param previous: The remembered request.
     :param request: The request, exactly as parsing its whole body gives it.
     :param end: Where its last message ends in its body.
     :param content_parts: The content parts of all its messages.
@@ -99,7 +100,6 @@ class Extension:
 
     previous: LastRequest
     request: ChatRequest
-    added: list[Message]
     end: int
     content_parts: int
 
@@ -207,7 +207,7 @@ class Splices:
         if added:
             messages = [*known, *added]
             request = ChatRequest({**request.body, "messages": messages}, messages)
-        return Extension(previous, request, added, previous.end + len(inserted), parts)
+        return Extension(previous, request, previous.end + len(inserted), parts)
 
     async def remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn, off_loop: OffLoop) -> None:
         """Remember the request for the conversation's next turn.

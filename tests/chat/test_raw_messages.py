@@ -95,8 +95,16 @@ async def test_a_changed_field_after_the_messages_is_not_recognized() -> None:
         b'{"\\u006dessages":[{"a":1}],"messages":[{"b":2}]}',
         b'{"messages":[]}',
         b'{"messages":[{"a":1},2]}',
+        b'{"messages":[{"a":1}],"t":0.' + b"1" * 100 + b"}",
     ],
-    ids=["duplicate-field-inside", "duplicate-messages", "escaped-duplicate-messages", "empty", "last-not-object"],
+    ids=[
+        "duplicate-field-inside",
+        "duplicate-messages",
+        "escaped-duplicate-messages",
+        "empty",
+        "last-not-object",
+        "number-too-long-to-scan",
+    ],
 )
 def test_no_end_is_given_where_the_parsed_messages_do_not_end(raw: bytes) -> None:
     assert messages_end(raw, orjson.loads(raw)) is None
