@@ -82,9 +82,13 @@ class RecentByOpening(Generic[T]):
         with self._lock:
             return [item for item, _cost in self._seen.get(opening, ())]
 
+    def admits(self, cost: int) -> bool:
+        """Whether a request costing `cost` would be remembered (so one too large is not worked on for it)."""
+        return cost <= self._max_bytes // LARGEST_SHARE
+
     def remember(self, opening: bytes, item: T, cost: int, replacing: T | None = None) -> None:
         """Remember `item` first under `opening`, in place of `replacing` (the request it extends), if remembered."""
-        if cost > self._max_bytes // LARGEST_SHARE:
+        if not self.admits(cost):
             return
         with self._lock:
             candidates = self._seen.pop(opening, [])

@@ -25,7 +25,8 @@ MAX_SCAN_TOKENS: Final = 1024
 fit in it."""
 
 _WHITESPACE: Final = b" \t\n\r"
-_TOKEN: Final = re.compile(rb'[ \t\n\r]*(?:("[^"\\]*(?:\\.[^"\\]*)*")|([\[\]{},:])|([^ \t\n\r\[\]{},:"]+))', re.DOTALL)
+_TOKEN: Final = re.compile(rb'[ \t\n\r]*(?:(")|([\[\]{},:])|([^ \t\n\r\[\]{},:"]+))')
+_ESCAPED_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _STRING, _PUNCTUATION, _SCALAR = 1, 2, 3
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _PUNCTUATION_BYTES: Final = b"[]{},:"
@@ -42,14 +43,28 @@ class _Tokens:
         self.position = position
         self.budget = MAX_SCAN_TOKENS
 
-    def next(self) -> tuple[int, bytes] | None:
-        """The next token's kind and bytes, or None at the end, on bytes that are not JSON, or out of budget."""
+    def next(self) -> tuple[int, bytes | memoryview] | None:
+        """The next token's kind and bytes, or None at the end, on bytes that are not JSON, or out of budget.
+
+        A string is found with a memory search for its closing quote (a regular expression only when it holds an
+        escaped quote), and given as a view, not a copy: the first messages can be megabytes long.
+        """
         self.budget -= 1
         found = _TOKEN.match(self.raw, self.position) if self.budget >= 0 else None
         if found is None or found.lastindex is None:
             return None
-        self.position = found.end()
-        return found.lastindex, found.group(found.lastindex)
+        if found.lastindex != _STRING:
+            self.position = found.end()
+            return found.lastindex, found.group(found.lastindex)
+        start = found.start(_STRING)
+        end = self.raw.find(b'"', start + 1) + 1
+        if end > 0 and self.raw[end - 2] == _BACKSLASH:
+            string = _ESCAPED_STRING.match(self.raw, start)
+            end = string.end() if string else 0
+        if end <= 0:
+            return None
+        self.position = end
+        return _STRING, memoryview(self.raw)[start:end]
 
     def skip_value(self) -> bool:
         """Step over one value (a scalar, string, object or array); False when that is not what follows."""
@@ -182,6 +197,9 @@ class _BackwardTokens:
     def _string_start(self, closing: int) -> int:
         quote = self.raw.rfind(b'"', 0, closing)
         while quote > 0:
+            self.budget -= 1
+            if self.budget < 0:
+                return -1
             backslashes = quote
             while backslashes > 0 and self.raw[backslashes - 1] == _BACKSLASH:
                 backslashes -= 1

@@ -224,6 +224,11 @@ class Splices:
         self.on_failure()
 
     def _remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
+        cost = 2 * len(raw) + BYTES_PER_MESSAGE * len(request.messages)
+        if turn.forwarded is not None:
+            cost += len(turn.forwarded.body)
+        if not self._recent.admits(cost):
+            return
         extension = turn.extension
         end = extension.end if extension else messages_end(raw, request.body)
         openings = opening_ends(raw)
@@ -231,9 +236,6 @@ class Splices:
             return
         parts = extension.content_parts if extension else content_parts(request.messages)
         last = LastRequest(raw, end, request, parts, turn.keyed, turn.view, turn.counted, turn.forwarded)
-        cost = 2 * len(raw) + BYTES_PER_MESSAGE * len(request.messages)
-        if turn.forwarded is not None:
-            cost += len(turn.forwarded.body)
         replacing = extension.previous if extension else None
         self._recent.remember(_opening(scope, raw, openings[-1]), last, cost, replacing=replacing)
 
