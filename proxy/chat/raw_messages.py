@@ -96,11 +96,20 @@ def _messages_array(raw: bytes) -> int | None:
     while (key := tokens.next()) is not None and key[0] == _STRING:
         if not tokens.expect(b":"):
             return None
-        if orjson.loads(key[1]) == "messages":
+        if _text(key[1]) == "messages":
             return tokens.position if tokens.expect(b"[") else None
         if not tokens.skip_value() or not tokens.expect(b","):
             return None
     return None
+
+
+def _text(string: bytes | memoryview) -> str | None:
+    """A JSON string token's text, or None when it is not valid JSON (the scan reads bodies not yet parsed)."""
+    try:
+        text = orjson.loads(string)
+    except orjson.JSONDecodeError:
+        return None
+    return text if isinstance(text, str) else None
 
 
 def opening_ends(raw: bytes) -> tuple[int, ...]:

@@ -135,3 +135,12 @@ def test_new_messages_are_held_to_the_parsers_depth_limit_as_in_a_whole_body(dep
     except orjson.JSONDecodeError:
         parses = False
     assert (appended_messages(b"," + message) is not None) == parses
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a\\x":1}', b'{"\xff":1,"messages":[{}]}', b"{", b"", b'{"messages":[{"a":"\\', b'"x', b"[1]", b"\xef\xbb"],
+)
+async def test_bytes_that_are_not_a_chat_body_are_not_recognized_and_raise_nothing(raw: bytes) -> None:
+    splices = await remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
+    assert splices.match(SCOPE, raw) is None
