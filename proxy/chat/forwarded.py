@@ -33,17 +33,28 @@ def forwarded_body(raw: bytes, request: ChatRequest, messages: list[Message] | N
 
     :param ask_usage: Also set `stream_options.include_usage` (keeping the client's other stream options).
     """
-    if not ask_usage:
-        return raw if messages is None else request.with_messages(messages)
-    if messages is None and "stream_options" not in request.body:
+    if keeps_client_bytes(request, messages, ask_usage=ask_usage):
+        if not ask_usage:
+            return raw
         stripped = raw.rstrip()
         if stripped.endswith(b"}"):
             return stripped[:-1] + _USAGE_OPTION
-    options = request.body.get("stream_options")
-    usage_options = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
-    if messages is None:
-        return orjson.dumps({**request.body, "stream_options": usage_options})
-    return request.with_messages(messages, stream_options=usage_options)
+    return orjson.dumps(forwarded_fields(request, messages, ask_usage=ask_usage))
+
+
+def keeps_client_bytes(request: ChatRequest, messages: list[Message] | None, *, ask_usage: bool) -> bool:
+    """Whether the body sent is the client's own bytes (with `include_usage` spliced in at their end at most)."""
+    return messages is None and not (ask_usage and "stream_options" in request.body)
+
+
+def forwarded_fields(request: ChatRequest, messages: list[Message] | None, *, ask_usage: bool) -> dict[str, Any]:
+    """The fields of a body the proxy serializes itself: the request's, with `messages` (its own when None)."""
+    fields = dict(request.body)
+    if ask_usage:
+        options = request.body.get("stream_options")
+        fields["stream_options"] = {**(options if isinstance(options, Mapping) else {}), "include_usage": True}
+    fields["messages"] = request.messages if messages is None else messages
+    return fields
 
 
 INVALID_WINDOW_WARNING: Final = "X-Context-Window ignored: not a positive integer"

@@ -2,7 +2,8 @@
 
 Only what compaction relies on is checked: a JSON object with a `messages` list of objects, within the proxy's
 limits on messages and content parts. Anything else (unknown fields, odd roles, odd content) is the provider's to
-judge: the proxy forwards it untouched.
+judge: the proxy forwards it untouched. Also here: what the request's path and headers tell compaction (an Azure
+deployment, a requested window, and the state scope that follows from them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from xxhash import xxh3_128_digest
 
 from proxy.engine.messages import Message
 
@@ -50,17 +52,23 @@ class RequestLimits:
                 f"(setting max_messages). Compact or split the conversation before sending it.",
                 "too_many_messages",
             )
-        parts = 0
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                parts += len(content)
+        parts = content_parts(messages)
         if parts > self.max_content_parts:
             raise RequestOverLimit(
                 f"The request has {parts} content parts; this proxy accepts at most {self.max_content_parts} "
                 f"(setting max_content_parts).",
                 "too_many_content_parts",
             )
+
+
+def content_parts(messages: list[Any]) -> int:
+    """How many content parts the messages hold: the entries of their list contents."""
+    parts = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts += len(content)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -111,3 +119,23 @@ class ChatRequest:
     def with_messages(self, messages: list[Message], **fields: Any) -> bytes:
         """The request body with its messages replaced (and `fields` set), every other field as it was."""
         return orjson.dumps({**self.body, **fields, "messages": messages})
+
+
+def state_scope(tenant: bytes, requested_window: int | None) -> bytes:
+    """The state scope of a request: its tenant, or the tenant under a per-request window override.
+
+    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
+    request's override is never remembered for the conversation's later turns without it.
+    """
+    if requested_window is None or requested_window <= 0:
+        return tenant
+    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
+
+
+def deployment_name(path: str) -> str | None:
+    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
+    parts = path.strip("/").split("/")
+    if "deployments" in parts:
+        position = parts.index("deployments") + 1
+        return parts[position] if position < len(parts) else None
+    return None

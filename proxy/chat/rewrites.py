@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes
+from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended_keys
 from proxy.engine import EditPlan
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
 from proxy.state import StateStore
 
@@ -52,6 +52,11 @@ class Keyed:
     keys: list[bytes]
     chain: list[bytes]
     body_bytes: int
+
+    def extended(self, messages: list[Message], body_bytes: int) -> Keyed:
+        """The keys of `messages`, which start with these messages: only the ones after them are hashed."""
+        keys, chain = extended_keys(self.keys, self.chain, messages[len(self.keys) :])
+        return Keyed(messages, keys, chain, body_bytes)
 
 
 class RewriteMemory:
@@ -101,6 +106,37 @@ class RewriteMemory:
         # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
         view_keys, view_chain = self.view_prefixes.keys(scope, messages, keyed.body_bytes)
         return View(messages, view_keys, meta, plan, keyed.chain, view_chain)
+
+    def extended_view(self, previous: View, keyed: Keyed, plan: EditPlan | None) -> View | None:
+        """What `view` gives for a request that extends the one `previous` was made for, built from `previous`.
+
+        Only the new messages are looked at: they are kept as they are, so the view is `previous` plus them. None when
+        `plan` (what `find` gave for this request) is not `previous.plan` extended over them, because another rewrite
+        was stored for this conversation since; `view` then gives the answer.
+        """
+        known, length = len(previous.original_chain), len(keyed.messages)
+        if plan is None:
+            if previous.changed:
+                return None
+            return View(keyed.messages, keyed.keys, None, previous.plan.extended(length), keyed.chain, keyed.chain)
+        kept = len(previous.plan.entries)
+        appended = tuple(Kept(index) for index in range(known, length))
+        if (
+            previous.meta is None
+            or plan.source_length != length
+            or plan.entries[kept:] != appended
+            or plan.entries[:kept] != previous.plan.entries
+        ):
+            return None
+        added_keys = keyed.keys[known:]
+        return View(
+            [*previous.messages, *keyed.messages[known:]],
+            [*previous.keys, *added_keys],
+            [*previous.meta, *({} for _ in added_keys)],
+            plan,
+            keyed.chain,
+            [*previous.chain, *chain_keys(added_keys, start=previous.chain[-1])],
+        )
 
     def compacted_chain(self, scope: bytes, messages: list[Message], body_bytes: int) -> list[bytes]:
         """The chain of a freshly compacted view, remembered as the view the next turn will extend (CPU work).

@@ -22,22 +22,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from xxhash import xxh3_128_digest
-
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import (
-    WINDOW_SOURCE_HEADER,
-    asks_for_usage,
-    forwarded_body,
-    report_headers,
-    requested_window,
-)
+from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers, requested_window
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
-from proxy.chat.request import ChatRequest, InvalidChatRequest, RequestLimits, RequestOverLimit
+from proxy.chat.request import (
+    ChatRequest,
+    InvalidChatRequest,
+    RequestLimits,
+    RequestOverLimit,
+    deployment_name,
+    state_scope,
+)
 from proxy.chat.rewrites import RewriteMemory, View
+from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
 from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
@@ -86,6 +86,7 @@ class _Exchange:
     estimate: Estimate | None = None
     retried: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    turn: Turn = field(default_factory=Turn)
 
     @property
     def sent(self) -> Sent:
@@ -110,10 +111,17 @@ class ChatCompactionService:
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
     :param chain: The compaction chain; the one `settings.strategies` names when None.
+    :param splice: Recognize a conversation's next request from its bytes (see `splice`); False only to compare the
+        shortcut with the full path.
     """
 
     def __init__(
-        self, settings: Settings, store: StateStore | None = None, chain: CompactionChain | None = None
+        self,
+        settings: Settings,
+        store: StateStore | None = None,
+        chain: CompactionChain | None = None,
+        *,
+        splice: bool = True,
     ) -> None:
         self.settings = settings
         self.mode = settings.mode
@@ -123,10 +131,11 @@ class ChatCompactionService:
         self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()
         self.rewrites = RewriteMemory(
-            self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes
+            self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
+        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
@@ -157,8 +166,10 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
+        scope = state_scope(self._tenant(headers), requested_window(headers.get(CONTEXT_WINDOW_HEADER))[0])
+        extension = await self.splices.recognize(scope, chat.body, self.off_loop) if self.splices else None
         try:
-            request = await self.off_loop.run(len(chat.body), lambda: ChatRequest.parse(chat.body, self.limits))
+            request = extension.request if extension else await self._parse(chat.body)
         except InvalidChatRequest:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels("unparsed").inc()
@@ -167,25 +178,33 @@ class ChatCompactionService:
             self.metrics.requests.labels("refused").inc()
             return Refusal(400, str(over), over.code, param="messages")
         try:
-            return await self._prepare(chat, request, headers)
+            plan = await self._prepare(chat, request, headers, extension)
         except Exception as error:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
+        if self.splices is not None and isinstance(exchange := plan.context, _Exchange):
+            await self.splices.remember(scope, chat.body, exchange.request, exchange.turn, self.off_loop)
+        return plan
 
-    async def _prepare(self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str]) -> ForwardPlan:
+    async def _parse(self, raw: bytes) -> ChatRequest:
+        return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
+
+    async def _prepare(
+        self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str], extension: Extension | None
+    ) -> ForwardPlan:
         tenant = self._tenant(headers)
-        model = request.model or _deployment_name(chat.path)
+        model = request.model or deployment_name(chat.path)
         requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        scope = _scope(tenant, requested)
+        scope = state_scope(tenant, requested)
         resolved = await self.discovery.resolve(model, requested, tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body))
+        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
         if warning:
             exchange.headers["X-Compaction-Warning"] = warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
-        view = await self._view(exchange)
+        view = exchange.turn.view = await self._view(exchange)
         if window is None:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
@@ -196,7 +215,11 @@ class ChatCompactionService:
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
-        sized = await self._work(exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration))
+        known = exchange.turn.counted
+        sized = await self._work(
+            exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration, known)
+        )
+        exchange.turn.counted = sized.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
         outcome = await self._compaction(exchange, sized, context)
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
@@ -210,6 +233,7 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
+        exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
         exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
@@ -224,16 +248,15 @@ class ChatCompactionService:
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
         compacted = list(result.compacted.messages)
-        chain = await self._work(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size))
+        chain = await self._work(
+            exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
+        )
         return await self._forward(chat.body, exchange, compacted, chain)
 
     async def _view(self, exchange: _Exchange) -> View:
-        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`)."""
-        scope, messages = exchange.scope, exchange.request.messages
-        keyed = await self._work(exchange, lambda: self.rewrites.keyed(scope, messages, exchange.size))
-        found = await self.rewrites.find(scope, keyed)
-        plan = found[1] if found else None
-        return await self._work(exchange, lambda: self.rewrites.view(scope, keyed, plan))
+        """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
+        messages, size = exchange.request.messages, exchange.size
+        return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
     async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.
@@ -249,11 +272,10 @@ class ChatCompactionService:
             return Outcome(decision)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
-            return Outcome(
-                decision, await self._work(exchange, lambda: self.chain.compact(transcript, decision.target_tokens))
-            )
+            compact = lambda: self.chain.compact(transcript, decision.target_tokens)  # noqa: E731
+            return Outcome(decision, await self._work(exchange, compact, whole=True))
         summarized = transcript.edited(summary)
-        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens))
+        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens), whole=True)
         result = CompactionResult(
             plan=summary if rest is None else summary.then(rest.plan),
             compacted=summarized if rest is None else rest.compacted,
@@ -283,12 +305,13 @@ class ChatCompactionService:
         request = exchange.request
         ask_usage = request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
-        def build() -> tuple[bytes, list[bytes]]:
+        def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            return forwarded_body(raw, request, messages, ask_usage=ask_usage), sent_chain
+            return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
-        body, exchange.chain = await self._work(exchange, build)
+        whole = messages is not None and not exchange.turn.splices(messages)
+        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
         return ForwardPlan(
             body=body,
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
@@ -332,7 +355,7 @@ class ChatCompactionService:
             target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
             return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
 
-        result = await self._work(exchange, compact)
+        result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
@@ -353,9 +376,15 @@ class ChatCompactionService:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         return await self._forward(b"", retry, list(result.compacted.messages), None)
 
-    async def _work(self, exchange: _Exchange, work: Callable[[], T]) -> T:
-        """CPU work for this request: off the event loop when its body is large."""
-        return await self.off_loop.run(exchange.size, work)
+    async def _work(self, exchange: _Exchange, work: Callable[[], T], *, whole: bool = False) -> T:
+        """CPU work for this request: off the event loop when it is large.
+
+        :param whole: The work is proportional to the whole request, not only to what it added to a known one.
+        """
+        return await self.off_loop.run(exchange.size if whole else exchange.turn.new_bytes(exchange.size), work)
+
+    def _failed(self) -> None:
+        self.metrics.errors.inc()
 
     def _tenant(self, headers: Mapping[str, str]) -> bytes:
         """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
@@ -379,23 +408,16 @@ def _sized(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and h
     thresholds: Thresholds,
     anchor: Anchor | None,
     calibration: Calibration,
+    counted: list[int | None] | None,
 ) -> _Sized:
-    """Count what the decision needs and decide (CPU work)."""
-    transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+    """Count what the decision needs and decide (CPU work).
+
+    :param counted: The view's counts already made (for a known request extended), by position.
+    """
+    transcript = Transcript(view.messages, counter, view.meta, tokens=counted, keys=view.keys)
     overhead = counter.overhead_tokens(request.body)
     decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=calibration)
     return _Sized(transcript, thresholds, decision, overhead, anchor)
-
-
-def _scope(tenant: bytes, requested_window: int | None) -> bytes:
-    """The state scope of a request: its tenant, or the tenant under a per-request window override.
-
-    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
-    request's override is never remembered for the conversation's later turns without it.
-    """
-    if requested_window is None or requested_window <= 0:
-        return tenant
-    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
 
 
 def _chain_names(strategies: list[str]) -> list[str]:
@@ -407,12 +429,3 @@ def _chain_names(strategies: list[str]) -> list[str]:
 def build_chat_compaction(settings: Settings) -> ChatCompactionService:
     """The compaction side of the proxy for these settings."""
     return ChatCompactionService(settings)
-
-
-def _deployment_name(path: str) -> str | None:
-    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
-    parts = path.strip("/").split("/")
-    if "deployments" in parts:
-        position = parts.index("deployments") + 1
-        return parts[position] if position < len(parts) else None
-    return None

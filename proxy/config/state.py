@@ -48,11 +48,14 @@ class StateSettings(BaseModel):
         default=64 * 2**20,
         gt=0,
         description=(
-            "Memory, in bytes, for the parsed messages of recent requests, kept so that a conversation sent again"
-            " has only its new messages hashed. Each request is charged its body size plus about 400 bytes per"
-            " message; the least recently seen conversations are forgotten first, and a request costing more than a"
-            " quarter of this is not kept at all (it is hashed in full each time it comes). Shared by the"
-            " original requests and their compacted views."
+            "Memory, in bytes, for what is kept of each conversation's last request so that its next one costs only"
+            " its new messages. Half holds the last request as the proxy handled it (its raw body, parsed messages"
+            " and the body it forwarded, charged twice the body plus what it serialized), so a request that extends"
+            " it is recognized from its bytes and spliced; the other half holds parsed messages and their keys for"
+            " requests that are not (each charged its body size), shared by the original requests and their"
+            " compacted views. Both are charged about 400 bytes per message besides; the least recently seen"
+            " conversations are forgotten first, and a request costing more than a quarter of its half is not kept"
+            " at all (it is parsed and hashed in full each time it comes)."
         ),
     )
     state_max_bytes: int = Field(

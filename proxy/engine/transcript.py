@@ -54,6 +54,10 @@ class Transcript:
             count = self._tokens[index] = self.counter.message_tokens(self.messages[index], key)
         return count
 
+    def counted(self) -> list[int | None]:
+        """The counts made so far, by position (None where not yet counted), for a transcript extending this one."""
+        return list(self._tokens)
+
     def upper_bound(self, index: int) -> int:
         """A bound no smaller than `tokens(index)`: the count when already known, else the counter's cheap bound."""
         count = self._tokens[index]

@@ -37,7 +37,7 @@ def test_tenants_never_reuse_each_others_prefixes() -> None:
     alice_keys, alice_chain = prefixes.keys(b"alice", messages)
     bob_keys, bob_chain = prefixes.keys(b"bob", [*copy.deepcopy(messages), {"role": "user", "content": "more"}])
     assert (bob_keys, bob_chain) == fresh([*messages, {"role": "user", "content": "more"}])
-    assert prefixes._seen.keys() == {b"alice" + alice_keys[0], b"bob" + bob_keys[0]}
+    assert prefixes._seen.openings() == {b"alice" + alice_keys[0], b"bob" + bob_keys[0]}
     assert alice_chain == fresh(messages)[1]
 
 
