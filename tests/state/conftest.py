@@ -30,6 +30,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop a redis-server: SIGTERM, then SIGKILL if it has not exited within 5 seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _start(binary: str, directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start redis-server on a free port and wait (bounded) until it answers PING."""
     port = _free_port()
@@ -75,12 +85,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
 
 
 @pytest.fixture

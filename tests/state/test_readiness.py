@@ -7,13 +7,12 @@ loopback port where nothing listens. Only the proxy's own endpoints are asked, s
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.state.conftest import _free_port, _start
+from tests.state.conftest import _free_port, _start, _stop
 from tests.support import process_proxy
 
 start_process_proxy = process_proxy.start_process_proxy
@@ -71,10 +70,5 @@ async def test_readiness_follows_redis_going_away(
         proxy = await start_process_proxy(UPSTREAM, state_url=url, tenant_key=TENANT_KEY)
         assert (await readyz(proxy))[0] == 200
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        _stop(server)
     assert await readyz(proxy) == (200, {"status": "degraded", "reason": "state_store_unreachable"})
