@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers, requested_window
+from proxy.chat.measured import Measured, measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
@@ -43,17 +44,12 @@ from proxy.chat.usage import Estimate, Sent, UsageReports
 from proxy.config import Mode, Settings
 from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
-    Anchor,
-    Calibration,
     CompactionChain,
     CompactionResult,
-    Decision,
     Outcome,
     Summarization,
     Thresholds,
-    TokenCounter,
     Transcript,
-    calibrated_decision,
     chain_by_names,
     counter_for_model,
     decide,
@@ -92,17 +88,6 @@ class _Exchange:
     def sent(self) -> Sent:
         """What was forwarded, as the usage report needs it."""
         return Sent(self.scope, self.tenant, self.model, self.chain, self.estimate)
-
-
-@dataclass(frozen=True)
-class _Sized:
-    """A request as the engine measured it: the transcript, its thresholds, the decision and what it rests on."""
-
-    transcript: Transcript
-    thresholds: Thresholds
-    decision: Decision
-    overhead: int
-    anchor: Anchor | None
 
 
 class ChatCompactionService:
@@ -216,12 +201,12 @@ class ChatCompactionService:
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
-        sized = await self._work(
-            exchange, lambda: _sized(view, request, counter, thresholds, anchor, calibration, known)
+        measured = await self._work(
+            exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known)
         )
-        exchange.turn.counted = sized.transcript.counted()
+        exchange.turn.counted = measured.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
-        outcome = await self._compaction(exchange, sized, context)
+        outcome = await self._compaction(exchange, measured, context)
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
@@ -258,17 +243,17 @@ class ChatCompactionService:
         messages, size = exchange.request.messages, exchange.size
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
-    async def _compaction(self, exchange: _Exchange, sized: _Sized, context: SummaryContext) -> Outcome:
+    async def _compaction(self, exchange: _Exchange, measured: Measured, context: SummaryContext) -> Outcome:
         """Compact when the decision says so: a summary first when one is configured, then the chain.
 
         Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in
         the background, so it is ready when the trigger is reached.
         """
-        transcript, decision = sized.transcript, sized.decision
+        transcript, decision = measured.transcript, measured.decision
         summaries = self.summaries if self.mode is Mode.ENFORCE else None
         if not decision.compact:
             if summaries is not None:
-                self._summarize_ahead(summaries, sized, context)
+                self._summarize_ahead(summaries, measured, context)
             return Outcome(decision)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
@@ -285,15 +270,15 @@ class ChatCompactionService:
         )
         return Outcome(decision, result)
 
-    def _summarize_ahead(self, summaries: Summaries, sized: _Sized, context: SummaryContext) -> None:
+    def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
         """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
-        thresholds = sized.thresholds
+        thresholds = measured.thresholds
         ahead = Thresholds(thresholds.context_window, self.settings.summary_start_at, thresholds.compact_to)
-        if sized.decision.estimated_tokens < ahead.trigger_tokens:
+        if measured.decision.estimated_tokens < ahead.trigger_tokens:
             return
-        early = decide(ahead, sized.transcript, sized.overhead, sized.anchor, sized.decision.scale)
+        early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
         if early.compact:
-            summaries.start(context, sized.transcript, early.target_tokens)
+            summaries.start(context, measured.transcript, early.target_tokens)
 
     async def _forward(
         self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
@@ -399,25 +384,6 @@ class ChatCompactionService:
                 "context_windows in the config, default_context_window, or send X-Context-Window.",
                 shown(model) or "(no model)",
             )
-
-
-def _sized(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and handed to a worker thread
-    view: View,
-    request: ChatRequest,
-    counter: TokenCounter,
-    thresholds: Thresholds,
-    anchor: Anchor | None,
-    calibration: Calibration,
-    counted: list[int | None] | None,
-) -> _Sized:
-    """Count what the decision needs and decide (CPU work).
-
-    :param counted: The view's counts already made (for a known request extended), by position.
-    """
-    transcript = Transcript(view.messages, counter, view.meta, tokens=counted, keys=view.keys)
-    overhead = counter.overhead_tokens(request.body)
-    decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=calibration)
-    return _Sized(transcript, thresholds, decision, overhead, anchor)
 
 
 def _chain_names(strategies: list[str]) -> list[str]:
