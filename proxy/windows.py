@@ -114,11 +114,6 @@ class ContextWindows:
         self._learned: BoundedCache[bytes, int] = BoundedCache(max_learned)
         self._fits: BoundedCache[bytes, int] = BoundedCache(max_learned)
 
-    def resolve(self, model: str | None, requested: int | None = None, tenant: bytes = b"") -> int | None:
-        """The window for `model` in tokens; `requested` (from `X-Context-Window`) beats everything else."""
-        window = self.resolve_window(model, requested, tenant)
-        return window.tokens if window else None
-
     def resolve_window(
         self, model: str | None, requested: int | None = None, tenant: bytes = b"", discovered: int | None = None
     ) -> Window | None:

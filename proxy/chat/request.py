@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from xxhash import xxh3_128_digest
 
 from proxy.engine.messages import Message
 
@@ -46,13 +45,16 @@ class RequestLimits:
 
     def check(self, messages: list[Any]) -> None:
         """:raises RequestOverLimit: The messages exceed a limit."""
-        if len(messages) > self.max_messages:
+        self.check_counts(len(messages), content_parts(messages))
+
+    def check_counts(self, messages: int, parts: int) -> None:
+        """:raises RequestOverLimit: `messages` messages holding `parts` content parts exceed a limit."""
+        if messages > self.max_messages:
             raise RequestOverLimit(
-                f"The request has {len(messages)} messages; this proxy accepts at most {self.max_messages} "
+                f"The request has {messages} messages; this proxy accepts at most {self.max_messages} "
                 f"(setting max_messages). Compact or split the conversation before sending it.",
                 "too_many_messages",
             )
-        parts = content_parts(messages)
         if parts > self.max_content_parts:
             raise RequestOverLimit(
                 f"The request has {parts} content parts; this proxy accepts at most {self.max_content_parts} "
@@ -116,20 +118,9 @@ class ChatRequest:
                 raise InvalidChatRequest(f"`messages[{position}]` must be an object, got {type(message).__name__}.")
         return cls(body=body, messages=messages)
 
-    def with_messages(self, messages: list[Message], **fields: Any) -> bytes:
-        """The request body with its messages replaced (and `fields` set), every other field as it was."""
-        return orjson.dumps({**self.body, **fields, "messages": messages})
-
-
-def state_scope(tenant: bytes, requested_window: int | None) -> bytes:
-    """The state scope of a request: its tenant, or the tenant under a per-request window override.
-
-    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
-    request's override is never remembered for the conversation's later turns without it.
-    """
-    if requested_window is None or requested_window <= 0:
-        return tenant
-    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
+    def with_messages(self, messages: list[Message]) -> bytes:
+        """The request body with its messages replaced, every other field as it was."""
+        return orjson.dumps({**self.body, "messages": messages})
 
 
 def deployment_name(path: str) -> str | None:

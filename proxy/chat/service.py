@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from proxy.chat.caller import Caller
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers, requested_window
+from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import Measured, measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
@@ -35,7 +36,6 @@ from proxy.chat.request import (
     RequestLimits,
     RequestOverLimit,
     deployment_name,
-    state_scope,
 )
 from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
@@ -63,7 +63,6 @@ from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
 logger = logging.getLogger("proxy.compaction")
 
 COMPACTION_HEADER: Final = "x-compaction"
-CONTEXT_WINDOW_HEADER: Final = "x-context-window"
 
 T = TypeVar("T")
 
@@ -151,8 +150,8 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        scope = state_scope(self._tenant(headers), requested_window(headers.get(CONTEXT_WINDOW_HEADER))[0])
-        extension = await self.splices.recognize(scope, chat.body, self.off_loop) if self.splices else None
+        caller = Caller.of(headers, self.settings)
+        extension = await self.splices.recognize(caller.scope, chat.body, self.off_loop) if self.splices else None
         try:
             request = extension.request if extension else await self._parse(chat.body)
         except InvalidChatRequest:
@@ -163,30 +162,33 @@ class ChatCompactionService:
             self.metrics.requests.labels("refused").inc()
             return Refusal(400, str(over), over.code, param="messages")
         try:
-            plan = await self._prepare(chat, request, headers, extension)
+            plan = await self._prepare(chat, request, headers, caller, extension)
         except Exception as error:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
         if self.splices is not None and isinstance(exchange := plan.context, _Exchange):
-            await self.splices.remember(scope, chat.body, exchange.request, exchange.turn, self.off_loop)
+            await self.splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
         return plan
 
     async def _parse(self, raw: bytes) -> ChatRequest:
         return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
 
     async def _prepare(
-        self, chat: IncomingChat, request: ChatRequest, headers: Mapping[str, str], extension: Extension | None
+        self,
+        chat: IncomingChat,
+        request: ChatRequest,
+        headers: Mapping[str, str],
+        caller: Caller,
+        extension: Extension | None,
     ) -> ForwardPlan:
-        tenant = self._tenant(headers)
+        tenant, scope = caller.tenant, caller.scope
         model = request.model or deployment_name(chat.path)
-        requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        scope = state_scope(tenant, requested)
-        resolved = await self.discovery.resolve(model, requested, tenant, headers)
+        resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
         window = resolved.tokens if resolved else None
         exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
-        if warning:
-            exchange.headers["X-Compaction-Warning"] = warning
+        if caller.warning:
+            exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         view = exchange.turn.view = await self._view(exchange)
@@ -370,10 +372,6 @@ class ChatCompactionService:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-    def _tenant(self, headers: Mapping[str, str]) -> bytes:
-        """A keyed hash of all the caller's credential headers: state is scoped by it and no key is ever stored."""
-        return bytes.fromhex(self.settings.tenant_of(headers))
 
     def _log_unknown_model(self, model: str | None) -> None:
         key = name_key(model)

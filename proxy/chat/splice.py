@@ -27,7 +27,7 @@ from proxy.chat.forwarded import forwarded_body, forwarded_fields, keeps_client_
 from proxy.chat.known_prefixes import BYTES_PER_MESSAGE, DEFAULT_MAX_CONVERSATIONS, RecentByOpening
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
-from proxy.chat.request import ChatRequest, RequestLimits, content_parts
+from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, content_parts
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
 from proxy.engine.messages import Message
 from proxy.failures import log_failure
@@ -201,8 +201,10 @@ class Splices:
             return None
         known = previous.request.messages
         parts = previous.content_parts + content_parts(added)
-        if len(known) + len(added) > self.limits.max_messages or parts > self.limits.max_content_parts:
-            return None
+        try:
+            self.limits.check_counts(len(known) + len(added), parts)
+        except RequestOverLimit:
+            return None  # the full path refuses it, with its own answer
         request = previous.request
         if added:
             messages = [*known, *added]

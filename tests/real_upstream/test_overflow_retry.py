@@ -94,4 +94,5 @@ async def test_server_rejection_is_compacted_and_retried(
     assert usage is not None
     assert usage.prompt_tokens < N_CTX
     tenant = bytes.fromhex(service.settings.tenant_of({"Authorization": "Bearer sk-local"}))
-    assert service.windows.resolve(MODEL, tenant=tenant) == N_CTX, "the proxy did not learn the server's window"
+    learned = service.windows.resolve_window(MODEL, tenant=tenant)
+    assert learned is not None and learned.tokens == N_CTX, "the proxy did not learn the server's window"

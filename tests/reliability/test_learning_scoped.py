@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 from multidict import CIMultiDict
 
 from tests.reliability.conftest import MESSAGES, MODEL, MakeProxy, Proxy, chat_body, post_chat
@@ -75,23 +76,15 @@ def assert_forwarded_whole(
 # ---- windows learned from errors ------------------------------------------------------------------------------------
 
 
-async def test_an_error_quoting_caller_text_sets_no_window(
-    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession
+@pytest.mark.parametrize(
+    "error", [QUOTED_OVERFLOW, GENUINE_OVERFLOW], ids=["error-quoting-caller-text", "genuine-overflow"]
+)
+async def test_an_overflow_answer_for_one_tenant_leaves_other_tenants_windows(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession, error: dict[str, Any]
 ) -> None:
-    upstream.fail_next(400, QUOTED_OVERFLOW)
+    upstream.fail_next(400, error)
     status, _, _ = await send(http, proxy, MESSAGES, **TENANT_A)
-    assert status in (200, 400)  # relayed as is, or retried: either way nothing may be learned from it
-    others = conversation("billing")
-    status, headers, _ = await send(http, proxy, others, **TENANT_B)
-    assert status == 200
-    assert_forwarded_whole(upstream, headers, others)
-
-
-async def test_a_genuine_overflow_for_one_tenant_leaves_other_tenants_windows(
-    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession
-) -> None:
-    upstream.fail_next(400, GENUINE_OVERFLOW)
-    await send(http, proxy, MESSAGES, **TENANT_A)
+    assert status in (200, 400)  # relayed as is, or retried: either way nothing of it reaches tenant B
     others = conversation("billing")
     status, headers, _ = await send(http, proxy, others, **TENANT_B)
     assert status == 200
