@@ -26,6 +26,7 @@ from proxy.chat.metrics import CompactionMetrics
 from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.engine import EditPlan, Transcript
 from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
+from proxy.upstream_session import upstream_session
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -251,13 +252,7 @@ class Summaries:
         upstream connection trusts (`upstream_ca_bundle`).
         """
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self.settings.upstream_ssl()),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
-                auto_decompress=False,
-            )
+            self._session = upstream_session(self.settings)
         return self._session
 
     def _headers(self, context: SummaryContext) -> dict[str, str]:

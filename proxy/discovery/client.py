@@ -14,6 +14,9 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from proxy.config import Settings
+from proxy.upstream_session import upstream_session
+
 PROBE_SECONDS: Final = 5.0
 """How long one probe request may take in all (connecting, waiting and reading) before it counts as unanswered."""
 MAX_ANSWER_BYTES: Final = 4 * 2**20
@@ -28,13 +31,12 @@ class CredentialsNeeded(Exception):
 class ProbeClient:
     """Sends the probes' requests to the upstream over a session of its own, created on first use.
 
-    :param upstream: The configured upstream's base URL; probe paths are appended to it.
-    :param connect_timeout: Seconds to open a connection (the proxy's `connect_timeout`).
+    :param settings: The configured upstream (probe paths are appended to its URL), its TLS trust and connect timeout.
     """
 
-    def __init__(self, upstream: str, connect_timeout: float) -> None:
-        self.upstream = upstream
-        self.connect_timeout = connect_timeout
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.upstream = settings.upstream
         self._session: aiohttp.ClientSession | None = None
 
     async def fetch(
@@ -74,12 +76,7 @@ class ProbeClient:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=PROBE_SECONDS, sock_connect=self.connect_timeout),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
-                auto_decompress=False,
-            )
+            self._session = upstream_session(self.settings, total_seconds=PROBE_SECONDS)
         return self._session
 
 

@@ -99,7 +99,7 @@ class WindowDiscovery:
         self.probes: list[tuple[str, Probe]] = [(name, PROBES[name]) for name in probes_for(settings)]
         self.timeout = settings.discovery_timeout
         self.refresh = settings.discovery_refresh_seconds
-        self.client = ProbeClient(settings.upstream, settings.connect_timeout)
+        self.client = ProbeClient(settings)
         self._known: BoundedCache[bytes, _Known] = BoundedCache(MAX_LEARNED)
         self._running: dict[bytes, asyncio.Task[None]] = {}
 

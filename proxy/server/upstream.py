@@ -27,6 +27,7 @@ from yarl import URL
 
 from proxy.config import Settings
 from proxy.server.logging import SERVER_LOGGER
+from proxy.upstream_session import upstream_session
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -121,15 +122,7 @@ class Upstream:
     @staticmethod
     def create_session(settings: Settings) -> aiohttp.ClientSession:
         """Return the pooled client session the app keeps for its lifetime, trusting `upstream_ca_bundle` too."""
-        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=settings.connect_timeout, sock_read=None)
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=settings.upstream_ssl()),
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=SKIP_AUTO_HEADERS,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-        )
+        return upstream_session(settings, pool_limit=0, skip_auto_headers=SKIP_AUTO_HEADERS)
 
     def url_for(self, raw_path: str, raw_query: str) -> URL:
         """Return the upstream URL for an already-validated raw path and raw query: base path + path + query."""

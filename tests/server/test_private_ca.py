@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from tests.server.helpers import MakeProxy
 from tests.support.private_ca import PrivateCA, ServerCertificate
@@ -30,6 +31,7 @@ COMPLETION = {
 }
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
 AUTHORIZATION = "Bearer sk-client-key"
+SERVED_WINDOW = 4096
 
 
 class HttpsUpstreams:
@@ -48,8 +50,12 @@ class HttpsUpstreams:
             authorizations.append(request.headers.get("Authorization", ""))
             return web.json_response(COMPLETION)
 
+        async def props(request: web.Request) -> web.Response:
+            return web.json_response({"default_generation_settings": {"n_ctx": SERVED_WINDOW}})
+
         app = web.Application()
         app.router.add_post("/v1/chat/completions", complete)
+        app.router.add_get("/props", props)  # llama.cpp's server, which says what window it serves
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         self._runners.append(runner)
@@ -107,6 +113,20 @@ async def test_upstream_behind_a_private_ca_is_served_only_with_upstream_ca_bund
     assert status == 200, body
     assert body["choices"][0]["message"]["content"] == "over TLS"
     assert https_upstreams.authorizations[upstream] == [AUTHORIZATION]
+
+
+async def test_window_probes_trust_the_upstream_ca_bundle_too(
+    private_ca: PrivateCA, https_upstreams: HttpsUpstreams, make_proxy: MakeProxy, http: aiohttp.ClientSession
+) -> None:
+    upstream = await https_upstreams.start(private_ca.issue("upstream"))
+    settings = {"upstream_ca_bundle": private_ca.bundle, "window_probes": ["llama_cpp_props"]}
+    service = ChatCompactionService(Settings(upstream=upstream, **settings))
+    proxy = await make_proxy(upstream, service, **settings)
+    local = {**CHAT, "model": "local-model"}  # no table knows it: the first request waits for the probe
+    async with http.post(f"{proxy.url}/v1/chat/completions", json=local, headers={"Authorization": AUTHORIZATION}) as r:
+        assert r.status == 200
+        assert r.headers["X-Compaction-Window-Source"] == "discovered"
+        assert r.headers["X-Compaction-Context-Window"] == str(SERVED_WINDOW)
 
 
 async def test_upstream_ca_bundle_keeps_the_default_trust(
