@@ -12,12 +12,15 @@ from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
     CompactionChain,
     CompactionResult,
+    DuplicateResults,
+    JsonMinify,
     MiddleOut,
     SlidingWindow,
     Strategy,
     Summarization,
     Summarizer,
     SummaryRequest,
+    SupersededResults,
     ToolResultPruning,
 )
 from proxy.engine.strategies.registry import DEFAULT_CHAIN, STRATEGY_NAMES, chain_by_names
@@ -35,7 +38,9 @@ __all__ = [
     "CompactionResult",
     "Created",
     "Decision",
+    "DuplicateResults",
     "EditPlan",
+    "JsonMinify",
     "Kept",
     "MiddleOut",
     "Outcome",
@@ -44,6 +49,7 @@ __all__ = [
     "Summarization",
     "Summarizer",
     "SummaryRequest",
+    "SupersededResults",
     "Thresholds",
     "TiktokenCounter",
     "TokenCounter",

@@ -91,7 +91,7 @@ _CACHED_ARGUMENTS_MAX_CHARS = 1024
 With the cache's 16,384 entries, this bounds what it holds to about 40 MB whatever clients send."""
 
 
-def _canonical_json_text(text: str) -> bytes:
+def canonical_json_text(text: str) -> bytes:
     """`text` re-serialized with sorted keys and no whitespace when it is JSON; as it is otherwise."""
     if len(text) <= _CACHED_ARGUMENTS_MAX_CHARS:
         return _cached_canonical_json_text(text)
@@ -128,7 +128,7 @@ def _call_bytes(call: Any) -> bytes:
     if not isinstance(function, Mapping):
         return b"?" + _value_bytes(call)
     arguments = function.get("arguments")
-    canonical = _canonical_json_text(arguments) if isinstance(arguments, str) else _value_bytes(arguments)
+    canonical = canonical_json_text(arguments) if isinstance(arguments, str) else _value_bytes(arguments)
     return b"\0".join((_value_bytes(call.get("id")), _value_bytes(function.get("name")), canonical))
 
 

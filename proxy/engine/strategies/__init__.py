@@ -2,19 +2,25 @@
 
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.chain import CompactionChain, CompactionResult
+from proxy.engine.strategies.duplicate_results import DuplicateResults
+from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
+from proxy.engine.strategies.superseded_results import SupersededResults
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 
 __all__ = [
     "CompactionChain",
     "CompactionResult",
+    "DuplicateResults",
+    "JsonMinify",
     "MiddleOut",
     "SlidingWindow",
     "Strategy",
     "Summarization",
     "Summarizer",
     "SummaryRequest",
+    "SupersededResults",
     "ToolResultPruning",
 ]

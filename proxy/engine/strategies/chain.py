@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from proxy.engine.plan import EditPlan
 from proxy.engine.strategies.base import Strategy
+from proxy.engine.strategies.references import dangling_references
 from proxy.engine.transcript import Transcript
 
 
@@ -79,8 +80,14 @@ class _ChainRun:
     def record(self, strategy: Strategy, plan: EditPlan | None) -> None:
         if plan is None:
             return
+        edited = self.current.edited(plan)
+        # A reference to a result this strategy took away would point to nothing: it gives way to a placeholder.
+        repair = dangling_references(edited, strategy.name)
+        if repair is not None:
+            plan = plan.then(repair)
+            edited = edited.edited(repair)
         self.plan = plan if self.plan is None else self.plan.then(plan)
-        self.current = self.current.edited(plan)
+        self.current = edited
         self.applied.append(strategy.name)
 
     def result(self) -> CompactionResult | None:

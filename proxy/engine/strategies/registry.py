@@ -6,20 +6,48 @@ from collections.abc import Sequence
 
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.chain import CompactionChain
+from proxy.engine.strategies.duplicate_results import DuplicateResults
+from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer
+from proxy.engine.strategies.superseded_results import SupersededResults
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 
-STRATEGY_NAMES = (ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name)
-DEFAULT_CHAIN = (ToolResultPruning.name, SlidingWindow.name, MiddleOut.name)
+STRATEGY_NAMES = (
+    DuplicateResults.name,
+    SupersededResults.name,
+    JsonMinify.name,
+    ToolResultPruning.name,
+    SlidingWindow.name,
+    Summarization.name,
+    MiddleOut.name,
+)
+DEFAULT_CHAIN = (
+    DuplicateResults.name,
+    SupersededResults.name,
+    JsonMinify.name,
+    ToolResultPruning.name,
+    SlidingWindow.name,
+    MiddleOut.name,
+)
+"""Lossless steps first, then loss: `superseded_results` does nothing until tools are named for it."""
 
 
-def strategy_by_name(name: str, summarizer: Summarizer | None = None) -> Strategy:
+def strategy_by_name(
+    name: str, summarizer: Summarizer | None = None, *, superseded_tools: Sequence[str] = ()
+) -> Strategy:
     """A strategy with its default settings.
 
+    :param superseded_tools: The tools whose older results `superseded_results` replaces (see `SupersededResults`).
     :raises ValueError: If the name is unknown, or `summarization` is asked for without a summarizer.
     """
+    if name == DuplicateResults.name:
+        return DuplicateResults()
+    if name == SupersededResults.name:
+        return SupersededResults(superseded_tools)
+    if name == JsonMinify.name:
+        return JsonMinify()
     if name == ToolResultPruning.name:
         return ToolResultPruning()
     if name == SlidingWindow.name:
@@ -33,9 +61,11 @@ def strategy_by_name(name: str, summarizer: Summarizer | None = None) -> Strateg
     raise ValueError(f"Unknown compaction strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}.")
 
 
-def chain_by_names(names: Sequence[str], summarizer: Summarizer | None = None) -> CompactionChain:
+def chain_by_names(
+    names: Sequence[str], summarizer: Summarizer | None = None, *, superseded_tools: Sequence[str] = ()
+) -> CompactionChain:
     """A chain of the named strategies, in order.
 
     :raises ValueError: If a name is unknown or the list is empty.
     """
-    return CompactionChain([strategy_by_name(name, summarizer) for name in names])
+    return CompactionChain([strategy_by_name(name, summarizer, superseded_tools=superseded_tools) for name in names])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Mapping
+from typing import Any
 
 from proxy.engine.grouping import agent_step_groups
-from proxy.engine.messages import TOOL_RESULT_ROLES, is_tool_result, tool_calls_of, tool_name_of_call
 from proxy.engine.plan import Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
+from proxy.engine.tool_results import answered_calls, holds_result, result_tool_name
 from proxy.engine.transcript import Transcript, created
 
 DEFAULT_PLACEHOLDER = "[This tool result was removed to free up context. Call `{tool_name}` again if you need it.]"
@@ -57,25 +58,21 @@ class ToolResultPruning(Strategy):
         candidates = (
             index for index in range(len(transcript)) if index not in protected and self._prunable(transcript, index)
         )
-        call_names = _answered_call_names(transcript)
+        calls = answered_calls(transcript)
         return replace_until_target(
-            transcript, target_tokens, candidates, lambda index, _excess: self._pruned(transcript, index, call_names)
+            transcript, target_tokens, candidates, lambda index, _excess: self._pruned(transcript, index, calls)
         )
 
     def _prunable(self, transcript: Transcript, index: int) -> bool:
-        message = transcript.messages[index]
         return (
-            is_tool_result(message)
-            and transcript.marker(index) is None
+            holds_result(transcript, index)
             and not any(key in transcript.meta[index] for key in self.skip_meta_keys)
             and transcript.tokens(index) > self.min_tokens
         )
 
-    def _pruned(self, transcript: Transcript, index: int, call_names: dict[int, str]) -> Created:
+    def _pruned(self, transcript: Transcript, index: int, calls: Mapping[int, Mapping[str, Any]]) -> Created:
         message = transcript.messages[index]
-        name = message.get("name")
-        tool_name = name if isinstance(name, str) and name else call_names.get(index, "the tool")
-        text = self.placeholder.replace("{tool_name}", tool_name)
+        text = self.placeholder.replace("{tool_name}", result_tool_name(message, calls.get(index)))
         return created(
             {**message, "content": text},
             self.name,
@@ -83,25 +80,3 @@ class ToolResultPruning(Strategy):
             base_meta=transcript.meta[index],
             original_tokens=transcript.tokens(index),
         )
-
-
-def _answered_call_names(transcript: Transcript) -> dict[int, str]:
-    """For each tool result, the name of the call it answers among the calls of the nearest assistant message before it.
-
-    One pass over the transcript: looking back from each result instead made a long run of results quadratic.
-    """
-    names: dict[int, str] = {}
-    calls: dict[Hashable, str] = {}
-    for index, message in enumerate(transcript.messages):
-        role = transcript.role(index)
-        if role == "assistant":
-            calls = {}
-            for call in tool_calls_of(message):
-                call_id = call.get("id")
-                if isinstance(call_id, Hashable):
-                    calls.setdefault(call_id, tool_name_of_call(call))
-        elif role in TOOL_RESULT_ROLES:
-            call_id = message.get("tool_call_id")
-            if isinstance(call_id, Hashable) and call_id in calls:
-                names[index] = calls[call_id]
-    return names

@@ -1,0 +1,152 @@
+"""References between tool results: an older result a later one makes redundant becomes a pointer to that later call.
+
+`ResultReferences` is the shared machinery of `duplicate_results` and `superseded_results`: results are grouped by a
+key (their content, or their tool and arguments), and each older member of a group becomes a short reference to the
+newest member that still holds the tool's output. A reference is marked with the call id it points to
+(`REFERS_TO`), which is how later compactions, replayed turn after turn by rewrite memory, find it again.
+
+A reference must always point to a result that is still there. Two rules keep it so:
+
+- when a referenced result itself becomes a reference to a newer one, the references to it move on to that one;
+- when any other strategy removes, prunes or cuts a referenced result, `dangling_references` (run by the chain after
+  every strategy) turns the references to it into the pruning placeholder: "call the tool again".
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from proxy.engine.plan import Created, EditPlan, Entry, Kept
+from proxy.engine.strategies.base import Strategy
+from proxy.engine.strategies.tool_result_pruning import DEFAULT_PLACEHOLDER
+from proxy.engine.tool_results import answered_calls, holds_result, result_tool_name
+from proxy.engine.transcript import Transcript, created
+
+REFERS_TO = "refers_to"
+"""Marker detail of a reference: the `tool_call_id` of the later result it points to."""
+
+
+class ResultReferences(Strategy):
+    """Replaces older tool results with a reference to the newest result of the same group, oldest first.
+
+    Only results answering a call with a unique id are grouped, so every reference names exactly one result. A
+    replacement is made only when the reference is smaller than what it replaces, and only until the target is met.
+
+    :param reference: The text left in place of an older result; `{tool_name}` and `{call_id}` name the later call.
+    """
+
+    def __init__(self, reference: str) -> None:
+        self.reference = reference
+
+    @abstractmethod
+    def _key(self, transcript: Transcript, index: int, call: Mapping[str, Any] | None) -> Hashable | None:
+        """The group of the result at `index` (which holds the tool's output), or None to leave it out."""
+
+    def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        calls = answered_calls(transcript)
+        positions = _unique_result_positions(transcript)
+        keys: dict[int, Hashable] = {}
+        newest: dict[Hashable, int] = {}
+        for index in positions.values():
+            if holds_result(transcript, index):
+                key = self._key(transcript, index, calls.get(index))
+                if key is not None:
+                    keys[index] = key
+                    newest[key] = max(index, newest.get(key, index))
+        # This strategy's earlier references, by the result they point to: they move on when it is replaced.
+        pointing: dict[int, list[int]] = {}
+        for index in range(len(transcript)):
+            if transcript.created_by(index, self.name):
+                target = _target(transcript, index, positions)
+                if target is not None:
+                    pointing.setdefault(target, []).append(index)
+
+        current = transcript.total()
+        entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
+        changed = False
+        for index in sorted(keys):
+            if current <= target_tokens:
+                break
+            latest = newest[keys[index]]
+            if latest == index:
+                continue
+            reference = self._reference(transcript, index, latest, calls)
+            saved = transcript.tokens(index) - transcript.counter.message_tokens(reference.message)
+            if saved <= 0:
+                continue
+            entries[index] = reference
+            current -= saved
+            changed = True
+            for earlier in pointing.get(index, ()):
+                moved = self._reference(transcript, earlier, latest, calls)
+                entries[earlier] = moved
+                current += transcript.counter.message_tokens(moved.message) - transcript.tokens(earlier)
+        return EditPlan(len(transcript), tuple(entries)) if changed else None
+
+    def _reference(
+        self, transcript: Transcript, index: int, latest: int, calls: Mapping[int, Mapping[str, Any]]
+    ) -> Created:
+        later = transcript.messages[latest]
+        call_id = str(later["tool_call_id"])
+        text = self.reference.replace("{tool_name}", result_tool_name(later, calls.get(latest)))
+        text = text.replace("{call_id}", call_id)
+        return created(
+            {**transcript.messages[index], "content": text},
+            self.name,
+            replacing=index,
+            base_meta=transcript.meta[index],
+            **{REFERS_TO: call_id},
+        )
+
+
+def dangling_references(transcript: Transcript, strategy: str) -> EditPlan | None:
+    """A plan turning each reference whose result is gone into the pruning placeholder; None when none is.
+
+    Gone means removed, pruned or cut by `strategy`, which the new placeholders are marked with.
+    """
+    positions: dict[str, int] | None = None
+    calls: dict[int, Mapping[str, Any]] | None = None
+    entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
+    changed = False
+    for index in range(len(transcript)):
+        marker = transcript.marker(index)
+        if marker is None or REFERS_TO not in marker:
+            continue
+        if positions is None or calls is None:
+            positions, calls = _unique_result_positions(transcript), answered_calls(transcript)
+        if _target(transcript, index, positions) is not None:
+            continue
+        message = transcript.messages[index]
+        text = DEFAULT_PLACEHOLDER.replace("{tool_name}", result_tool_name(message, calls.get(index)))
+        entries[index] = created(
+            {**message, "content": text}, strategy, replacing=index, base_meta=transcript.meta[index]
+        )
+        changed = True
+    return EditPlan(len(transcript), tuple(entries)) if changed else None
+
+
+def _target(transcript: Transcript, index: int, positions: Mapping[str, int]) -> int | None:
+    """The later result the reference at `index` points to, when it is there and still holds the tool's output."""
+    marker = transcript.marker(index)
+    call_id = marker.get(REFERS_TO) if marker is not None else None
+    target = positions.get(call_id) if isinstance(call_id, str) else None
+    if target is None or target <= index or not holds_result(transcript, target):
+        return None
+    return target
+
+
+def _unique_result_positions(transcript: Transcript) -> dict[str, int]:
+    """Where each tool result answering a call id no other result answers is, by that id."""
+    positions: dict[str, int] = {}
+    repeated: set[str] = set()
+    for index, message in enumerate(transcript.messages):
+        call_id = message.get("tool_call_id")
+        if transcript.role(index) == "tool" and isinstance(call_id, str) and call_id:
+            if call_id in positions:
+                repeated.add(call_id)
+            positions[call_id] = index
+    for call_id in repeated:
+        del positions[call_id]
+    return positions

@@ -1,0 +1,43 @@
+"""Superseded results: an older result of a named tool, called again with the same arguments, points to the newer one.
+
+Near-lossless, so opt-in per tool: only the operator knows which tools are idempotent reads (`read_file`,
+`list_dir`), whose older output is only an earlier state of what the newer call returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from proxy.engine.messages import canonical_json_text, tool_name_of_call
+from proxy.engine.strategies.references import ResultReferences
+from proxy.engine.transcript import Transcript
+
+DEFAULT_REFERENCE = (
+    "[Superseded by the later call `{tool_name}` ({call_id}) below, made with the same arguments; this older result"
+    " was removed to free up context. Call `{tool_name}` again if you need the current state.]"
+)
+
+
+class SupersededResults(ResultReferences):
+    """Replaces older results of the named tools with a reference to the newest call with the same arguments.
+
+    :param tools: The tool names whose results a newer call with the same arguments supersedes. Empty: nothing is.
+    :param reference: The text left in place of an older result; `{tool_name}` and `{call_id}` name the later call.
+    """
+
+    name = "superseded_results"
+
+    def __init__(self, tools: Iterable[str] = (), *, reference: str = DEFAULT_REFERENCE) -> None:
+        super().__init__(reference)
+        self.tools = frozenset(tools)
+
+    def _key(self, transcript: Transcript, index: int, call: Mapping[str, Any] | None) -> Hashable | None:
+        if call is None:
+            return None
+        name = tool_name_of_call(call)
+        if name not in self.tools:
+            return None
+        function = call.get("function")
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        return (name, canonical_json_text(arguments)) if isinstance(arguments, str) else None
