@@ -58,6 +58,9 @@ def add_compact(subcommands: Any) -> None:
         help=f"the chain, comma-separated, in order, as `serve` takes it (default: {','.join(DEFAULT_CHAIN)}; one of"
         f" {', '.join(OFFLINE_STRATEGIES)})",
     )
+    compact.add_argument(
+        "--superseded-tools", metavar="A,B,...", help="tools whose older results a newer same-argument call supersedes"
+    )
     compact.set_defaults(handler=_reporting_errors(compact_command))
 
 
@@ -84,7 +87,12 @@ def count_command(args: argparse.Namespace) -> int:
 
 def compact_command(args: argparse.Namespace) -> int:
     """Print the compacted request body on stdout, and one report line on stderr."""
-    flags = {"compact_at": args.compact_at, "compact_to": args.compact_to, "strategies": args.strategies}
+    flags = {
+        "compact_at": args.compact_at,
+        "compact_to": args.compact_to,
+        "strategies": args.strategies,
+        "superseded_tools": args.superseded_tools,
+    }
     try:
         # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
         settings = load_settings(cli=flags, environ={})
@@ -93,7 +101,7 @@ def compact_command(args: argparse.Namespace) -> int:
             offline = ", ".join(OFFLINE_STRATEGIES)
             raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
         thresholds = Thresholds(args.context_window, compact_at=settings.compact_at, compact_to=settings.compact_to)
-        chain = chain_by_names(settings.strategies)
+        chain = chain_by_names(settings.strategies, superseded_tools=settings.superseded_tools)
     except ValueError as error:
         raise CommandError(str(error)) from None
     request, counter = _load(args)

@@ -14,6 +14,7 @@ from haystack.hooks.compaction.types import Compactor
 from hooks.compaction.compactors import (
     ChainCompactor,
     EngineCompactor,
+    LosslessCompactor,
     MiddleOutCompactor,
     SlidingWindowCompactor,
     ToolResultPruningCompactor,
@@ -32,6 +33,7 @@ __all__ = [
     "Compactor",
     "EngineCompactor",
     "HaystackCounterAdapter",
+    "LosslessCompactor",
     "MiddleOutCompactor",
     "SlidingWindowCompactor",
     "SummarizationCompactor",

@@ -22,7 +22,17 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from hooks.compaction.convert import MessageCache, apply_plan
 from hooks.compaction.counters import engine_counter
-from proxy.engine import CompactionChain, MiddleOut, SlidingWindow, Strategy, ToolResultPruning, Transcript
+from proxy.engine import (
+    CompactionChain,
+    DuplicateResults,
+    JsonMinify,
+    MiddleOut,
+    SlidingWindow,
+    Strategy,
+    SupersededResults,
+    ToolResultPruning,
+    Transcript,
+)
 from proxy.engine import TokenCounter as EngineCounter
 from proxy.engine.strategies.middle_out import DEFAULT_NOTICE
 from proxy.engine.strategies.sliding_window import DEFAULT_OMISSION_NOTE
@@ -99,6 +109,61 @@ class EngineCompactor(Compactor):
         if self._cache is None:
             self._cache = MessageCache()
         return self._cache
+
+
+class LosslessCompactor(EngineCompactor):
+    """Removes what carries no information before anything is lost: put it first in a `ChainCompactor`.
+
+    - Duplicates: an older tool result identical to a later one becomes a short reference to the later call.
+    - JSON: tool results that are JSON lose their insignificant whitespace; they parse to exactly the same data.
+    - Superseded results (near-lossless, opt-in): an older result of a tool named in `superseded_tools`, called again
+      with the same arguments, becomes a reference to the newer call.
+
+    ```python
+    from hooks.compaction import ChainCompactor, CompactionHook, LosslessCompactor, SlidingWindowCompactor
+
+    compactor = ChainCompactor([LosslessCompactor(superseded_tools=["read_file"]), SlidingWindowCompactor()])
+    hook = CompactionHook(compactor=compactor, context_window=128_000)
+    ```
+    """
+
+    def __init__(
+        self, *, duplicates: bool = True, json_minify: bool = True, superseded_tools: Sequence[str] = ()
+    ) -> None:
+        """Initialize the compactor with the lossless steps it takes.
+
+        :param duplicates: Replace older copies of a tool result with a reference to the newest copy.
+        :param json_minify: Strip insignificant whitespace from JSON tool results.
+        :param superseded_tools: Tools whose older results a newer call with the same arguments supersedes (idempotent
+            reads such as `read_file`); empty for none.
+        :raises ValueError: If every step is off.
+        """
+        self.duplicates = duplicates
+        self.json_minify = json_minify
+        self.superseded_tools = list(superseded_tools)
+        if not self.strategies():
+            raise ValueError(
+                "`LosslessCompactor` has nothing to do: enable `duplicates` or `json_minify`, or name"
+                " `superseded_tools`."
+            )
+
+    def strategies(self) -> list[Strategy]:
+        """The engine's `DuplicateResults`, `SupersededResults` and `JsonMinify`, as enabled, in that order."""
+        steps: list[Strategy] = [DuplicateResults()] if self.duplicates else []
+        if self.superseded_tools:
+            steps.append(SupersededResults(self.superseded_tools))
+        if self.json_minify:
+            steps.append(JsonMinify())
+        return steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize the compactor.
+
+        :returns: A dictionary representation of the compactor.
+        """
+        return default_to_dict(
+            self, duplicates=self.duplicates, json_minify=self.json_minify, superseded_tools=self.superseded_tools
+        )
 
 
 class ToolResultPruningCompactor(EngineCompactor):
@@ -243,9 +308,10 @@ class MiddleOutCompactor(EngineCompactor):
 class ChainCompactor(EngineCompactor):
     """Runs compactors in order, each on the previous one's result, until the conversation fits the target.
 
-    The proxy's default is `ChainCompactor([ToolResultPruningCompactor(), SlidingWindowCompactor(),
-    MiddleOutCompactor()])`: prune old tool output first (cheap, keeps the shape), then drop whole old turns and
-    steps, then cut the middle out of one oversized message so a request that can fit always does.
+    The proxy's default is `ChainCompactor([LosslessCompactor(), ToolResultPruningCompactor(),
+    SlidingWindowCompactor(), MiddleOutCompactor()])`: remove duplicates and JSON whitespace first (nothing is lost),
+    then prune old tool output (cheap, keeps the shape), then drop whole old turns and steps, then cut the middle out
+    of one oversized message so a request that can fit always does.
     """
 
     def __init__(self, compactors: Sequence[EngineCompactor]) -> None:

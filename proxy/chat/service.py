@@ -110,7 +110,9 @@ class ChatCompactionService:
         self.settings = settings
         self.mode = settings.mode
         self.store: StateStore = store or open_store(settings)
-        self.chain: CompactionChain = chain or chain_by_names(_chain_names(settings.strategies))
+        self.chain: CompactionChain = chain or chain_by_names(
+            _chain_names(settings.strategies), superseded_tools=settings.superseded_tools
+        )
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()

@@ -8,7 +8,14 @@ from pydantic import BaseModel, Field, field_validator
 
 from proxy.config.kinds import Mode
 
-DEFAULT_STRATEGIES: Final = ("tool_result_pruning", "sliding_window", "middle_out")
+DEFAULT_STRATEGIES: Final = (
+    "duplicate_results",
+    "superseded_results",
+    "json_minify",
+    "tool_result_pruning",
+    "sliding_window",
+    "middle_out",
+)
 
 WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
 """Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
@@ -40,8 +47,17 @@ class CompactionSettings(BaseModel):
         default_factory=lambda: list(DEFAULT_STRATEGIES),
         description=(
             "The compaction chain, in order; each runs only while the conversation is still over the target."
-            " Names are those of the engine's strategies (e.g. `tool_result_pruning`, `sliding_window`,"
-            " `summarization`, `middle_out`). From the environment: a JSON list or comma-separated names."
+            " Names are those of the engine's strategies (`duplicate_results`, `superseded_results`, `json_minify`,"
+            " `tool_result_pruning`, `sliding_window`, `summarization`, `middle_out`). From the environment: a JSON"
+            " list or comma-separated names."
+        ),
+    )
+    superseded_tools: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Tools whose older results `superseded_results` replaces with a pointer to a newer call with the same"
+            " arguments (idempotent reads such as `read_file`: only you know which tools are). Empty: none. From the"
+            " environment: a JSON list or comma-separated names."
         ),
     )
     context_windows: dict[str, int] = Field(

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Mode, Settings, load_settings
+from proxy.engine import DEFAULT_CHAIN
 
 
 def cli_command() -> list[str]:
@@ -23,7 +24,8 @@ def test_defaults() -> None:
     settings = load_settings(environ={})
     assert settings.upstream == "https://api.openai.com"
     assert (settings.host, settings.port, settings.mode) == ("0.0.0.0", 8080, Mode.ENFORCE)
-    assert settings.strategies == ["tool_result_pruning", "sliding_window", "middle_out"]
+    assert settings.strategies == list(DEFAULT_CHAIN), "the proxy's default chain is the engine's"
+    assert settings.superseded_tools == []
     assert settings.max_body_bytes == 64 * 1024 * 1024
     assert settings.state_url == "memory://"
     assert len(settings.tenant_key.get_secret_value()) >= 16
