@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from proxy.engine import (
     ApproximateCounter,
     CompactionChain,
+    DuplicateResults,
+    JsonMinify,
     Kept,
     MiddleOut,
     SlidingWindow,
     Strategy,
+    SupersededResults,
     TiktokenCounter,
     ToolResultPruning,
     Transcript,
@@ -29,6 +32,14 @@ STRATEGIES: dict[str, list[Strategy]] = {
     "sliding_no_min": [SlidingWindow(min_keep_steps=0)],
     "middle_out": [MiddleOut(min_keep_tokens=16)],
     "chain": [ToolResultPruning(min_tokens=20), SlidingWindow(), MiddleOut(min_keep_tokens=16)],
+    "lossless_first": [
+        DuplicateResults(),
+        SupersededResults(["tool_0"]),
+        JsonMinify(),
+        ToolResultPruning(min_tokens=20),
+        SlidingWindow(),
+        MiddleOut(min_keep_tokens=16),
+    ],
 }
 
 COUNTER = ApproximateCounter()
