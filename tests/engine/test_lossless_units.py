@@ -125,6 +125,22 @@ def test_superseded_results_only_for_named_tools_and_the_same_arguments() -> Non
     )
 
 
+def test_a_copy_of_a_superseded_result_is_superseded_too() -> None:
+    """Read, read again (the same), read after an edit: both older reads point to the newest, none to nothing."""
+    arguments = '{"path": "main.py"}'
+    messages = run(
+        step("call_1", "read_file", arguments, FILE),
+        step("call_2", "read_file", arguments, FILE),
+        step("call_3", "read_file", arguments, FILE + "# edited"),
+    )
+    plan = compact([DuplicateResults(), SupersededResults(["read_file"])], messages)
+    assert [(entry.replaces, entry.strategy) for entry in plan.created()] == [
+        (3, "superseded_results"),
+        (5, "superseded_results"),
+    ]
+    assert {entry.meta[COMPACTION_META_KEY][REFERS_TO] for entry in plan.created()} == {"call_3"}
+
+
 def test_references_move_on_when_a_newer_copy_arrives_on_a_later_turn() -> None:
     first_turn = run(
         step("call_1", "read_file", '{"path": "main.py"}', FILE),

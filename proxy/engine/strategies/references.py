@@ -42,27 +42,21 @@ class ResultReferences(Strategy):
 
     @abstractmethod
     def _key(self, transcript: Transcript, index: int, call: Mapping[str, Any] | None) -> Hashable | None:
-        """The group of the result at `index` (which holds the tool's output), or None to leave it out."""
+        """The group of the result at `index` (answering `call`), or None to leave it out."""
+
+    def _moves(self, transcript: Transcript, index: int, key: Hashable, call: Mapping[str, Any] | None) -> bool:
+        """Whether the reference at `index`, whose result becomes a reference into group `key`, may follow it there.
+
+        True for this strategy's own references (what made them true still holds for the group's newest result);
+        the others give way to a placeholder instead.
+        """
+        return transcript.created_by(index, self.name)
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         calls = answered_calls(transcript)
         positions = _unique_result_positions(transcript)
-        keys: dict[int, Hashable] = {}
-        newest: dict[Hashable, int] = {}
-        for index in positions.values():
-            if holds_result(transcript, index):
-                key = self._key(transcript, index, calls.get(index))
-                if key is not None:
-                    keys[index] = key
-                    newest[key] = max(index, newest.get(key, index))
-        # This strategy's earlier references, by the result they point to: they move on when it is replaced.
-        pointing: dict[int, list[int]] = {}
-        for index in range(len(transcript)):
-            if transcript.created_by(index, self.name):
-                target = _target(transcript, index, positions)
-                if target is not None:
-                    pointing.setdefault(target, []).append(index)
-
+        keys, newest = self._groups(transcript, positions, calls)
+        pointing = _references_by_target(transcript, positions)
         current = transcript.total()
         entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
         changed = False
@@ -80,10 +74,25 @@ class ResultReferences(Strategy):
             current -= saved
             changed = True
             for earlier in pointing.get(index, ()):
-                moved = self._reference(transcript, earlier, latest, calls)
-                entries[earlier] = moved
-                current += transcript.counter.message_tokens(moved.message) - transcript.tokens(earlier)
+                if self._moves(transcript, earlier, keys[index], calls.get(earlier)):
+                    moved = self._reference(transcript, earlier, latest, calls)
+                    entries[earlier] = moved
+                    current += transcript.counter.message_tokens(moved.message) - transcript.tokens(earlier)
         return EditPlan(len(transcript), tuple(entries)) if changed else None
+
+    def _groups(
+        self, transcript: Transcript, positions: Mapping[str, int], calls: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, Hashable], dict[Hashable, int]]:
+        """Each groupable result's key, and each key's newest result."""
+        keys: dict[int, Hashable] = {}
+        newest: dict[Hashable, int] = {}
+        for index in positions.values():
+            if holds_result(transcript, index):
+                key = self._key(transcript, index, calls.get(index))
+                if key is not None:
+                    keys[index] = key
+                    newest[key] = max(index, newest.get(key, index))
+        return keys, newest
 
     def _reference(
         self, transcript: Transcript, index: int, latest: int, calls: Mapping[int, Mapping[str, Any]]
@@ -125,6 +134,16 @@ def dangling_references(transcript: Transcript, strategy: str) -> EditPlan | Non
         )
         changed = True
     return EditPlan(len(transcript), tuple(entries)) if changed else None
+
+
+def _references_by_target(transcript: Transcript, positions: Mapping[str, int]) -> dict[int, list[int]]:
+    """The references already in the transcript, by the result each points to."""
+    pointing: dict[int, list[int]] = {}
+    for index in range(len(transcript)):
+        target = _target(transcript, index, positions)
+        if target is not None:
+            pointing.setdefault(target, []).append(index)
+    return pointing
 
 
 def _target(transcript: Transcript, index: int, positions: Mapping[str, int]) -> int | None:

@@ -32,6 +32,10 @@ class SupersededResults(ResultReferences):
         super().__init__(reference)
         self.tools = frozenset(tools)
 
+    def _moves(self, transcript: Transcript, index: int, key: Hashable, call: Mapping[str, Any] | None) -> bool:
+        # Any reference from an older call of the same tool with the same arguments is superseded by the newer call.
+        return self._key(transcript, index, call) == key
+
     def _key(self, transcript: Transcript, index: int, call: Mapping[str, Any] | None) -> Hashable | None:
         if call is None:
             return None
