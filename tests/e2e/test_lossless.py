@@ -1,0 +1,58 @@
+"""The proxy's default chain removes duplicates and JSON whitespace before anything is lost, through a real client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from tests.e2e.conftest import MODEL, StartProxy
+from tests.support.openai_upstream import OpenAIUpstream
+
+FILE = "def handler(event):\n    return {'status': 200, 'body': event['body']}\n" * 18
+LISTING = json.dumps(
+    [{"id": i, "name": f"order-{i}", "total": i * 3.5, "paid": i % 2 == 0} for i in range(40)], indent=2
+)
+
+
+def step(number: int, tool: str, arguments: dict[str, Any], content: str) -> list[dict[str, Any]]:
+    call_id = f"call_{number}"
+    call = {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": content},
+    ]
+
+
+def agent_run() -> list[dict[str, Any]]:
+    """An agent that read a file three times (the last after an edit) and listed orders twice, pretty-printed."""
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Make the handler return 201 for new orders."},
+        *step(1, "read_file", {"path": "handler.py"}, FILE),
+        *step(2, "list_orders", {}, LISTING),
+        *step(3, "read_file", {"path": "handler.py"}, FILE),
+        *step(4, "read_file", {"path": "handler.py"}, FILE + "# edited\n"),
+        *step(5, "list_orders", {}, LISTING),
+        {"role": "user", "content": "Now run the tests."},
+    ]
+
+
+async def test_the_default_chain_is_lossless_first_and_superseded_reads_are_opt_in(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    base_url = await start_proxy(superseded_tools=["read_file"])
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=agent_run())  # type: ignore[arg-type]
+    assert raw.headers["X-Compaction"] == "compacted"
+    assert raw.headers["X-Compaction-Strategies"].split(",")[:2] == ["duplicate_results", "superseded_results"]
+    forwarded = upstream.requests[-1].json["messages"]
+    assert len(forwarded) == len(agent_run()), "results were replaced, nothing removed"
+    contents = [message["content"] for message in forwarded if message["role"] == "tool"]
+    assert contents[0].startswith("[Superseded by the later call `read_file` (call_4) below")
+    assert contents[2].startswith("[Superseded by the later call `read_file` (call_4) below")
+    assert contents[1].startswith("[Same result as the later call `list_orders` (call_5) below")
+    assert contents[3] == FILE + "# edited\n"
+    assert json.loads(contents[4]) == json.loads(LISTING)
+    assert forwarded[-1] == {"role": "user", "content": "Now run the tests."}
