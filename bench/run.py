@@ -12,7 +12,8 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
 
 Then: resident memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with
 rewrite memory on and off (`bench.long_run`), the re-sent 400k-token conversation (`bench.resend`) and our hook
-against Haystack's (`bench.hook_vs_haystack`), each in its own process.
+against Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each chain keeps of realistic agent
+transcripts (`bench.retention`, no sockets).
 
 `--quick` runs a few seconds' worth of everything (CI smoke test): its figures are not worth quoting.
 """
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import long_run, memory
+from bench import long_run, memory, retention
 from bench.latency import Load, Target, run_cell, write_progress
 from bench.payloads import Payload, build
 from bench.processes import ROOT, Server
@@ -58,6 +59,7 @@ class Plan:
     resend_tokens: int
     resend_repeat: int
     hook_args: list[str]
+    retention: tuple[list[int], int]
 
 
 FULL = Plan(
@@ -76,6 +78,7 @@ FULL = Plan(
     resend_tokens=400_000,
     resend_repeat=3,
     hook_args=[],
+    retention=(list(retention.SEEDS), retention.WINDOW),
 )
 
 QUICK = Plan(
@@ -90,6 +93,7 @@ QUICK = Plan(
     resend_tokens=20_000,
     resend_repeat=1,
     hook_args=["--smoke"],
+    retention=retention.SMOKE,
 )
 
 
@@ -303,7 +307,7 @@ def render(results: dict[str, Any]) -> str:
         label = f"{row['compactor']} / {row['counter']} / {'usage' if row['usage'] else 'no usage'}"
         speedup = theirs / ours if ours else float("inf")
         lines.append(f"| {label} | {_ms(ours)} | {_ms(theirs)} | {_ratio(speedup)} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *retention.render(results["retention"])])
 
 
 def machine() -> dict[str, Any]:
@@ -386,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         results["resend"] = resend(plan)
         write_progress("bench.hook_vs_haystack", log)
         results["hook_vs_haystack"] = hook_vs_haystack(plan, workdir)
+        write_progress("bench.retention", log)
+        results["retention"] = retention.run(*plan.retention)
     results["seconds"] = time.perf_counter() - started
     report = render(results)
     print(report)

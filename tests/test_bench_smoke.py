@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
     [
         ["-m", "bench.hook_vs_haystack", "--smoke"],
         ["-m", "bench.resend", "--tokens", "20000", "--repeat", "1"],
+        ["-m", "bench.retention", "--smoke"],
     ],
-    ids=["hook_vs_haystack", "resend"],
+    ids=["hook_vs_haystack", "resend", "retention"],
 )
 def test_bench_runs(args: list[str], tmp_path: Path) -> None:
     """The harness exits 0 (writing its results, where it has an option for it, under `tmp_path`)."""
@@ -47,4 +48,9 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert [row["rewrite_memory"] for row in results["long_run"]] == [True, False]
     assert results["resend"]["resend_ms"] > 0
     assert results["hook_vs_haystack"]["rows"]
+    assert "### What each chain keeps" in done.stdout
+    assert {row["chain"] for row in results["retention"]["rows"]} >= {
+        "new default",
+        "old default (pruning, sliding window, middle-out)",
+    }
     assert {row["relay"] for row in results["memory"]} == {"proxy", "bare relay"}
