@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from proxy.engine import (
 )
 from proxy.engine.messages import canonical_json_text
 from proxy.engine.plan import COMPACTION_META_KEY
+from proxy.engine.strategies.json_minify import minified
 from proxy.engine.strategies.references import REFERS_TO
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact
 from tests.engine.lossless_runs import assert_references_hold, data_of, repetitive_runs, text_of
@@ -175,3 +177,35 @@ def test_input_untouched_and_output_deterministic(name: str, run: Conversation, 
     assert (first is None) == (second is None)
     if first is not None and second is not None:
         assert orjson.dumps(first[1]) == orjson.dumps(second[1])
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=JSON_VALUES,
+    indent=st.sampled_from([None, 0, 1, 2, 4, "\t"]),
+    ascii_only=st.booleans(),
+    padding=st.sampled_from(["", " ", "\n", "\u00a0", "\r\n\t"]),
+)
+def test_minified_json_parses_to_the_same_data(value: Any, indent: Any, ascii_only: bool, padding: str) -> None:
+    text = padding + json.dumps(value, indent=indent, ensure_ascii=ascii_only) + padding
+    compact = minified(text)
+    if compact is None:
+        return
+    same_data = json.loads(text, object_pairs_hook=list)  # raises if the original was not JSON to begin with
+    assert json.loads(compact, object_pairs_hook=list) == same_data
+    assert len(compact) < len(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list('{}[]",:01.eE-+ \n\t\\u\u00a0a')), max_size=40))
+def test_only_json_is_minified(text: str) -> None:
+    compact = minified(text)
+    if compact is not None:
+        assert json.loads(compact, object_pairs_hook=list) == json.loads(text, object_pairs_hook=list)

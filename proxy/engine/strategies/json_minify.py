@@ -18,15 +18,18 @@ from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.tool_results import LOSSLESS, holds_result
 from proxy.engine.transcript import Transcript, created
 
+_JSON_START = re.compile(r"[ \t\r\n]*[\[{]")
+"""What a JSON object or array opens with; anything else is passed over without copying or parsing it."""
+
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^\s"]+', re.DOTALL)
 """A JSON text's strings (kept whole, whitespace and all) and the runs of everything else between whitespace."""
 
 
 def minified(text: str) -> str | None:
     """`text` without the whitespace between its tokens when it is a JSON object or array and that makes it shorter."""
-    stripped = text.strip()
-    if not stripped.startswith(("{", "[")):
+    if not _JSON_START.match(text):
         return None
+    stripped = text.strip(" \t\r\n")
     try:
         orjson.loads(stripped)
     except orjson.JSONDecodeError:
