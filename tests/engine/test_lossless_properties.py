@@ -73,9 +73,7 @@ def test_lossless_strategies_change_no_data(name: str, run: Conversation, fracti
     assert len(output) == len(run.messages), "a lossless step removed a message"
     assert_tool_pairs_intact(output)
     assert_references_hold(output, meta)
-    positions = {
-        message.get("tool_call_id"): index for index, message in enumerate(output) if message["role"] == "tool"
-    }
+    positions = _result_positions(output)
     for position, entry in enumerate(plan.entries):
         if isinstance(entry, Kept):
             assert entry.index == position
@@ -88,6 +86,10 @@ def test_lossless_strategies_change_no_data(name: str, run: Conversation, fracti
         else:
             target = output[positions[marker[REFERS_TO]]]
             assert data_of(text_of(target)) == data_of(text_of(original)), "a reference to different data"
+
+
+def _result_positions(messages: list[dict[str, Any]]) -> dict[str, int]:
+    return {message["tool_call_id"]: index for index, message in enumerate(messages) if message["role"] == "tool"}
 
 
 def _call_of(messages: list[dict[str, Any]], index: int) -> tuple[str, bytes]:
@@ -108,9 +110,7 @@ def test_superseded_results_point_to_the_same_call_made_later(run: Conversation,
     plan, output, meta = compacted
     assert_tool_pairs_intact(output)
     assert_references_hold(output, meta)
-    positions = {
-        message.get("tool_call_id"): index for index, message in enumerate(output) if message["role"] == "tool"
-    }
+    positions = _result_positions(output)
     for position, entry in enumerate(plan.entries):
         if isinstance(entry, Kept):
             continue

@@ -41,11 +41,14 @@ def replace_until_target(
     target_tokens: int,
     candidates: Iterable[int],
     stand_in: Callable[[int, int], Created | None],
+    along: Callable[[int], Iterable[Created]] | None = None,
 ) -> EditPlan | None:
     """Replace messages one at a time, in the order of `candidates`, until the transcript fits `target_tokens`.
 
     :param stand_in: Given a message's index and how many tokens the transcript is still over, the message to put in
         its place, or None to leave it. A stand-in that saves nothing is not used.
+    :param along: Given the index of a message just replaced, the replacements of other messages that must go with it
+        (each `Created` names the message it `replaces`), whatever they save.
     :returns: The plan with every replacement made, or None when none was.
     """
     current = transcript.total()
@@ -64,6 +67,10 @@ def replace_until_target(
         entries[index] = replacement
         current -= saved
         changed = True
+        for companion in along(index) if along is not None else ():
+            if companion.replaces is not None:
+                entries[companion.replaces] = companion
+                current += transcript.counter.message_tokens(companion.message) - transcript.tokens(companion.replaces)
     return EditPlan(len(transcript), tuple(entries)) if changed else None
 
 

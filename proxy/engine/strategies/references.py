@@ -19,7 +19,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
-from proxy.engine.strategies.base import Strategy
+from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.strategies.tool_result_pruning import DEFAULT_PLACEHOLDER
 from proxy.engine.tool_results import answered_calls, holds_result, result_tool_name
 from proxy.engine.transcript import Transcript, created
@@ -57,28 +57,21 @@ class ResultReferences(Strategy):
         positions = _unique_result_positions(transcript)
         keys, newest = self._groups(transcript, positions, calls)
         pointing = _references_by_target(transcript, positions)
-        current = transcript.total()
-        entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
-        changed = False
-        for index in sorted(keys):
-            if current <= target_tokens:
-                break
+
+        def stand_in(index: int, _excess: int) -> Created | None:
             latest = newest[keys[index]]
-            if latest == index:
-                continue
-            reference = self._reference(transcript, index, latest, calls)
-            saved = transcript.tokens(index) - transcript.counter.message_tokens(reference.message)
-            if saved <= 0:
-                continue
-            entries[index] = reference
-            current -= saved
-            changed = True
-            for earlier in pointing.get(index, ()):
-                if self._moves(transcript, earlier, keys[index], calls.get(earlier)):
-                    moved = self._reference(transcript, earlier, latest, calls)
-                    entries[earlier] = moved
-                    current += transcript.counter.message_tokens(moved.message) - transcript.tokens(earlier)
-        return EditPlan(len(transcript), tuple(entries)) if changed else None
+            return None if latest == index else self._reference(transcript, index, latest, calls)
+
+        def moved_along(index: int) -> list[Created]:
+            latest = newest[keys[index]]
+            return [
+                self._reference(transcript, earlier, latest, calls)
+                for earlier in pointing.get(index, ())
+                if self._moves(transcript, earlier, keys[index], calls.get(earlier))
+            ]
+
+        # Oldest first, as pruning goes: the newest copies, next to what the model did with them, stay longest.
+        return replace_until_target(transcript, target_tokens, sorted(keys), stand_in, moved_along)
 
     def _groups(
         self, transcript: Transcript, positions: Mapping[str, int], calls: Mapping[int, Mapping[str, Any]]
