@@ -10,6 +10,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from proxy.engine.messages import canonical_json_text, tool_name_of_call
+from proxy.engine.plan import EditPlan
 from proxy.engine.strategies.references import ResultReferences
 from proxy.engine.transcript import Transcript
 
@@ -31,6 +32,10 @@ class SupersededResults(ResultReferences):
     def __init__(self, tools: Iterable[str] = (), *, reference: str = DEFAULT_REFERENCE) -> None:
         super().__init__(reference)
         self.tools = frozenset(tools)
+
+    def plan(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        """None at once when no tool is named (the default chain holds this strategy inert); else as every strategy."""
+        return super().plan(transcript, target_tokens) if self.tools else None
 
     def _moves(self, transcript: Transcript, index: int, key: Hashable, call: Mapping[str, Any] | None) -> bool:
         # Any reference from an older call of the same tool with the same arguments is superseded by the newer call.
