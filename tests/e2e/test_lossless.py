@@ -56,3 +56,31 @@ async def test_the_default_chain_is_lossless_first_and_superseded_reads_are_opt_
     assert contents[3] == FILE + "# edited\n"
     assert json.loads(contents[4]) == json.loads(LISTING)
     assert forwarded[-1] == {"role": "user", "content": "Now run the tests."}
+
+
+async def test_references_replayed_on_later_turns_move_on_to_a_newer_copy(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    """Rewrite memory replays the references byte for byte; a newer copy later moves them on, never to nothing."""
+    base_url = await start_proxy()
+    first = agent_run()
+    second = [*first, {"role": "assistant", "content": "Tests pass."}, {"role": "user", "content": "Thanks."}]
+    third = [
+        *second,
+        *step(6, "read_file", {"path": "handler.py"}, FILE + "# edited\n"),
+        *step(7, "list_orders", {}, LISTING),
+        {"role": "user", "content": "Check the orders once more."},
+    ]
+    forwarded = []
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+        for messages in (first, second, third):
+            raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+            forwarded.append((raw.headers["X-Compaction"], upstream.requests[-1].json["messages"]))
+    (state_1, sent_1), (state_2, sent_2), (state_3, sent_3) = forwarded
+    assert (state_1, state_2, state_3) == ("compacted", "unchanged", "compacted")
+    assert sent_2[: len(sent_1)] == sent_1, "the rewrite is replayed as it was sent"
+    results = {message["tool_call_id"]: message["content"] for message in sent_3 if message["role"] == "tool"}
+    assert results["call_2"].startswith("[Same result as the later call `list_orders` (call_7) below")
+    assert results["call_5"].startswith("[Same result as the later call `list_orders` (call_7) below")
+    assert results["call_4"].startswith("[Same result as the later call `read_file` (call_6) below")
+    assert json.loads(results["call_7"]) == json.loads(LISTING)

@@ -63,13 +63,19 @@ def test_older_copies_become_references_to_the_newest_copy() -> None:
     )
     plan = compact(DuplicateResults(), messages)
     output = plan.apply_messages(messages)
-    reference = (
-        "[Same result as the later call `cat` (call_4) below; this identical copy was removed to free up context.]"
-    )
+    reference = "[Same result as the later call `cat` (call_4) below; this copy was removed to free up context.]"
     assert [output[3]["content"], output[7]["content"]] == [reference, reference]
     assert output[3]["tool_call_id"] == "call_1", "the reference still answers its own call"
     assert output[9] is messages[9] and output[5] is messages[5]
     assert [entry.meta[COMPACTION_META_KEY][REFERS_TO] for entry in plan.created()] == ["call_4", "call_4"]
+
+
+def test_json_differing_only_in_whitespace_is_a_copy() -> None:
+    """A listing minified by an earlier compaction is a copy of the same listing pretty-printed later."""
+    listing = json.dumps([{"id": i, "name": f"item-{i}"} for i in range(40)], indent=2)
+    messages = run(step("call_1", "list_items", "{}", minified(listing)), step("call_2", "list_items", "{}", listing))
+    (entry,) = compact(DuplicateResults(), messages).created()
+    assert (entry.replaces, entry.meta[COMPACTION_META_KEY][REFERS_TO]) == (3, "call_2")
 
 
 def test_a_copy_smaller_than_its_reference_stays() -> None:

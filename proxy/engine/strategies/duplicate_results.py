@@ -7,17 +7,20 @@ from typing import Any
 
 import orjson
 
+from proxy.engine.strategies.json_minify import minified, minified_content
 from proxy.engine.strategies.references import ResultReferences
 from proxy.engine.transcript import Transcript
 
 DEFAULT_REFERENCE = (
-    "[Same result as the later call `{tool_name}` ({call_id}) below; this identical copy was removed to free up"
-    " context.]"
+    "[Same result as the later call `{tool_name}` ({call_id}) below; this copy was removed to free up context.]"
 )
 
 
 class DuplicateResults(ResultReferences):
     """Replaces every older copy of a tool result with a reference to its newest copy: nothing is lost.
+
+    A copy is the same text, or JSON that differs only in insignificant whitespace (the same data, as `json_minify`
+    keeps it).
 
     Agents re-read the same file, re-list the same directory, re-run the same query. Each copy after the first adds
     tokens and no information; the newest stays, next to what the model did with it.
@@ -31,9 +34,11 @@ class DuplicateResults(ResultReferences):
         super().__init__(reference)
 
     def _key(self, transcript: Transcript, index: int, call: Mapping[str, Any] | None) -> Hashable | None:
+        # JSON that differs only in whitespace is the same result: a copy minified by an earlier compaction still
+        # matches the pretty-printed copy that came after it.
         content = transcript.messages[index].get("content")
         if isinstance(content, str):
-            return content
+            return minified(content) or content
         if isinstance(content, list):
-            return orjson.dumps(content)
+            return orjson.dumps(minified_content(content) or content)
         return None

@@ -55,7 +55,7 @@ class JsonMinify(Strategy):
 
     def _minified(self, transcript: Transcript, index: int) -> Created | None:
         message = transcript.messages[index]
-        content = _minified_content(message.get("content"))
+        content = minified_content(message.get("content"))
         if content is None:
             return None
         return created(
@@ -67,7 +67,7 @@ class JsonMinify(Strategy):
         )
 
 
-def _minified_content(content: Any) -> str | list[Any] | None:
+def minified_content(content: Any) -> str | list[Any] | None:
     """The content with each JSON text minified (a string, or the `text` of each text part), or None if none was."""
     if isinstance(content, str):
         return minified(content)
