@@ -91,6 +91,11 @@ class ChatRequest:
         return model if isinstance(model, str) else None
 
     @property
+    def overhead_fields(self) -> Mapping[str, Any]:
+        """The fields the engine counts besides the messages (the tools): the body itself."""
+        return self.body
+
+    @property
     def stream(self) -> bool:
         """Whether a streamed (SSE) response was asked for."""
         return self.body.get("stream") is True

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import Measured, measure
 from proxy.chat.metrics import CompactionMetrics
@@ -57,6 +57,8 @@ from proxy.engine import (
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
+from proxy.responses.request import ResponsesRequest
+from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
 from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
 
@@ -73,13 +75,14 @@ class _Exchange:
 
     scope: bytes
     tenant: bytes
-    request: ChatRequest
+    request: ChatRequest | ResponsesRequest
     model: str | None
     window: int | None
     size: int
     chain: list[bytes] = field(default_factory=list)
     estimate: Estimate | None = None
     retried: bool = False
+    provider_state: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     turn: Turn = field(default_factory=Turn)
 
@@ -118,6 +121,7 @@ class ChatCompactionService:
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
+        self.provider_chains = ProviderChains(self.store, settings.provider_state, settings.compact_at)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
@@ -151,33 +155,57 @@ class ChatCompactionService:
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         caller = Caller.of(headers, self.settings)
-        extension = await self.splices.recognize(caller.scope, chat.body, self.off_loop) if self.splices else None
+        splices = self.splices if chat.api is Api.CHAT else None
+        extension = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else None
         try:
-            request = extension.request if extension else await self._parse(chat.body)
+            request = extension.request if extension else await self._parse(chat.body, chat.api)
         except InvalidChatRequest:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels("unparsed").inc()
             return ForwardPlan(body=chat.body)
         except RequestOverLimit as over:
             self.metrics.requests.labels("refused").inc()
-            return Refusal(400, str(over), over.code, param="messages")
+            return Refusal(400, str(over), over.code, param="input" if chat.api is Api.RESPONSES else "messages")
         try:
+            if isinstance(request, ResponsesRequest) and request.stateful:
+                return await self._prepare_provider_state(chat, request, headers, caller)
             plan = await self._prepare(chat, request, headers, caller, extension)
         except Exception as error:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        if self.splices is not None and isinstance(exchange := plan.context, _Exchange):
-            await self.splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
+        if splices is not None and isinstance(exchange := plan.context, _Exchange):
+            assert isinstance(exchange.request, ChatRequest)
+            await splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
         return plan
 
-    async def _parse(self, raw: bytes) -> ChatRequest:
-        return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
+    async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest:
+        parse = ResponsesRequest.parse if api is Api.RESPONSES else ChatRequest.parse
+        return await self.off_loop.run(len(raw), lambda: parse(raw, self.limits))
+
+    async def _prepare_provider_state(
+        self, chat: IncomingChat, request: ResponsesRequest, headers: Mapping[str, str], caller: Caller
+    ) -> ForwardPlan:
+        """A Responses request whose history the provider keeps (see `proxy.responses.stateful`)."""
+        model = request.model
+        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
+        window = resolved.tokens if resolved else None
+        exchange = _Exchange(caller.scope, caller.tenant, request, model, window, len(chat.body), provider_state=True)
+        counter = counter_for_model(model)
+        body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
+        self.metrics.requests.labels("provider_state").inc()
+        observed = self.mode is Mode.OBSERVE
+        return ForwardPlan(
+            body=chat.body if observed else body,
+            response_headers={"X-Compaction": "provider-state" if observed else state},
+            stream=request.stream,
+            context=exchange,
+        )
 
     async def _prepare(
         self,
         chat: IncomingChat,
-        request: ChatRequest,
+        request: ChatRequest | ResponsesRequest,
         headers: Mapping[str, str],
         caller: Caller,
         extension: Extension | None,
@@ -204,7 +232,7 @@ class ChatCompactionService:
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
         measured = await self._work(
-            exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known)
+            exchange, lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known)
         )
         exchange.turn.counted = measured.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
@@ -252,7 +280,8 @@ class ChatCompactionService:
         the background, so it is ready when the trigger is reached.
         """
         transcript, decision = measured.transcript, measured.decision
-        summaries = self.summaries if self.mode is Mode.ENFORCE else None
+        chat = isinstance(exchange.request, ChatRequest)
+        summaries = self.summaries if self.mode is Mode.ENFORCE and chat else None
         if not decision.compact:
             if summaries is not None:
                 self._summarize_ahead(summaries, measured, context)
@@ -290,11 +319,14 @@ class ChatCompactionService:
         :param chain: The chain of what is sent, when already known; computed here otherwise.
         """
         request = exchange.request
-        ask_usage = request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
+        chat = isinstance(request, ChatRequest)
+        ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
         def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
+            if isinstance(request, ResponsesRequest):
+                return request.forwarded(raw, messages), None, sent_chain
             return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
         whole = messages is not None and not exchange.turn.splices(messages)
@@ -314,6 +346,10 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
+                if outcome.response_id is not None:
+                    await self.provider_chains.learn(exchange.scope, outcome.response_id, outcome.usage)
+                if exchange.provider_state:
+                    return None
                 counter = counter_for_model(exchange.model)
                 await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
                 return None
@@ -325,7 +361,7 @@ class ChatCompactionService:
 
     async def _retry_after_overflow(self, exchange: _Exchange, outcome: ChatOutcome) -> ForwardPlan | None:
         overflow = context_overflow(outcome.status, outcome.error_body)
-        if overflow is None or exchange.retried or self.mode is Mode.OBSERVE:
+        if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
         window, learned = exchange.window, False
         if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
@@ -339,7 +375,9 @@ class ChatCompactionService:
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
 
         def compact() -> CompactionResult | None:
-            target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
+            target = int(
+                thresholds.target_tokens(round(scale * counter.overhead_tokens(request.overhead_fields))) / scale
+            )
             return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
 
         result = await self._work(exchange, compact, whole=True)
