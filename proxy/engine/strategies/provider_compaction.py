@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from proxy.engine.grouping import leading_instructions_end
+from proxy.engine.grouping import latest_user_index, leading_instructions_end
 from proxy.engine.messages import is_checkpoint, is_tool_result, tool_calls_of
 from proxy.engine.plan import EditPlan, Kept
 from proxy.engine.strategies.base import Strategy
@@ -21,8 +21,9 @@ from proxy.engine.transcript import Transcript
 class ProviderCompaction(Strategy):
     """Drops the messages a later provider compaction item stands for (see the module docstring).
 
-    Nothing is dropped when a message after the checkpoint answers a call made before it: removing the call would
-    orphan its result, so such a conversation is left to the other strategies.
+    The latest real user message stays even when the checkpoint follows it (as every strategy keeps it), and nothing
+    is dropped when a message after the checkpoint answers a call made before it: removing the call would orphan its
+    result, so such a conversation is left to the other strategies.
     """
 
     name = "provider_compaction"
@@ -32,7 +33,9 @@ class ProviderCompaction(Strategy):
         start = leading_instructions_end(transcript)
         if checkpoint is None or checkpoint <= start or _answers_earlier_calls(transcript, start, checkpoint):
             return None
-        kept = [*range(start), *range(checkpoint, len(transcript))]
+        task = latest_user_index(transcript)
+        kept_task = [task] if task is not None and start <= task < checkpoint else []
+        kept = [*range(start), *kept_task, *range(checkpoint, len(transcript))]
         return EditPlan(len(transcript), tuple(Kept(index) for index in kept))
 
 
