@@ -235,7 +235,8 @@ class ChatCompactionService:
             exchange, lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known)
         )
         exchange.turn.counted = measured.transcript.counted()
-        context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
+        units = request.units if isinstance(request, ResponsesRequest) else None
+        context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         outcome = await self._compaction(exchange, measured, context)
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
@@ -280,8 +281,7 @@ class ChatCompactionService:
         the background, so it is ready when the trigger is reached.
         """
         transcript, decision = measured.transcript, measured.decision
-        chat = isinstance(exchange.request, ChatRequest)
-        summaries = self.summaries if self.mode is Mode.ENFORCE and chat else None
+        summaries = self.summaries if self.mode is Mode.ENFORCE else None
         if not decision.compact:
             if summaries is not None:
                 self._summarize_ahead(summaries, measured, context)

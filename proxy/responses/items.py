@@ -126,9 +126,16 @@ class Units:
 
         :returns: The items, and the instructions text (this request's own unless the engine rewrote it).
         """
+        items, instructions, _positions = self.forwarded_positions(messages)
+        return items, instructions
+
+    def forwarded_positions(self, messages: Sequence[Message]) -> tuple[list[Item], str | None, list[range]]:
+        """`forwarded_items`, with the positions in the items each message became (empty for the instructions)."""
         items: list[Item] = []
+        positions: list[range] = []
         instructions = self.instructions
         for message in messages:
+            start = len(items)
             unit = message.get(UNIT_KEY)
             if unit == INSTRUCTIONS:
                 instructions = _text(message)
@@ -136,7 +143,8 @@ class Units:
                 items.extend(self._unit_items(unit, message))
             else:
                 items.append(_new_item(message))
-        return items, instructions
+            positions.append(range(start, len(items)))
+        return items, instructions, positions
 
     def _unit_items(self, unit: int, message: Message) -> Iterator[Item]:
         """The items of `unit` as `message` (the unit's own message, or the engine's rewrite of it) has them."""
