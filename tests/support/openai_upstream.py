@@ -41,6 +41,15 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 from proxy.engine.encodings import get_encoding
+from tests.support.openai_common import (
+    OpenAIError,
+    invalid_type,
+    json_response,
+    missing_parameter,
+    parse_json_body,
+    split_into_token_pieces,
+    tool_call_id,
+)
 from tests.support.openai_tokens import (
     PromptCache,
     count_completion_tokens,
@@ -82,11 +91,6 @@ MAX_BODY_BYTES = 256 * 1024 * 1024
 _CUT_AFTER_CHUNKS = web.RequestKey("cut_after_chunks", int)
 """Set on a request whose scripted failure cuts its stream after that many chunks."""
 
-_INVALID_JSON_MESSAGE = (
-    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library "
-    "correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)"
-)
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # Replies and responders
@@ -126,12 +130,6 @@ def fixed_responder(text: str) -> Responder:
         return Reply(content=text)
 
     return respond
-
-
-def tool_call_id(*parts: object) -> str:
-    """Make a deterministic OpenAI-looking tool call id ("call_" + 24 characters) from `parts`."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
-    return f"call_{digest[:24]}"
 
 
 def tool_loop_responder(
@@ -187,65 +185,15 @@ def _text_of(message: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class OpenAIError(Exception):
-    """An error the fake answers with OpenAI's body: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        error_type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-
-    def response(self) -> web.Response:
-        """Render as the HTTP response OpenAI would send."""
-        return _json_response(self.body, status=self.status)
-
-
-def _missing(param: str) -> OpenAIError:
-    return OpenAIError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-
-
-def _invalid_type(param: str, expected: str, value: object) -> OpenAIError:
-    got = _json_type_name(value)
-    return OpenAIError(
-        f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param, code="invalid_type"
-    )
-
-
-def _json_type_name(value: object) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
-    if value is None:
-        return "null"
-    return names.get(type(value), "a decimal")
-
-
-def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """Parse a request body that must be a JSON object, or raise OpenAI's "could not parse" error."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than Python's stack
-        raise OpenAIError(_INVALID_JSON_MESSAGE) from None
-    if not isinstance(body, dict):
-        raise OpenAIError(_INVALID_JSON_MESSAGE)
-    return body
-
-
 def validate_chat_request(body: Mapping[str, Any]) -> None:
     """Reject what OpenAI rejects about a chat-completion request's shape, messages and tool-call pairing."""
     if not body.get("model"):
         raise OpenAIError("you must provide a model parameter")
     messages = body.get("messages")
     if messages is None:
-        raise _missing("messages")
+        raise missing_parameter("messages")
     if not isinstance(messages, list):
-        raise _invalid_type("messages", "an array", messages)
+        raise invalid_type("messages", "an array", messages)
     if not messages:
         raise OpenAIError(
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
@@ -258,7 +206,7 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
     for param in ("max_tokens", "max_completion_tokens"):
         value = body.get(param)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise _invalid_type(param, "an integer", value)
+            raise invalid_type(param, "an integer", value)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise OpenAIError(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
@@ -268,10 +216,10 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
 def _validate_message(index: int, message: object) -> None:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise _invalid_type(where, "an object", message)
+        raise invalid_type(where, "an object", message)
     role = message.get("role")
     if role is None:
-        raise _missing(f"{where}.role")
+        raise missing_parameter(f"{where}.role")
     if role not in VALID_ROLES:
         supported = ", ".join(f"'{r}'" for r in VALID_ROLES[:-1]) + f", and '{VALID_ROLES[-1]}'"
         raise OpenAIError(
@@ -279,25 +227,25 @@ def _validate_message(index: int, message: object) -> None:
         )
     content = message.get("content")
     if "content" not in message and role in ("system", "developer", "user", "tool"):
-        raise _missing(f"{where}.content")
+        raise missing_parameter(f"{where}.content")
     if content is not None and not isinstance(content, str | list):
-        raise _invalid_type(f"{where}.content", "one of a string or array of objects", content)
+        raise invalid_type(f"{where}.content", "one of a string or array of objects", content)
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise _missing(f"{where}.tool_call_id")
+        raise missing_parameter(f"{where}.tool_call_id")
     for k, call in enumerate(message.get("tool_calls") or ()):
         _validate_tool_call(f"{where}.tool_calls[{k}]", call)
 
 
 def _validate_tool_call(where: str, call: object) -> None:
     if not isinstance(call, dict):
-        raise _invalid_type(where, "an object", call)
+        raise invalid_type(where, "an object", call)
     if not isinstance(call.get("id"), str):
-        raise _missing(f"{where}.id")
+        raise missing_parameter(f"{where}.id")
     function = call.get("function")
     if not isinstance(function, dict):
-        raise _missing(f"{where}.function")
+        raise missing_parameter(f"{where}.function")
     if not isinstance(function.get("name"), str):
-        raise _missing(f"{where}.function.name")
+        raise missing_parameter(f"{where}.function.name")
 
 
 def _validate_tool_pairing(messages: Sequence[Mapping[str, Any]]) -> None:
@@ -429,25 +377,6 @@ def _truncate_reply(reply: Reply, limit: int | None, encoding_name: str) -> tupl
     return Reply(content=text, tool_calls=reply.tool_calls), "length"
 
 
-def split_into_token_pieces(text: str, encoding_name: str, tokens_per_piece: int = 1) -> list[str]:
-    """Split `text` at token boundaries, as a model streams it, never inside a UTF-8 character."""
-    encoding = get_encoding(encoding_name)
-    pieces: list[str] = []
-    pending = b""
-    for count, token in enumerate(encode(text, encoding_name), start=1):
-        pending += encoding.decode_single_token_bytes(token)
-        if count % tokens_per_piece:
-            continue
-        try:
-            pieces.append(pending.decode())
-        except UnicodeDecodeError:
-            continue
-        pending = b""
-    if pending:
-        pieces.append(pending.decode(errors="replace"))
-    return pieces
-
-
 def stream_chunks(
     completion: _Completion, *, include_usage: bool, encoding_name: str, tokens_per_chunk: int = 1
 ) -> Iterator[dict[str, Any]]:
@@ -483,11 +412,6 @@ def _sse_event(chunk: Mapping[str, Any]) -> bytes:
 def _sse_body(chunks: Iterable[Mapping[str, Any]]) -> bytes:
     """The whole SSE body for `chunks`, `[DONE]` included, exactly as `_stream` sends it."""
     return b"".join(_sse_event(chunk) for chunk in chunks) + b"data: [DONE]\n\n"
-
-
-def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    text = json.dumps(body, indent=2, ensure_ascii=False)
-    return web.Response(text=text, status=status, headers=headers, content_type="application/json")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -574,7 +498,7 @@ def _failure_response(failure: Failure) -> web.Response:
         return web.Response(
             body=body.encode() if isinstance(body, str) else body, status=failure.status, headers=headers
         )
-    return _json_response(body, status=failure.status, headers=headers)
+    return json_response(body, status=failure.status, headers=headers)
 
 
 class OpenAIUpstream:
@@ -805,7 +729,7 @@ class OpenAIUpstream:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, completion, include_usage, encoding_name)
-        return _json_response(completion.to_json(), headers=self._response_headers())
+        return json_response(completion.to_json(), headers=self._response_headers())
 
     def _complete(
         self, body: dict[str, Any], *, model: str, encoding_name: str, prompt_tokens: int, cached: int, limit: int
@@ -889,13 +813,13 @@ class OpenAIUpstream:
     # ---- models and embeddings -------------------------------------------------------------------------------------
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        return _json_response({"object": "list", "data": [_model_json(m) for m in self.models]})
+        return json_response({"object": "list", "data": [_model_json(m) for m in self.models]})
 
     async def _get_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if model not in self.models:
             raise OpenAIError(f"The model '{model}' does not exist", status=404, param="model", code="model_not_found")
-        return _json_response(_model_json(model))
+        return json_response(_model_json(model))
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = parse_json_body(await request.read())
@@ -903,7 +827,7 @@ class OpenAIUpstream:
         if not model:
             raise OpenAIError("you must provide a model parameter")
         if "input" not in body:
-            raise _missing("input")
+            raise missing_parameter("input")
         texts = _embedding_inputs(body["input"])
         dimensions = int(body.get("dimensions") or (3072 if "large" in model else 1536))
         as_base64 = body.get("encoding_format") == "base64"
@@ -917,7 +841,7 @@ class OpenAIUpstream:
         ]
         tokens = sum(count_text(t, "cl100k_base") for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return _json_response({"object": "list", "data": data, "model": model, "usage": usage})
+        return json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
     # ---- echo ------------------------------------------------------------------------------------------------------
 
