@@ -58,6 +58,9 @@ from tests.support.openai_tokens import (
     encoding_name_for_model,
     prompt_token_sequence,
 )
+from tests.support.responses_api import ResponsesResponder, response_object
+from tests.support.responses_server import ResponsesService
+from tests.support.responses_stream import error_events, response_events, sse_frame
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -404,6 +407,9 @@ def stream_chunks(
         yield {**header, "choices": [], "usage": completion.usage}
 
 
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
 def _sse_event(chunk: Mapping[str, Any]) -> bytes:
     """One SSE event as OpenAI frames it: `data: <compact JSON>` and a blank line."""
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
@@ -411,7 +417,7 @@ def _sse_event(chunk: Mapping[str, Any]) -> bytes:
 
 def _sse_body(chunks: Iterable[Mapping[str, Any]]) -> bytes:
     """The whole SSE body for `chunks`, `[DONE]` included, exactly as `_stream` sends it."""
-    return b"".join(_sse_event(chunk) for chunk in chunks) + b"data: [DONE]\n\n"
+    return b"".join(_sse_event(chunk) for chunk in chunks) + _SSE_DONE
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -516,10 +522,19 @@ class OpenAIUpstream:
     :param stream_tokens_per_chunk: Tokens of content per SSE chunk.
     :param cut_stream_after: If set, every stream is cut (connection reset) after this many chunks.
     :param cache_max_blocks: Bound on remembered 128-token prompt blocks for simulated prompt caching.
+    :param responses_responder: Maps each valid Responses API request (as the model sees it) to the reply;
+        `default_responses_responder` if None. Reassignable (`upstream.responses_responder = ...`).
+    :param responses_overflow_in_stream: Refuse a streamed Responses request over the window inside the stream
+        (`response.created`, `response.in_progress`, then an `error` event), as OpenAI does for some models,
+        instead of with a 400 before the stream.
     :param stream_digests: Add `X-Stream-Sha256` (sha256 of the SSE body about to be sent, when not cut) and
         `X-Stream-Sha256-Without-Usage` (of the body the same completion would have had without
         `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
         even when the fake runs in another process.
+
+    The Responses API (`POST /v1/responses` and `/v1/responses/compact`) is served by `ResponsesService` (see
+    `tests.support.responses_server` for its rules); `responses_requests` lists its parsed create bodies and
+    `responses_usages` the usage of each response it answered. `fail_next` and `misreport_usage_next` apply to it too.
 
     Observations besides `requests`: `streams_started`, `streams_completed` and `streams_aborted` count streamed
     answers begun, sent whole, and broken off because the client (the proxy) went away mid-stream; `abort_event`
@@ -541,6 +556,8 @@ class OpenAIUpstream:
         cut_stream_after: int | None = None,
         cache_max_blocks: int = 200_000,
         stream_digests: bool = False,
+        responses_responder: ResponsesResponder | None = None,
+        responses_overflow_in_stream: bool = False,
     ) -> None:
         self.responder: Responder = responder or default_responder
         self.context_window = context_window
@@ -558,6 +575,11 @@ class OpenAIUpstream:
         self.requests: list[RecordedRequest] = []
         self.usages: list[dict[str, Any]] = []
         self.prompt_cache = PromptCache(cache_max_blocks)
+        self.responses_service = ResponsesService(self.prompt_cache, self.window_for)
+        if responses_responder is not None:
+            self.responses_service.responder = responses_responder
+        self.responses_overflow_in_stream = responses_overflow_in_stream
+        self.responses_usages: list[dict[str, Any]] = []
         self._host = host
         self._port = port
         self._failures: deque[Failure] = deque()
@@ -635,7 +657,7 @@ class OpenAIUpstream:
         self._failures.extend([failure] * times)
 
     def misreport_usage_next(self, **usage: int) -> None:
-        """Make the next chat completion answered report these `usage` fields instead of its counted ones.
+        """Make the next chat completion or response answered report these `usage` fields instead of its counted ones.
 
         E.g. `misreport_usage_next(prompt_tokens=10**15, total_tokens=10**15)`: a broken or hostile provider's usage
         report, once; the request is served normally otherwise. Pending misreports are forgotten by `clear()`.
@@ -650,12 +672,28 @@ class OpenAIUpstream:
         return self.context_windows[max(prefixes, key=len)] if prefixes else self.context_window
 
     def clear(self) -> None:
-        """Forget recorded requests and usages, pending scripted failures and misreports, and the prompt cache."""
+        """Forget recorded requests and usages, scripted failures and misreports, the prompt cache, stored responses."""
         self.requests.clear()
         self.usages.clear()
         self._failures.clear()
         self._misreports.clear()
         self.prompt_cache.clear()
+        self.responses_service.clear()
+        self.responses_usages.clear()
+
+    @property
+    def responses_responder(self) -> ResponsesResponder:
+        """The responder of the Responses API; assign to change it."""
+        return self.responses_service.responder
+
+    @responses_responder.setter
+    def responses_responder(self, responder: ResponsesResponder) -> None:
+        self.responses_service.responder = responder
+
+    @property
+    def responses_requests(self) -> list[dict[str, Any]]:
+        """Parsed bodies of every `POST /v1/responses` request received, in order (valid or not)."""
+        return [r.json for r in self.requests if r.path == "/v1/responses" and isinstance(r.json, dict)]
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -668,6 +706,8 @@ class OpenAIUpstream:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._observe_and_inject])
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model}", self._get_model)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -751,15 +791,7 @@ class OpenAIUpstream:
     async def _stream(
         self, request: web.Request, completion: _Completion, include_usage: bool, encoding_name: str
     ) -> web.StreamResponse:
-        """Send `completion` as SSE, each chunk its own write; cut the connection if a fault says so.
-
-        A client that goes away mid-stream (a write fails, or the handler is cancelled) counts in `streams_aborted`.
-        """
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-        )
-        for name, value in self._response_headers().items():
-            response.headers[name] = value
+        """Stream `completion` as chat-completion chunks, then `[DONE]`."""
         chunks = list(
             stream_chunks(
                 completion,
@@ -768,6 +800,7 @@ class OpenAIUpstream:
                 tokens_per_chunk=self.stream_tokens_per_chunk,
             )
         )
+        digests: dict[str, str] = {}
         if self.stream_digests:
             plain = stream_chunks(
                 completion,
@@ -775,20 +808,35 @@ class OpenAIUpstream:
                 encoding_name=encoding_name,
                 tokens_per_chunk=self.stream_tokens_per_chunk,
             )
-            response.headers["X-Stream-Sha256"] = hashlib.sha256(_sse_body(chunks)).hexdigest()
-            response.headers["X-Stream-Sha256-Without-Usage"] = hashlib.sha256(_sse_body(plain)).hexdigest()
+            digests["X-Stream-Sha256"] = hashlib.sha256(_sse_body(chunks)).hexdigest()
+            digests["X-Stream-Sha256-Without-Usage"] = hashlib.sha256(_sse_body(plain)).hexdigest()
+        return await self._send_events(request, [_sse_event(chunk) for chunk in chunks], _SSE_DONE, digests)
+
+    async def _send_events(
+        self, request: web.Request, frames: Sequence[bytes], trailer: bytes, headers: Mapping[str, str]
+    ) -> web.StreamResponse:
+        """Send SSE `frames`, each its own write, then `trailer`; cut the connection if a fault says so.
+
+        A client that goes away mid-stream (a write fails, or the handler is cancelled) counts in `streams_aborted`.
+        """
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+        for name, value in {**self._response_headers(), **headers}.items():
+            response.headers[name] = value
         self.streams_started += 1
         cut_after = request.get(_CUT_AFTER_CHUNKS, self.cut_stream_after)
         try:
             await response.prepare(request)
-            for sent, chunk in enumerate(chunks):
+            for sent, frame in enumerate(frames):
                 if cut_after is not None and sent >= cut_after:
                     _drop_connection(request)
                     return response
                 if sent and self.stream_chunk_delay:
                     await asyncio.sleep(self.stream_chunk_delay)
-                await response.write(_sse_event(chunk))
-            await response.write(b"data: [DONE]\n\n")
+                await response.write(frame)
+            if trailer:
+                await response.write(trailer)
             await response.write_eof()
         except ConnectionResetError:
             self._aborted()  # The client (or the proxy under test) went away mid-stream: nothing left to send to.
@@ -798,6 +846,41 @@ class OpenAIUpstream:
             raise
         self.streams_completed += 1
         return response
+
+    # ---- responses -------------------------------------------------------------------------------------------------
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = parse_json_body(await request.read())
+        response_id = self.responses_service.new_response_id()
+        misreport = self._misreports[0] if self._misreports else {}
+        streamed = body.get("stream") is True
+        try:
+            response = self.responses_service.create(body, response_id, misreport)
+        except OpenAIError as error:
+            overflow = error.body["error"]["code"] == "context_length_exceeded"
+            if streamed and overflow and self.responses_overflow_in_stream:
+                shell = response_object(response_id, body, [], None, status="in_progress")
+                return await self._send_response_events(request, error_events(shell, error.body["error"]))
+            raise
+        if misreport:
+            self._misreports.popleft()
+        self.responses_usages.append(response["usage"])
+        if not streamed:
+            return json_response(response, headers=self._response_headers())
+        encoding_name = encoding_name_for_model(str(body["model"]))
+        return await self._send_response_events(
+            request, response_events(response, encoding_name, self.stream_tokens_per_chunk)
+        )
+
+    async def _send_response_events(
+        self, request: web.Request, events: Sequence[Mapping[str, Any]]
+    ) -> web.StreamResponse:
+        return await self._send_events(request, [sse_frame(event) for event in events], b"", {})
+
+    async def _responses_compact(self, request: web.Request) -> web.Response:
+        compacted = self.responses_service.compact(parse_json_body(await request.read()))
+        self.responses_usages.append(compacted["usage"])
+        return json_response(compacted, headers=self._response_headers())
 
     def _aborted(self) -> None:
         self.streams_aborted += 1
