@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.support.openai_common import tool_call_id
 from tests.support.openai_tokens import count_text
-from tests.support.responses_items import ItemOrigin, item_type
+from tests.support.responses_items import ItemOrigin, item_shape, item_type
 from tests.support.responses_tokens import compaction_blob, opaque_blob
 
 __all__ = [
@@ -195,7 +195,7 @@ def _origins(items: Sequence[Mapping[str, Any]], response_id: str) -> dict[str, 
         kind = item_type(item)
         following = None
         if kind == "reasoning" and index + 1 < len(items):
-            following = (str(items[index + 1]["id"]), item_type(items[index + 1]))
+            following = (str(items[index + 1]["id"]), item_shape(items[index + 1]))
         origins[str(item["id"])] = ItemOrigin(response_id, kind, reasoning, following)
         if kind == "reasoning":
             reasoning = str(item["id"])

@@ -16,8 +16,8 @@ What is checked, each with the error body OpenAI answers (status 400, `type: "in
   "Item '{id}' of type '{type}' was provided without its required 'reasoning' item: '{rs_id}'." when an item that
   followed a reasoning item in its response comes without that reasoning item earlier in the input, and
   "Item '{rs_id}' of type 'reasoning' was provided without its required following item." when the item right after
-  a reasoning item is not the one that followed it in its response (by `id`; an item without `id` of the same type
-  also counts, as a client that strips ids sends it).
+  a reasoning item is not the one that followed it in its response (by `id`; an item without `id` of the same type,
+  and role for a message, also counts, as a client that strips ids sends it).
 
 The module never mutates what it is given.
 """
@@ -36,6 +36,7 @@ __all__ = [
     "ItemOrigin",
     "check_pairing",
     "check_reasoning",
+    "item_shape",
     "item_type",
     "normalize_input",
     "validate_items",
@@ -96,7 +97,7 @@ class ItemOrigin:
     """What the fake remembers about an output item it issued, to enforce the reasoning rules later.
 
     `reasoning` is the id of the reasoning item that came before this item in its response (None if none);
-    for a reasoning item, `following` is the (id, type) of the item right after it in its response.
+    for a reasoning item, `following` is the (id, `item_shape`) of the item right after it in its response.
     """
 
     response_id: str
@@ -111,6 +112,12 @@ def item_type(item: Mapping[str, Any]) -> str:
     if kind is None and "role" in item:
         return "message"
     return str(kind) if isinstance(kind, str) else ""
+
+
+def item_shape(item: Mapping[str, Any]) -> str:
+    """An item's type, with the role for a message ("message:assistant"): what stands in for a stripped id."""
+    kind = item_type(item)
+    return f"{kind}:{item.get('role')}" if kind == "message" else kind
 
 
 def normalize_input(value: Any) -> list[dict[str, Any]]:
@@ -220,5 +227,5 @@ def _follows(items: Sequence[Mapping[str, Any]], index: int, expected: tuple[str
     following = items[index]
     following_id = following.get("id")
     if following_id is None:
-        return item_type(following) == expected[1]
+        return item_shape(following) == expected[1]
     return bool(following_id == expected[0])
