@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.engine.grouping import agent_step_groups
 from proxy.engine.messages import content_parts, content_text, is_tool_result
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
+from proxy.engine.strategies.tool_result_pruning import check_result_rules, newest_results
 from proxy.engine.transcript import Transcript, created
 
 logger = logging.getLogger(__name__)
@@ -159,13 +159,7 @@ class ToolResultOffload(Strategy):
         preview_chars: int = 200,
         pointer: str = DEFAULT_POINTER,
     ) -> None:
-        if min_keep_steps < 1:
-            raise ValueError(
-                f"`min_keep_steps` must be at least 1, got {min_keep_steps}. The most recent tool-calling step "
-                f"contains results the model may still need."
-            )
-        if min_tokens < 0:
-            raise ValueError(f"`min_tokens` must be at least 0, got {min_tokens}.")
+        check_result_rules(min_keep_steps, min_tokens)
         if preview_chars < 0:
             raise ValueError(f"`preview_chars` must be at least 0, got {preview_chars}.")
         self.store = store
@@ -179,8 +173,7 @@ class ToolResultOffload(Strategy):
         return await asyncio.to_thread(self.plan, transcript, target_tokens)
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
-        result_steps = [group[1:] for group in agent_step_groups(transcript, 0) if len(group) > 1]
-        protected = {index for step in result_steps[-self.min_keep_steps :] for index in step}
+        protected = newest_results(transcript, self.min_keep_steps)
         candidates = (
             index for index in range(len(transcript)) if index not in protected and self._offloadable(transcript, index)
         )
