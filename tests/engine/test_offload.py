@@ -23,7 +23,12 @@ from proxy.engine import (
     ToolResultPruning,
     Transcript,
 )
-from proxy.engine.strategies.offload import OFFLOADED_META_KEY, content_reference, offloaded_references
+from proxy.engine.strategies.offload import (
+    OFFLOADED_META_KEY,
+    StagingOffloadStore,
+    content_reference,
+    offloaded_references,
+)
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
 
 COUNTER = ApproximateCounter()
@@ -234,3 +239,16 @@ def test_the_memory_store_is_bounded_in_bytes_and_forgets_the_least_recently_use
     assert store.put("aaaa") == first and store.bytes_held == 8
     with pytest.raises(ValueError, match="does not fit"):
         store.put("x" * 11)
+
+
+def test_a_staging_store_holds_what_planning_wrote_for_the_caller_to_persist() -> None:
+    staging = StagingOffloadStore()
+    messages = _steps("first " * 80, "second " * 80, "first " * 80, "newest")
+    result = ToolResultOffload(staging, min_tokens=0).plan(Transcript(messages, COUNTER), 1)
+
+    assert result is not None
+    pending = staging.pending()
+    assert list(pending) == [content_reference("first " * 80), content_reference("second " * 80)]
+    for entry in result.created():
+        (reference,) = offloaded_references(entry.meta)
+        assert pending[reference] == messages[entry.replaces or 0]["content"] == staging.get(reference)

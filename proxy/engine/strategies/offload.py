@@ -125,6 +125,37 @@ class MemoryOffloadStore:
             return held[0]
 
 
+class StagingOffloadStore:
+    """An `OffloadStore` that holds what planning wrote, for the caller to persist afterwards in one batch.
+
+    For a front end whose own store is asynchronous (the proxy's state store): compaction runs inline on the event
+    loop or on a worker thread, and a `put` waiting on the loop would stall or deadlock it. Planning puts here, which
+    cannot fail; the caller then persists `pending()` under the tenant's scope before forwarding, and treats a failed
+    persist as any other state-store failure.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def put(self, content: str) -> str:
+        """Hold `content` until it is persisted and return its reference."""
+        reference = content_reference(content)
+        with self._lock:
+            self._pending.setdefault(reference, content)
+        return reference
+
+    def get(self, reference: str) -> str | None:
+        """The content held under `reference` (only what was put here), or None."""
+        with self._lock:
+            return self._pending.get(reference)
+
+    def pending(self) -> dict[str, str]:
+        """Every content put so far, by reference, in the order it was first put."""
+        with self._lock:
+            return dict(self._pending)
+
+
 @dataclass(frozen=True)
 class Offloaded:
     """Where one result's content went and the text that stands in for it."""
