@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
+from proxy.chat.compacting import Compacting
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
-from proxy.chat.measured import Measured, measure
+from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
@@ -46,13 +47,11 @@ from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     CompactionChain,
     CompactionResult,
-    Outcome,
     Summarization,
     Thresholds,
     Transcript,
     chain_by_names,
     counter_for_model,
-    decide,
 )
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
@@ -126,6 +125,9 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
+        self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
+        self.observing = Compacting(self.chain, None, settings.summary_start_at)
+        """Observe mode decides as enforce does, but writes no summary."""
         self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
 
     def register_metrics(self, registry: Any) -> None:
@@ -237,7 +239,8 @@ class ChatCompactionService:
         exchange.turn.counted = measured.transcript.counted()
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
-        outcome = await self._compaction(exchange, measured, context)
+        compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
+        outcome = await compacting.outcome(measured, context, lambda work: self._work(exchange, work, whole=True))
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
@@ -273,43 +276,6 @@ class ChatCompactionService:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
         messages, size = exchange.request.messages, exchange.size
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
-
-    async def _compaction(self, exchange: _Exchange, measured: Measured, context: SummaryContext) -> Outcome:
-        """Compact when the decision says so: a summary first when one is configured, then the chain.
-
-        Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in
-        the background, so it is ready when the trigger is reached.
-        """
-        transcript, decision = measured.transcript, measured.decision
-        summaries = self.summaries if self.mode is Mode.ENFORCE else None
-        if not decision.compact:
-            if summaries is not None:
-                self._summarize_ahead(summaries, measured, context)
-            return Outcome(decision)
-        summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
-        if summary is None:
-            compact = lambda: self.chain.compact(transcript, decision.target_tokens)  # noqa: E731
-            return Outcome(decision, await self._work(exchange, compact, whole=True))
-        summarized = transcript.edited(summary)
-        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens), whole=True)
-        result = CompactionResult(
-            plan=summary if rest is None else summary.then(rest.plan),
-            compacted=summarized if rest is None else rest.compacted,
-            tokens_before=transcript.total(),
-            tokens_after=summarized.total() if rest is None else rest.tokens_after,
-            strategies=(Summarization.name, *(rest.strategies if rest else ())),
-        )
-        return Outcome(decision, result)
-
-    def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
-        """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
-        thresholds = measured.thresholds
-        ahead = Thresholds(thresholds.context_window, self.settings.summary_start_at, thresholds.compact_to)
-        if measured.decision.estimated_tokens < ahead.trigger_tokens:
-            return
-        early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
-        if early.compact:
-            summaries.start(context, measured.transcript, early.target_tokens)
 
     async def _forward(
         self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
