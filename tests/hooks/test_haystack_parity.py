@@ -1,4 +1,4 @@
-"""What the hook tells the Agent and the operator after deciding, measured as Haystack's hook measures it.
+"""What the hook and its compactors tell the Agent and the operator, measured as Haystack's measure it.
 
 A Haystack `TokenCounter` counts a list of messages in one call, which need not equal the sum of its counts of each
 message. Where Haystack's hook uses the counter's count of a list, ours does too, so a foreign counter gives the same
@@ -12,8 +12,8 @@ import logging
 import pytest
 from haystack.dataclasses import ChatMessage
 
-from hooks.compaction import CompactionHook, SlidingWindowCompactor
-from tests.hooks.conftest import RecordingCounter, long_conversation, state_with
+from hooks.compaction import ApproximateTokenCounter, CompactionHook, SlidingWindowCompactor, SummarizationCompactor
+from tests.hooks.conftest import FakeSummaryGenerator, RecordingCounter, long_conversation, state_with
 
 
 def _last_assistant(messages: list[ChatMessage]) -> int:
@@ -68,3 +68,20 @@ def test_a_counter_in_line_with_the_provider_raises_no_warning(caplog: pytest.Lo
 
     assert len(state.data["messages"]) < len(messages)
     assert [record for record in caplog.records if record.name == "hooks.compaction.hook"] == []
+
+
+def test_a_summary_that_does_not_shrink_the_conversation_raises_in_haystacks_words() -> None:
+    compactor = SummarizationCompactor(
+        chat_generator=FakeSummaryGenerator("a summary longer than what it replaces " * 200),
+        approximate_summary_tokens=1,
+        raise_on_failure=True,
+    )
+    messages = [
+        ChatMessage.from_system("Be brief."),
+        ChatMessage.from_user("Old question."),
+        ChatMessage.from_assistant("Old answer."),
+        ChatMessage.from_user("Current question."),
+    ]
+
+    with pytest.raises(RuntimeError, match="did not reduce"):
+        compactor.compact(messages=messages, target_tokens=1, token_counter=ApproximateTokenCounter())
