@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from proxy.engine import COMPACTION_META_KEY, ApproximateCounter, Kept, SlidingWindow, Transcript
+from proxy.engine.grouping import (
+    current_step_groups,
+    historical_turn_groups,
+    latest_user_index,
+    leading_instructions_end,
+)
+from tests.engine.conversations import Conversation, conversations
 
 COUNTER = ApproximateCounter()
 
@@ -69,3 +79,46 @@ def test_an_earlier_note_after_the_task_goes_with_the_oldest_step_even_when_that
     assert plan.entries[2] is note
     assert note.meta[COMPACTION_META_KEY]["removed_messages"] == 3
     assert transcript.edited(plan).total() < transcript.total()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.0))
+def test_the_kept_messages_alone_fit_the_target_whenever_the_protected_ones_do(
+    conversation: Conversation, fraction: float
+) -> None:
+    transcript = Transcript(conversation.messages, COUNTER, conversation.meta)
+    target = int(transcript.total() * fraction)
+
+    plan = SlidingWindow(min_keep_steps=0).plan(transcript, target)
+
+    if plan is None:
+        return
+    kept = [entry.index for entry in plan.entries if isinstance(entry, Kept)]
+    task = latest_user_index(transcript)
+    protected = [*range(leading_instructions_end(transcript)), *([task] if task is not None else [])]
+    # The note is not part of the budget: only what was kept is held to the target.
+    assert transcript.tokens_of(kept) <= max(target, transcript.tokens_of(protected))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.0))
+def test_the_newest_turn_or_step_removed_would_not_have_fit(conversation: Conversation, fraction: float) -> None:
+    transcript = Transcript(conversation.messages, COUNTER, conversation.meta)
+    target = int(transcript.total() * fraction)
+
+    plan = SlidingWindow(min_keep_steps=0).plan(transcript, target)
+
+    if plan is None:
+        return
+    kept = {entry.index for entry in plan.entries if isinstance(entry, Kept)}
+    instructions_end = leading_instructions_end(transcript)
+    task = latest_user_index(transcript)
+    units = [
+        *current_step_groups(transcript, instructions_end, task)[::-1],
+        *historical_turn_groups(transcript, instructions_end, task)[::-1],
+    ]
+    removed = [unit for unit in units if not kept.issuperset(unit)]
+    if removed:
+        newest_removed = [index for index in removed[0] if not transcript.created_by(index, "sliding_window")]
+        # Greedy, newest first, as Haystack's compactor: it stopped at a unit that did not fit beside what it kept.
+        assert transcript.tokens_of(kept) + transcript.tokens_of(newest_removed) > target
