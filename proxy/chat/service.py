@@ -329,22 +329,25 @@ class ChatCompactionService:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
-        window, learned = exchange.window, False
-        if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
-            window, learned = overflow.window, True
-        if window is None:
-            return None
         request = exchange.request
         view = await self._view(exchange)
         counter = counter_for_model(exchange.model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
+        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+        overhead = counter.overhead_tokens(request.overhead_fields)
+        stated = overflow.window
+        if stated is None:
+            # An error that states no window (the Responses API's) still says the window is below what was sent.
+            stated = round(scale * (await self._work(exchange, transcript.total, whole=True) + overhead))
+        window, learned = exchange.window, False
+        if self.windows.learn(exchange.model, stated, exchange.tenant):
+            window, learned = stated, True
+        if window is None:
+            return None
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
 
         def compact() -> CompactionResult | None:
-            target = int(
-                thresholds.target_tokens(round(scale * counter.overhead_tokens(request.overhead_fields))) / scale
-            )
-            return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+            return self.chain.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
 
         result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
