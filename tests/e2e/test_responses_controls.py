@@ -37,11 +37,11 @@ async def proxies(upstream: OpenAIUpstream) -> AsyncIterator[LoopbackProxies]:
 
 
 async def post(url: str, body: dict[str, Any], **headers: str) -> tuple[int, dict[str, str], Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url + "/responses", json=body, headers={"Authorization": "Bearer sk-a", **headers}
-        ) as r:
-            return r.status, dict(r.headers), await r.json()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/responses", json=body, headers={"Authorization": "Bearer sk-a", **headers}) as r,
+    ):
+        return r.status, dict(r.headers), await r.json()
 
 
 def carried(response: Any) -> list[dict[str, Any]]:
@@ -140,11 +140,13 @@ async def test_off_switch_and_observe_mode_forward_the_clients_bytes(
         ({"mode": "observe"}, {}, "would-compact"),
     ):
         proxy = await proxies.start(context_windows={MODEL: 4000}, **settings)
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
                 proxy.url + "/responses", data=raw, headers={"Content-Type": "application/json", **headers}
-            ) as response:
-                assert response.headers["X-Compaction"] == expected
+            ) as response,
+        ):
+            assert response.headers["X-Compaction"] == expected
         assert upstream.requests[-1].body == raw
 
 
