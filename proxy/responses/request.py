@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits
+from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object
 from proxy.engine.messages import Message
 from proxy.responses.items import Item, Units
 
@@ -78,12 +78,7 @@ class ResponsesRequest:
         :raises InvalidChatRequest: If it is not JSON, not an object, or its `input` is neither text nor items.
         :raises RequestOverLimit: If it holds more items or content parts than `limits` allow.
         """
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as error:
-            raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
-        if not isinstance(body, dict):
-            raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+        body = json_object(raw)
         given = body.get("input")
         if isinstance(given, str):
             items: list[Item] = [{"role": "user", "content": given}]
@@ -93,11 +88,7 @@ class ResponsesRequest:
             items = []
         else:
             raise InvalidChatRequest("The request's `input` must be a string or a list of items.")
-        if limits is not None:
-            limits.check(items)
-        for position, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise InvalidChatRequest(f"`input[{position}]` must be an object, got {type(item).__name__}.")
+        checked_objects(items, "input", limits)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidChatRequest("The request's `instructions` must be a string.")
