@@ -14,8 +14,10 @@ from proxy.engine import (
     DuplicateResults,
     JsonMinify,
     Kept,
+    MemoryOffloadStore,
     SupersededResults,
     TiktokenCounter,
+    ToolResultOffload,
     ToolResultPruning,
     Transcript,
 )
@@ -184,8 +186,27 @@ def test_pruning_still_prunes_a_minified_result() -> None:
     assert plan.created()[0].message["content"].startswith("[This tool result was removed")
 
 
+def test_offloading_keeps_references_and_takes_minified_results() -> None:
+    """An offloaded result says how to read it back, so references to it stay; a minified result is still offloaded."""
+    listing = json.dumps(list(range(300)), indent=1)
+    messages = run(
+        step("call_1", "read_file", '{"path": "main.py"}', FILE),
+        step("call_2", "read_file", '{"path": "main.py"}', FILE),
+        step("call_3", "list_items", "{}", listing),
+        step("call_4", "run_tests", "{}", "ok"),
+    )
+    store = MemoryOffloadStore()
+    plan = compact([DuplicateResults(), JsonMinify(), ToolResultOffload(store, min_tokens=10)], messages)
+    output = plan.apply_messages(messages)
+    assert output[3]["content"].startswith("[Same result as the later call `read_file` (call_2) below")
+    assert output[5]["content"].startswith("Tool result offloaded") and output[7]["content"].startswith(
+        "Tool result offloaded"
+    )
+    assert json.loads(store.get(plan.created()[-1].meta["tool_result_offloaded"][0]) or "") == list(range(300))
+
+
 def test_lossless_steps_lead_the_default_chain_and_are_named() -> None:
-    assert DEFAULT_CHAIN[:3] == ("duplicate_results", "superseded_results", "json_minify")
+    assert DEFAULT_CHAIN[1:4] == ("duplicate_results", "superseded_results", "json_minify")
     assert set(DEFAULT_CHAIN) <= set(STRATEGY_NAMES)
     built = strategy_by_name("superseded_results", superseded_tools=["read_file"])
     assert isinstance(built, SupersededResults) and built.tools == {"read_file"}

@@ -171,9 +171,11 @@ def _content_tokens(content: Any, enc: str) -> list[int]:
 
 
 def _image_marker_tokens(image_url: Mapping[str, Any]) -> list[int]:
+    return image_marker_tokens(str(image_url.get("url") or ""), str(image_url.get("detail") or "auto"))
+
+
+def image_marker_tokens(url: str, detail: str = "auto") -> list[int]:
     """Stand-in tokens for an image: as many as it costs, all one id derived from the image, so caching sees it."""
-    url = str(image_url.get("url") or "")
-    detail = str(image_url.get("detail") or "auto")
     digest = int.from_bytes(hashlib.sha256(url.encode()).digest()[:4], "big")
     return [_IMAGE_MARKER_BASE - digest] * image_tokens(url, detail)
 

@@ -41,6 +41,15 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 from proxy.engine.encodings import get_encoding
+from tests.support.openai_common import (
+    OpenAIError,
+    invalid_type,
+    json_response,
+    missing_parameter,
+    parse_json_body,
+    split_into_token_pieces,
+    tool_call_id,
+)
 from tests.support.openai_tokens import (
     PromptCache,
     count_completion_tokens,
@@ -49,6 +58,9 @@ from tests.support.openai_tokens import (
     encoding_name_for_model,
     prompt_token_sequence,
 )
+from tests.support.responses_api import ResponsesResponder, response_object
+from tests.support.responses_server import ResponsesService
+from tests.support.responses_stream import error_events, response_events, sse_frame
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -81,11 +93,6 @@ MAX_BODY_BYTES = 256 * 1024 * 1024
 
 _CUT_AFTER_CHUNKS = web.RequestKey("cut_after_chunks", int)
 """Set on a request whose scripted failure cuts its stream after that many chunks."""
-
-_INVALID_JSON_MESSAGE = (
-    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library "
-    "correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)"
-)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -126,12 +133,6 @@ def fixed_responder(text: str) -> Responder:
         return Reply(content=text)
 
     return respond
-
-
-def tool_call_id(*parts: object) -> str:
-    """Make a deterministic OpenAI-looking tool call id ("call_" + 24 characters) from `parts`."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
-    return f"call_{digest[:24]}"
 
 
 def tool_loop_responder(
@@ -187,65 +188,15 @@ def _text_of(message: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class OpenAIError(Exception):
-    """An error the fake answers with OpenAI's body: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        error_type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-
-    def response(self) -> web.Response:
-        """Render as the HTTP response OpenAI would send."""
-        return _json_response(self.body, status=self.status)
-
-
-def _missing(param: str) -> OpenAIError:
-    return OpenAIError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-
-
-def _invalid_type(param: str, expected: str, value: object) -> OpenAIError:
-    got = _json_type_name(value)
-    return OpenAIError(
-        f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param, code="invalid_type"
-    )
-
-
-def _json_type_name(value: object) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
-    if value is None:
-        return "null"
-    return names.get(type(value), "a decimal")
-
-
-def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """Parse a request body that must be a JSON object, or raise OpenAI's "could not parse" error."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than Python's stack
-        raise OpenAIError(_INVALID_JSON_MESSAGE) from None
-    if not isinstance(body, dict):
-        raise OpenAIError(_INVALID_JSON_MESSAGE)
-    return body
-
-
 def validate_chat_request(body: Mapping[str, Any]) -> None:
     """Reject what OpenAI rejects about a chat-completion request's shape, messages and tool-call pairing."""
     if not body.get("model"):
         raise OpenAIError("you must provide a model parameter")
     messages = body.get("messages")
     if messages is None:
-        raise _missing("messages")
+        raise missing_parameter("messages")
     if not isinstance(messages, list):
-        raise _invalid_type("messages", "an array", messages)
+        raise invalid_type("messages", "an array", messages)
     if not messages:
         raise OpenAIError(
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
@@ -258,7 +209,7 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
     for param in ("max_tokens", "max_completion_tokens"):
         value = body.get(param)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise _invalid_type(param, "an integer", value)
+            raise invalid_type(param, "an integer", value)
     if body.get("stream_options") is not None and not body.get("stream"):
         raise OpenAIError(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
@@ -268,10 +219,10 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
 def _validate_message(index: int, message: object) -> None:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise _invalid_type(where, "an object", message)
+        raise invalid_type(where, "an object", message)
     role = message.get("role")
     if role is None:
-        raise _missing(f"{where}.role")
+        raise missing_parameter(f"{where}.role")
     if role not in VALID_ROLES:
         supported = ", ".join(f"'{r}'" for r in VALID_ROLES[:-1]) + f", and '{VALID_ROLES[-1]}'"
         raise OpenAIError(
@@ -279,25 +230,25 @@ def _validate_message(index: int, message: object) -> None:
         )
     content = message.get("content")
     if "content" not in message and role in ("system", "developer", "user", "tool"):
-        raise _missing(f"{where}.content")
+        raise missing_parameter(f"{where}.content")
     if content is not None and not isinstance(content, str | list):
-        raise _invalid_type(f"{where}.content", "one of a string or array of objects", content)
+        raise invalid_type(f"{where}.content", "one of a string or array of objects", content)
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise _missing(f"{where}.tool_call_id")
+        raise missing_parameter(f"{where}.tool_call_id")
     for k, call in enumerate(message.get("tool_calls") or ()):
         _validate_tool_call(f"{where}.tool_calls[{k}]", call)
 
 
 def _validate_tool_call(where: str, call: object) -> None:
     if not isinstance(call, dict):
-        raise _invalid_type(where, "an object", call)
+        raise invalid_type(where, "an object", call)
     if not isinstance(call.get("id"), str):
-        raise _missing(f"{where}.id")
+        raise missing_parameter(f"{where}.id")
     function = call.get("function")
     if not isinstance(function, dict):
-        raise _missing(f"{where}.function")
+        raise missing_parameter(f"{where}.function")
     if not isinstance(function.get("name"), str):
-        raise _missing(f"{where}.function.name")
+        raise missing_parameter(f"{where}.function.name")
 
 
 def _validate_tool_pairing(messages: Sequence[Mapping[str, Any]]) -> None:
@@ -429,25 +380,6 @@ def _truncate_reply(reply: Reply, limit: int | None, encoding_name: str) -> tupl
     return Reply(content=text, tool_calls=reply.tool_calls), "length"
 
 
-def split_into_token_pieces(text: str, encoding_name: str, tokens_per_piece: int = 1) -> list[str]:
-    """Split `text` at token boundaries, as a model streams it, never inside a UTF-8 character."""
-    encoding = get_encoding(encoding_name)
-    pieces: list[str] = []
-    pending = b""
-    for count, token in enumerate(encode(text, encoding_name), start=1):
-        pending += encoding.decode_single_token_bytes(token)
-        if count % tokens_per_piece:
-            continue
-        try:
-            pieces.append(pending.decode())
-        except UnicodeDecodeError:
-            continue
-        pending = b""
-    if pending:
-        pieces.append(pending.decode(errors="replace"))
-    return pieces
-
-
 def stream_chunks(
     completion: _Completion, *, include_usage: bool, encoding_name: str, tokens_per_chunk: int = 1
 ) -> Iterator[dict[str, Any]]:
@@ -475,6 +407,9 @@ def stream_chunks(
         yield {**header, "choices": [], "usage": completion.usage}
 
 
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
 def _sse_event(chunk: Mapping[str, Any]) -> bytes:
     """One SSE event as OpenAI frames it: `data: <compact JSON>` and a blank line."""
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
@@ -482,12 +417,7 @@ def _sse_event(chunk: Mapping[str, Any]) -> bytes:
 
 def _sse_body(chunks: Iterable[Mapping[str, Any]]) -> bytes:
     """The whole SSE body for `chunks`, `[DONE]` included, exactly as `_stream` sends it."""
-    return b"".join(_sse_event(chunk) for chunk in chunks) + b"data: [DONE]\n\n"
-
-
-def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    text = json.dumps(body, indent=2, ensure_ascii=False)
-    return web.Response(text=text, status=status, headers=headers, content_type="application/json")
+    return b"".join(_sse_event(chunk) for chunk in chunks) + _SSE_DONE
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -574,7 +504,7 @@ def _failure_response(failure: Failure) -> web.Response:
         return web.Response(
             body=body.encode() if isinstance(body, str) else body, status=failure.status, headers=headers
         )
-    return _json_response(body, status=failure.status, headers=headers)
+    return json_response(body, status=failure.status, headers=headers)
 
 
 class OpenAIUpstream:
@@ -592,10 +522,19 @@ class OpenAIUpstream:
     :param stream_tokens_per_chunk: Tokens of content per SSE chunk.
     :param cut_stream_after: If set, every stream is cut (connection reset) after this many chunks.
     :param cache_max_blocks: Bound on remembered 128-token prompt blocks for simulated prompt caching.
+    :param responses_responder: Maps each valid Responses API request (as the model sees it) to the reply;
+        `default_responses_responder` if None. Reassignable (`upstream.responses_responder = ...`).
+    :param responses_overflow_in_stream: Refuse a streamed Responses request over the window inside the stream
+        (`response.created`, `response.in_progress`, then an `error` event), as OpenAI does for some models,
+        instead of with a 400 before the stream.
     :param stream_digests: Add `X-Stream-Sha256` (sha256 of the SSE body about to be sent, when not cut) and
         `X-Stream-Sha256-Without-Usage` (of the body the same completion would have had without
         `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
         even when the fake runs in another process.
+
+    The Responses API (`POST /v1/responses` and `/v1/responses/compact`) is served by `ResponsesService` (see
+    `tests.support.responses_server` for its rules); `responses_requests` lists its parsed create bodies and
+    `responses_usages` the usage of each response it answered. `fail_next` and `misreport_usage_next` apply to it too.
 
     Observations besides `requests`: `streams_started`, `streams_completed` and `streams_aborted` count streamed
     answers begun, sent whole, and broken off because the client (the proxy) went away mid-stream; `abort_event`
@@ -617,6 +556,8 @@ class OpenAIUpstream:
         cut_stream_after: int | None = None,
         cache_max_blocks: int = 200_000,
         stream_digests: bool = False,
+        responses_responder: ResponsesResponder | None = None,
+        responses_overflow_in_stream: bool = False,
     ) -> None:
         self.responder: Responder = responder or default_responder
         self.context_window = context_window
@@ -634,6 +575,11 @@ class OpenAIUpstream:
         self.requests: list[RecordedRequest] = []
         self.usages: list[dict[str, Any]] = []
         self.prompt_cache = PromptCache(cache_max_blocks)
+        self.responses_service = ResponsesService(self.prompt_cache, self.window_for)
+        if responses_responder is not None:
+            self.responses_service.responder = responses_responder
+        self.responses_overflow_in_stream = responses_overflow_in_stream
+        self.responses_usages: list[dict[str, Any]] = []
         self._host = host
         self._port = port
         self._failures: deque[Failure] = deque()
@@ -711,7 +657,7 @@ class OpenAIUpstream:
         self._failures.extend([failure] * times)
 
     def misreport_usage_next(self, **usage: int) -> None:
-        """Make the next chat completion answered report these `usage` fields instead of its counted ones.
+        """Make the next chat completion or response answered report these `usage` fields instead of its counted ones.
 
         E.g. `misreport_usage_next(prompt_tokens=10**15, total_tokens=10**15)`: a broken or hostile provider's usage
         report, once; the request is served normally otherwise. Pending misreports are forgotten by `clear()`.
@@ -726,12 +672,28 @@ class OpenAIUpstream:
         return self.context_windows[max(prefixes, key=len)] if prefixes else self.context_window
 
     def clear(self) -> None:
-        """Forget recorded requests and usages, pending scripted failures and misreports, and the prompt cache."""
+        """Forget recorded requests and usages, scripted failures and misreports, the prompt cache, stored responses."""
         self.requests.clear()
         self.usages.clear()
         self._failures.clear()
         self._misreports.clear()
         self.prompt_cache.clear()
+        self.responses_service.clear()
+        self.responses_usages.clear()
+
+    @property
+    def responses_responder(self) -> ResponsesResponder:
+        """The responder of the Responses API; assign to change it."""
+        return self.responses_service.responder
+
+    @responses_responder.setter
+    def responses_responder(self, responder: ResponsesResponder) -> None:
+        self.responses_service.responder = responder
+
+    @property
+    def responses_requests(self) -> list[dict[str, Any]]:
+        """Parsed bodies of every `POST /v1/responses` request received, in order (valid or not)."""
+        return [r.json for r in self.requests if r.path == "/v1/responses" and isinstance(r.json, dict)]
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -744,6 +706,8 @@ class OpenAIUpstream:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._observe_and_inject])
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model}", self._get_model)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -805,7 +769,7 @@ class OpenAIUpstream:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, completion, include_usage, encoding_name)
-        return _json_response(completion.to_json(), headers=self._response_headers())
+        return json_response(completion.to_json(), headers=self._response_headers())
 
     def _complete(
         self, body: dict[str, Any], *, model: str, encoding_name: str, prompt_tokens: int, cached: int, limit: int
@@ -827,15 +791,7 @@ class OpenAIUpstream:
     async def _stream(
         self, request: web.Request, completion: _Completion, include_usage: bool, encoding_name: str
     ) -> web.StreamResponse:
-        """Send `completion` as SSE, each chunk its own write; cut the connection if a fault says so.
-
-        A client that goes away mid-stream (a write fails, or the handler is cancelled) counts in `streams_aborted`.
-        """
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-        )
-        for name, value in self._response_headers().items():
-            response.headers[name] = value
+        """Stream `completion` as chat-completion chunks, then `[DONE]`."""
         chunks = list(
             stream_chunks(
                 completion,
@@ -844,6 +800,7 @@ class OpenAIUpstream:
                 tokens_per_chunk=self.stream_tokens_per_chunk,
             )
         )
+        digests: dict[str, str] = {}
         if self.stream_digests:
             plain = stream_chunks(
                 completion,
@@ -851,20 +808,35 @@ class OpenAIUpstream:
                 encoding_name=encoding_name,
                 tokens_per_chunk=self.stream_tokens_per_chunk,
             )
-            response.headers["X-Stream-Sha256"] = hashlib.sha256(_sse_body(chunks)).hexdigest()
-            response.headers["X-Stream-Sha256-Without-Usage"] = hashlib.sha256(_sse_body(plain)).hexdigest()
+            digests["X-Stream-Sha256"] = hashlib.sha256(_sse_body(chunks)).hexdigest()
+            digests["X-Stream-Sha256-Without-Usage"] = hashlib.sha256(_sse_body(plain)).hexdigest()
+        return await self._send_events(request, [_sse_event(chunk) for chunk in chunks], _SSE_DONE, digests)
+
+    async def _send_events(
+        self, request: web.Request, frames: Sequence[bytes], trailer: bytes, headers: Mapping[str, str]
+    ) -> web.StreamResponse:
+        """Send SSE `frames`, each its own write, then `trailer`; cut the connection if a fault says so.
+
+        A client that goes away mid-stream (a write fails, or the handler is cancelled) counts in `streams_aborted`.
+        """
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+        for name, value in {**self._response_headers(), **headers}.items():
+            response.headers[name] = value
         self.streams_started += 1
         cut_after = request.get(_CUT_AFTER_CHUNKS, self.cut_stream_after)
         try:
             await response.prepare(request)
-            for sent, chunk in enumerate(chunks):
+            for sent, frame in enumerate(frames):
                 if cut_after is not None and sent >= cut_after:
                     _drop_connection(request)
                     return response
                 if sent and self.stream_chunk_delay:
                     await asyncio.sleep(self.stream_chunk_delay)
-                await response.write(_sse_event(chunk))
-            await response.write(b"data: [DONE]\n\n")
+                await response.write(frame)
+            if trailer:
+                await response.write(trailer)
             await response.write_eof()
         except ConnectionResetError:
             self._aborted()  # The client (or the proxy under test) went away mid-stream: nothing left to send to.
@@ -874,6 +846,41 @@ class OpenAIUpstream:
             raise
         self.streams_completed += 1
         return response
+
+    # ---- responses -------------------------------------------------------------------------------------------------
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = parse_json_body(await request.read())
+        response_id = self.responses_service.new_response_id()
+        misreport = self._misreports[0] if self._misreports else {}
+        streamed = body.get("stream") is True
+        try:
+            response = self.responses_service.create(body, response_id, misreport)
+        except OpenAIError as error:
+            overflow = error.body["error"]["code"] == "context_length_exceeded"
+            if streamed and overflow and self.responses_overflow_in_stream:
+                shell = response_object(response_id, body, [], None, status="in_progress")
+                return await self._send_response_events(request, error_events(shell, error.body["error"]))
+            raise
+        if misreport:
+            self._misreports.popleft()
+        self.responses_usages.append(response["usage"])
+        if not streamed:
+            return json_response(response, headers=self._response_headers())
+        encoding_name = encoding_name_for_model(str(body["model"]))
+        return await self._send_response_events(
+            request, response_events(response, encoding_name, self.stream_tokens_per_chunk)
+        )
+
+    async def _send_response_events(
+        self, request: web.Request, events: Sequence[Mapping[str, Any]]
+    ) -> web.StreamResponse:
+        return await self._send_events(request, [sse_frame(event) for event in events], b"", {})
+
+    async def _responses_compact(self, request: web.Request) -> web.Response:
+        compacted = self.responses_service.compact(parse_json_body(await request.read()))
+        self.responses_usages.append(compacted["usage"])
+        return json_response(compacted, headers=self._response_headers())
 
     def _aborted(self) -> None:
         self.streams_aborted += 1
@@ -889,13 +896,13 @@ class OpenAIUpstream:
     # ---- models and embeddings -------------------------------------------------------------------------------------
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        return _json_response({"object": "list", "data": [_model_json(m) for m in self.models]})
+        return json_response({"object": "list", "data": [_model_json(m) for m in self.models]})
 
     async def _get_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if model not in self.models:
             raise OpenAIError(f"The model '{model}' does not exist", status=404, param="model", code="model_not_found")
-        return _json_response(_model_json(model))
+        return json_response(_model_json(model))
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = parse_json_body(await request.read())
@@ -903,7 +910,7 @@ class OpenAIUpstream:
         if not model:
             raise OpenAIError("you must provide a model parameter")
         if "input" not in body:
-            raise _missing("input")
+            raise missing_parameter("input")
         texts = _embedding_inputs(body["input"])
         dimensions = int(body.get("dimensions") or (3072 if "large" in model else 1536))
         as_base64 = body.get("encoding_format") == "base64"
@@ -917,7 +924,7 @@ class OpenAIUpstream:
         ]
         tokens = sum(count_text(t, "cl100k_base") for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return _json_response({"object": "list", "data": data, "model": model, "usage": usage})
+        return json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
     # ---- echo ------------------------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from proxy.engine.strategies.chain import CompactionChain, CompactionResult
 from proxy.engine.strategies.duplicate_results import DuplicateResults
 from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
+from proxy.engine.strategies.offload import MemoryOffloadStore, OffloadStore, ToolResultOffload
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
 from proxy.engine.strategies.superseded_results import SupersededResults
@@ -15,12 +16,15 @@ __all__ = [
     "CompactionResult",
     "DuplicateResults",
     "JsonMinify",
+    "MemoryOffloadStore",
     "MiddleOut",
+    "OffloadStore",
     "SlidingWindow",
     "Strategy",
     "Summarization",
     "Summarizer",
     "SummaryRequest",
     "SupersededResults",
+    "ToolResultOffload",
     "ToolResultPruning",
 ]

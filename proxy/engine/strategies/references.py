@@ -9,7 +9,8 @@ A reference must always point to a result that is still there. Two rules keep it
 
 - when a referenced result itself becomes a reference to a newer one, the references to it move on to that one;
 - when any other strategy removes, prunes or cuts a referenced result, `dangling_references` (run by the chain after
-  every strategy) turns the references to it into the pruning placeholder: "call the tool again".
+  every strategy) turns the references to it into the pruning placeholder: "call the tool again". An offloaded
+  result still counts as there: its pointer says how to read the content back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy, replace_until_target
+from proxy.engine.strategies.offload import OFFLOADED_META_KEY
 from proxy.engine.strategies.tool_result_pruning import DEFAULT_PLACEHOLDER
 from proxy.engine.tool_results import answered_calls, holds_result, result_tool_name
 from proxy.engine.transcript import Transcript, created
@@ -140,13 +142,15 @@ def _references_by_target(transcript: Transcript, positions: Mapping[str, int]) 
 
 
 def _target(transcript: Transcript, index: int, positions: Mapping[str, int]) -> int | None:
-    """The later result the reference at `index` points to, when it is there and still holds the tool's output."""
+    """The later result the reference at `index` points to, when it is there and holds or offloaded the output."""
     marker = transcript.marker(index)
     call_id = marker.get(REFERS_TO) if marker is not None else None
     target = positions.get(call_id) if isinstance(call_id, str) else None
-    if target is None or target <= index or not holds_result(transcript, target):
+    if target is None or target <= index:
         return None
-    return target
+    # An offloaded result still says how to read the content back, so a reference to it still leads somewhere.
+    readable = holds_result(transcript, target) or bool(transcript.meta[target].get(OFFLOADED_META_KEY))
+    return target if readable else None
 
 
 def _unique_result_positions(transcript: Transcript) -> dict[str, int]:

@@ -9,12 +9,14 @@ from proxy.engine.strategies.chain import CompactionChain
 from proxy.engine.strategies.duplicate_results import DuplicateResults
 from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
+from proxy.engine.strategies.provider_compaction import ProviderCompaction
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer
 from proxy.engine.strategies.superseded_results import SupersededResults
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 
 STRATEGY_NAMES = (
+    ProviderCompaction.name,
     DuplicateResults.name,
     SupersededResults.name,
     JsonMinify.name,
@@ -24,6 +26,7 @@ STRATEGY_NAMES = (
     MiddleOut.name,
 )
 DEFAULT_CHAIN = (
+    ProviderCompaction.name,
     DuplicateResults.name,
     SupersededResults.name,
     JsonMinify.name,
@@ -42,6 +45,8 @@ def strategy_by_name(
     :param superseded_tools: The tools whose older results `superseded_results` replaces (see `SupersededResults`).
     :raises ValueError: If the name is unknown, or `summarization` is asked for without a summarizer.
     """
+    if name == ProviderCompaction.name:
+        return ProviderCompaction()
     if name == DuplicateResults.name:
         return DuplicateResults()
     if name == SupersededResults.name:

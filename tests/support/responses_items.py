@@ -1,0 +1,231 @@
+"""The shape and pairing rules the fake OpenAI upstream enforces on a Responses API request's `input` items.
+
+What is checked, each with the error body OpenAI answers (status 400, `type: "invalid_request_error"`):
+
+- **Shape.** `input` is a string or an array of objects. Each item has a known `type` (a message may leave it out
+  and give only `role`); anything else is "Invalid value: 'x'. Supported values are: ..." (param `input[i]`,
+  code `invalid_value`). Messages need a valid `role` and a `content` string or array of known parts; function and
+  custom tool calls need `call_id`, `name` and `arguments`/`input`; their outputs need `call_id` and `output`;
+  reasoning items need `summary`; compaction items need `encrypted_content`. Other built-in tool items
+  (`web_search_call`, `computer_call`, `mcp_call`, ...) are accepted as they are.
+- **Pairing** (param `input`, code null), as OpenAI words it:
+  "No tool call found for function call output with call_id {call_id}." for an output before (or without) its call,
+  "No tool output found for function call {call_id}." for a call with no output after it. Custom tool calls get
+  the same rules and wording with "custom tool call" (the fake's guess at OpenAI's wording for them).
+- **Reasoning** (param `input`, code null), only for items whose `id` this fake issued (see `ItemOrigin`):
+  "Item '{id}' of type '{type}' was provided without its required 'reasoning' item: '{rs_id}'." when an item that
+  followed a reasoning item in its response comes without that reasoning item earlier in the input, and
+  "Item '{rs_id}' of type 'reasoning' was provided without its required following item." when the item right after
+  a reasoning item is not the one that followed it in its response (by `id`; an item without `id` of the same type,
+  and role for a message, also counts, as a client that strips ids sends it).
+
+The module never mutates what it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
+
+__all__ = [
+    "CALL_OUTPUT_TYPES",
+    "ITEM_TYPES",
+    "ItemOrigin",
+    "check_pairing",
+    "check_reasoning",
+    "item_shape",
+    "item_type",
+    "normalize_input",
+    "validate_items",
+]
+
+MESSAGE_ROLES = ("assistant", "developer", "system", "user")
+CONTENT_PART_TYPES = ("input_file", "input_image", "input_text", "output_text", "refusal")
+
+CALL_OUTPUT_TYPES = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+"""Each client-run tool's output type, mapped to the call type it answers by `call_id`."""
+
+_CALL_WORDS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
+
+_REQUIRED_STRINGS: dict[str, tuple[str, ...]] = {
+    "function_call": ("call_id", "name", "arguments"),
+    "custom_tool_call": ("call_id", "name", "input"),
+    "function_call_output": ("call_id",),
+    "custom_tool_call_output": ("call_id",),
+    "compaction": ("encrypted_content",),
+    "item_reference": ("id",),
+}
+
+ITEM_TYPES = tuple(
+    sorted(
+        {
+            "message",
+            "reasoning",
+            "compaction",
+            "item_reference",
+            *CALL_OUTPUT_TYPES,
+            *CALL_OUTPUT_TYPES.values(),
+            "file_search_call",
+            "web_search_call",
+            "computer_call",
+            "computer_call_output",
+            "code_interpreter_call",
+            "image_generation_call",
+            "local_shell_call",
+            "local_shell_call_output",
+            "shell_call",
+            "shell_call_output",
+            "apply_patch_call",
+            "apply_patch_call_output",
+            "mcp_list_tools",
+            "mcp_approval_request",
+            "mcp_approval_response",
+            "mcp_call",
+            "tool_search_call",
+            "tool_search_output",
+        }
+    )
+)
+"""Every `type` an input item may have."""
+
+
+@dataclass(frozen=True)
+class ItemOrigin:
+    """What the fake remembers about an output item it issued, to enforce the reasoning rules later.
+
+    `reasoning` is the id of the reasoning item that came before this item in its response (None if none);
+    for a reasoning item, `following` is the (id, `item_shape`) of the item right after it in its response.
+    """
+
+    response_id: str
+    type: str
+    reasoning: str | None = None
+    following: tuple[str, str] | None = None
+
+
+def item_type(item: Mapping[str, Any]) -> str:
+    """An item's type: its `type`, or "message" for the short form that gives only a `role`."""
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        return "message"
+    return str(kind) if isinstance(kind, str) else ""
+
+
+def item_shape(item: Mapping[str, Any]) -> str:
+    """An item's type, with the role for a message ("message:assistant"): what stands in for a stripped id."""
+    kind = item_type(item)
+    return f"{kind}:{item.get('role')}" if kind == "message" else kind
+
+
+def normalize_input(value: Any) -> list[dict[str, Any]]:
+    """`input` as a list of items: a string becomes one user message, as OpenAI reads it. Validates the shape."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise invalid_type("input", "one of a string or array of objects", value)
+    validate_items(value)
+    return list(value)
+
+
+def validate_items(items: Sequence[Any]) -> None:
+    """Check each item's shape (see the module docstring); raise OpenAI's error for the first bad one."""
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise invalid_type(where, "an object", item)
+        kind = item_type(item)
+        if kind not in ITEM_TYPES:
+            raise _invalid_value(kind, ITEM_TYPES, f"{where}.type" if "type" in item else where)
+        for field in _REQUIRED_STRINGS.get(kind, ()):
+            if not isinstance(item.get(field), str):
+                raise missing_parameter(f"{where}.{field}")
+        if kind == "message":
+            _validate_message(where, item)
+        elif kind in CALL_OUTPUT_TYPES and not isinstance(item.get("output"), str | list):
+            raise missing_parameter(f"{where}.output")
+        elif kind == "reasoning" and not isinstance(item.get("summary"), list):
+            raise missing_parameter(f"{where}.summary")
+
+
+def _validate_message(where: str, message: Mapping[str, Any]) -> None:
+    role = message.get("role")
+    if role is None:
+        raise missing_parameter(f"{where}.role")
+    if role not in MESSAGE_ROLES:
+        raise _invalid_value(str(role), MESSAGE_ROLES, f"{where}.role")
+    content = message.get("content")
+    if content is None:
+        raise missing_parameter(f"{where}.content")
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid_type(f"{where}.content", "one of a string or array of objects", content)
+    for k, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise invalid_type(f"{where}.content[{k}]", "an object", part)
+        kind = part.get("type")
+        if kind not in CONTENT_PART_TYPES:
+            raise _invalid_value(str(kind or ""), CONTENT_PART_TYPES, f"{where}.content[{k}].type")
+        text_field = {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(str(kind))
+        if text_field and not isinstance(part.get(text_field), str):
+            raise missing_parameter(f"{where}.content[{k}].{text_field}")
+
+
+def _invalid_value(value: str, supported: Sequence[str], param: str) -> OpenAIError:
+    listed = ", ".join(f"'{v}'" for v in supported[:-1]) + f", and '{supported[-1]}'"
+    return OpenAIError(f"Invalid value: '{value}'. Supported values are: {listed}.", param=param, code="invalid_value")
+
+
+def check_pairing(items: Sequence[Mapping[str, Any]]) -> None:
+    """Every tool output answers an earlier call of its kind; every call has an output after it."""
+    calls: dict[str, str] = {}  # call_id -> call type, in input order
+    answered: set[str] = set()
+    for item in items:
+        kind = item_type(item)
+        if kind in _CALL_WORDS:
+            calls[str(item["call_id"])] = kind
+        elif kind in CALL_OUTPUT_TYPES:
+            call_id = str(item["call_id"])
+            call_kind = CALL_OUTPUT_TYPES[kind]
+            if calls.get(call_id) != call_kind:
+                raise OpenAIError(
+                    f"No tool call found for {_CALL_WORDS[call_kind]} output with call_id {call_id}.", param="input"
+                )
+            answered.add(call_id)
+    for call_id, kind in calls.items():
+        if call_id not in answered:
+            raise OpenAIError(f"No tool output found for {_CALL_WORDS[kind]} {call_id}.", param="input")
+
+
+def check_reasoning(items: Sequence[Mapping[str, Any]], origins: Mapping[str, ItemOrigin]) -> None:
+    """Enforce the reasoning rules for items this fake issued (`origins`: item id -> where it came from)."""
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        item_id = item.get("id")
+        origin = origins.get(item_id) if isinstance(item_id, str) else None
+        if origin is not None and isinstance(item_id, str):
+            if origin.reasoning is not None and origin.reasoning not in seen:
+                raise OpenAIError(
+                    f"Item '{item_id}' of type '{origin.type}' was provided without its required 'reasoning' item: "
+                    f"'{origin.reasoning}'.",
+                    param="input",
+                )
+            if origin.following is not None and not _follows(items, index + 1, origin.following):
+                raise OpenAIError(
+                    f"Item '{item_id}' of type 'reasoning' was provided without its required following item.",
+                    param="input",
+                )
+            seen.add(item_id)
+
+
+def _follows(items: Sequence[Mapping[str, Any]], index: int, expected: tuple[str, str]) -> bool:
+    if index >= len(items):
+        return False
+    following = items[index]
+    following_id = following.get("id")
+    if following_id is None:
+        return item_shape(following) == expected[1]
+    return bool(following_id == expected[0])

@@ -1,0 +1,252 @@
+"""The fake upstream's Responses API: `POST /v1/responses` and `POST /v1/responses/compact`, without the HTTP.
+
+`ResponsesService` takes parsed bodies and returns `response` objects (or raises `OpenAIError`); `OpenAIUpstream`
+routes requests to it, records them and streams the answers (`tests.support.responses_stream`). A create request:
+
+1. is validated (`tests.support.responses_items`: shape, pairing and reasoning rules, with OpenAI's error bodies);
+2. continues a stored response when it names `previous_response_id`: that response's seen input and output come
+   first ("Previous response with id '{id}' not found." with code `previous_response_not_found` otherwise);
+   `item_reference` items are replaced by the stored item they name ("Item with id '{id}' not found." otherwise);
+3. is counted over the items the model sees (`tests.support.responses_tokens`); over the window (less
+   `max_output_tokens`) it is refused with OpenAI's overflow body ("Your input exceeds the context window of this
+   model. Please adjust your input and try again.", param `input`, code `context_length_exceeded`), unless
+   `truncation: "auto"` drops the oldest items until it fits;
+4. with `context_management: [{"type": "compaction", "compact_threshold": N}]` and more than N input tokens, is
+   compacted first: the output starts with a `compaction` item standing for everything seen so far, costing a tenth
+   of it (`COMPACTION_RATIO`) as input later, and the model answers from that item alone. Its tokens count as output;
+5. is answered by the responder, with prompt caching by the prefix rule (`PromptCache`) for `cached_tokens`;
+6. is stored (bounded, oldest forgotten first) unless `store` is false. Ids of issued items are remembered either
+   way (bounded too), since the reasoning rules apply to `store: false` conversations as well.
+
+`/v1/responses/compact` returns the compacted window: every user message seen, then one compaction item standing
+for the rest (which keeps those user messages seen when the window is sent back), with usage for the pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
+from tests.support.openai_tokens import PromptCache, encoding_name_for_model
+from tests.support.responses_api import (
+    ResponsesResponder,
+    build_output,
+    compaction_item,
+    default_responses_responder,
+    fake_id,
+    response_object,
+    responses_usage,
+)
+from tests.support.responses_items import ItemOrigin, check_pairing, check_reasoning, item_type, normalize_input
+from tests.support.responses_tokens import prompt_sequence, truncate_to_fit, visible_items
+
+__all__ = ["COMPACTION_RATIO", "ResponsesService", "context_window_error"]
+
+COMPACTION_RATIO = 10
+"""A compaction item costs 1/COMPACTION_RATIO of the input tokens it stands for (at least 1)."""
+
+MAX_OUTPUT_TOKENS_MINIMUM = 16
+
+
+def context_window_error() -> OpenAIError:
+    """OpenAI's Responses API overflow error."""
+    return OpenAIError(
+        "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        param="input",
+        code="context_length_exceeded",
+    )
+
+
+class ResponsesService:
+    """The state and logic of the fake's Responses API (see the module docstring).
+
+    :param prompt_cache: The upstream's simulated prompt cache (shared with chat completions, scoped by model).
+    :param window_for: The context window of a model.
+    :param max_remembered: Bound on remembered issued item ids and stored items (oldest forgotten first).
+    :param max_stored: Bound on stored responses.
+    """
+
+    def __init__(
+        self,
+        prompt_cache: PromptCache,
+        window_for: Callable[[str], int],
+        *,
+        max_remembered: int = 100_000,
+        max_stored: int = 1_000,
+    ) -> None:
+        self.responder: ResponsesResponder = default_responses_responder
+        self._cache = prompt_cache
+        self._window_for = window_for
+        self._origins: OrderedDict[str, ItemOrigin] = OrderedDict()
+        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._stored: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._max_remembered = max_remembered
+        self._max_stored = max_stored
+        self._serial = itertools.count(1)
+
+    def clear(self) -> None:
+        """Forget stored responses and issued ids."""
+        self._origins.clear()
+        self._items.clear()
+        self._stored.clear()
+
+    def new_response_id(self) -> str:
+        """A fresh `resp_...` id."""
+        return fake_id("resp", next(self._serial))
+
+    def create(self, body: dict[str, Any], response_id: str, misreport: Mapping[str, int]) -> dict[str, Any]:
+        """Answer a create request with a finished `response` object, or raise OpenAI's error for it."""
+        _validate_create(body)
+        model = str(body["model"])
+        encoding_name = encoding_name_for_model(model)
+        instructions, tools = body.get("instructions"), body.get("tools") or []
+        full = self._conversation(body)
+        seen = visible_items(full)
+        budget = self._window_for(model) - int(body.get("max_output_tokens") or 0)
+        sequence = prompt_sequence(instructions, tools, seen, encoding_name)
+        if len(sequence) > budget and body.get("truncation") == "auto":
+            seen = truncate_to_fit(instructions, tools, seen, encoding_name, budget)
+            sequence = prompt_sequence(instructions, tools, seen, encoding_name)
+        if len(sequence) > budget or not seen:
+            raise context_window_error()
+        cached = self._cache.cached_tokens(model, sequence)
+        compacted: list[dict[str, Any]] = []
+        threshold = _compact_threshold(body)
+        if threshold is not None and len(sequence) > threshold:
+            tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
+            compacted = [compaction_item(response_id, tokens, keeps_user_messages=False)]
+        model_view = compacted or [dict(item) for item in seen]
+        reply = self.responder({**body, "input": model_view})
+        include = body.get("include") or []
+        issued = build_output(
+            reply,
+            response_id,
+            encrypted_reasoning="reasoning.encrypted_content" in include,
+            encoding_name=encoding_name,
+        )
+        output = [*compacted, *issued.items]
+        compaction_tokens = sum(len(prompt_sequence(None, [], [c], encoding_name)) for c in compacted)
+        usage = responses_usage(
+            len(sequence), cached, issued.output_tokens + compaction_tokens, issued.reasoning_tokens
+        )
+        self._remember(issued.origins, output if body.get("store", True) else [])
+        if body.get("store", True):
+            self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
+        return response_object(response_id, body, output, {**usage, **misreport})
+
+    def compact(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer `/v1/responses/compact`: the user messages seen, then one compaction item for the rest."""
+        if not body.get("model"):
+            raise missing_parameter("model")
+        model = str(body["model"])
+        encoding_name = encoding_name_for_model(model)
+        seen = visible_items(self._conversation(body))
+        sequence = prompt_sequence(body.get("instructions"), [], seen, encoding_name)
+        if len(sequence) > self._window_for(model):
+            raise context_window_error()
+        users = [{**item, "type": "message"} for item in seen if _is_user_message(item)]
+        rest = len(sequence) - len(prompt_sequence(None, [], users, encoding_name))
+        response_id = self.new_response_id()
+        tokens = max(1, math.ceil(rest / COMPACTION_RATIO))
+        output = [*users, compaction_item(response_id, tokens, keeps_user_messages=True)]
+        cached = self._cache.cached_tokens(model, sequence)
+        return {
+            "id": response_id,
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": output,
+            "usage": responses_usage(len(sequence), cached, tokens, 0),
+        }
+
+    def _conversation(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The stored prefix (for `previous_response_id`) and the input, references resolved, rules checked."""
+        items = [self._resolve(item) for item in normalize_input(body.get("input", []))]
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise invalid_type("previous_response_id", "a string", previous)
+            if previous not in self._stored:
+                raise OpenAIError(
+                    f"Previous response with id '{previous}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            items = [*self._stored[previous], *items]
+        check_pairing(items)
+        check_reasoning(items, self._origins)
+        return items
+
+    def _resolve(self, item: dict[str, Any]) -> dict[str, Any]:
+        if item_type(item) != "item_reference":
+            return item
+        stored = self._items.get(str(item["id"]))
+        if stored is None:
+            raise OpenAIError(f"Item with id '{item['id']}' not found.", param="input")
+        return stored
+
+    def _remember(self, origins: Mapping[str, ItemOrigin], stored_items: list[dict[str, Any]]) -> None:
+        for item_id, origin in origins.items():
+            self._bounded_put(self._origins, item_id, origin, self._max_remembered)
+        for item in stored_items:
+            self._bounded_put(self._items, str(item["id"]), item, self._max_remembered)
+
+    @staticmethod
+    def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > bound:
+            table.popitem(last=False)
+
+
+def _is_user_message(item: Mapping[str, Any]) -> bool:
+    return item_type(item) == "message" and item.get("role") == "user"
+
+
+def _validate_create(body: Mapping[str, Any]) -> None:
+    """The request parameters besides `input` (see responses_items for the items)."""
+    if not body.get("model"):
+        raise missing_parameter("model")
+    for param, expected, kinds in (
+        ("instructions", "a string", (str,)),
+        ("tools", "an array", (list,)),
+        ("include", "an array", (list,)),
+        ("context_management", "an array", (list,)),
+        ("store", "a boolean", (bool,)),
+        ("stream", "a boolean", (bool,)),
+    ):
+        value = body.get(param)
+        if value is not None and not isinstance(value, kinds):
+            raise invalid_type(param, expected, value)
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise invalid_type("max_output_tokens", "an integer", limit)
+        if limit < MAX_OUTPUT_TOKENS_MINIMUM:
+            raise OpenAIError(
+                f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
+                f"{MAX_OUTPUT_TOKENS_MINIMUM}, but got {limit} instead.",
+                param="max_output_tokens",
+                code="integer_below_min_value",
+            )
+    truncation = body.get("truncation")
+    if truncation not in (None, "auto", "disabled"):
+        raise OpenAIError(
+            f"Invalid value: '{truncation}'. Supported values are: 'auto' and 'disabled'.",
+            param="truncation",
+            code="invalid_value",
+        )
+
+
+def _compact_threshold(body: Mapping[str, Any]) -> int | None:
+    for entry in body.get("context_management") or ():
+        if isinstance(entry, dict) and entry.get("type") == "compaction":
+            threshold = entry.get("compact_threshold")
+            if not isinstance(threshold, int) or isinstance(threshold, bool):
+                raise invalid_type("context_management[0].compact_threshold", "an integer", threshold)
+            return threshold
+    return None

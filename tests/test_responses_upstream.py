@@ -1,0 +1,464 @@
+"""The fake upstream's Responses API is as strict as OpenAI's, as seen by the official SDK and by plain HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+from openai.types.responses import (
+    Response,
+    ResponseCompactionItem,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseReasoningItem,
+)
+
+from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.responses_api import (
+    FunctionCall,
+    ResponsesReply,
+    default_responses_responder,
+    responses_tool_loop_responder,
+)
+
+MODEL = "gpt-4.1"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "search",
+        "description": "Search the corpus.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    }
+]
+OVERFLOW_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[OpenAIUpstream]:
+    async with OpenAIUpstream(context_window=8192, responses_responder=responses_tool_loop_responder("search")) as up:
+        yield up
+
+
+@pytest.fixture
+async def client(upstream: OpenAIUpstream) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(base_url=upstream.base_url + "/v1", api_key="sk-test", max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(
+    http: aiohttp.ClientSession, upstream: OpenAIUpstream, body: dict[str, Any], path: str = "/v1/responses"
+) -> tuple[int, Any]:
+    async with http.post(upstream.base_url + path, json=body) as answer:
+        return answer.status, await answer.json()
+
+
+def invalid(message: str, param: str | None = "input", code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+def carried(response: Response) -> list[dict[str, Any]]:
+    """The response's output items as a client carries them into the next request's input."""
+    return [item.model_dump(exclude_none=True) for item in response.output]
+
+
+def answers(response: Response) -> list[dict[str, Any]]:
+    """A function_call_output for every call in `response`."""
+    return [
+        {"type": "function_call_output", "call_id": item.call_id, "output": f"result of {item.arguments}"}
+        for item in response.output
+        if isinstance(item, ResponseFunctionToolCall)
+    ]
+
+
+async def streamed(client: AsyncOpenAI, **params: Any) -> tuple[list[Any], Response]:
+    events = [event async for event in await client.responses.create(stream=True, **params)]
+    assert events[-1].type == "response.completed"
+    return events, events[-1].response
+
+
+async def test_an_agent_loop_carrying_items_forward_runs_and_the_sdk_parses_every_answer_and_event(
+    upstream: OpenAIUpstream, client: AsyncOpenAI
+) -> None:
+    items: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"model": MODEL, "tools": TOOLS, "store": False}
+    params["include"] = ["reasoning.encrypted_content"]
+    for turn in range(3):
+        items.append({"role": "user", "content": f"question {turn}"})
+        for step in range(4):
+            if (turn + step) % 2:
+                events, response = await streamed(client, input=items, **params)
+                assert [e.sequence_number for e in events] == list(range(len(events)))
+                assert events[0].type == "response.created" and events[1].type == "response.in_progress"
+                done = [e.item for e in events if e.type == "response.output_item.done"]
+                assert [d.id for d in done] == [o.id for o in response.output]
+            else:
+                response = await client.responses.create(input=items, **params)
+            assert response.status == "completed" and response.id.startswith("resp_")
+            reasoning = response.output[0]
+            assert isinstance(reasoning, ResponseReasoningItem) and reasoning.id.startswith("rs_")
+            assert reasoning.encrypted_content
+            assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens > 0
+            items += carried(response) + answers(response)
+            if step == 3:
+                assert isinstance(response.output[1], ResponseOutputMessage)
+                assert response.output_text == "done: 3 tool calls"
+            else:
+                call = response.output[1]
+                assert isinstance(call, ResponseFunctionToolCall) and call.id and call.id.startswith("fc_")
+                assert json.loads(call.arguments) == {"step": step + 1, "call": 0}
+    assert len(upstream.responses_requests) == 12 == len(upstream.responses_usages)
+    assert upstream.responses_requests[-1]["input"] == items[: len(upstream.responses_requests[-1]["input"])]
+
+
+async def test_the_stream_of_a_reasoned_text_answer_is_openais_event_sequence(
+    upstream: OpenAIUpstream, client: AsyncOpenAI
+) -> None:
+    upstream.responses_responder = lambda request: ResponsesReply(
+        text="Hello there, friend.", reasoning=True, reasoning_summary="Greeting."
+    )
+    events, response = await streamed(client, model=MODEL, input="hi")
+    kinds = [event.type for event in events]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        *["response.reasoning_summary_text.delta"] * kinds.count("response.reasoning_summary_text.delta"),
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * kinds.count("response.output_text.delta"),
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert kinds.count("response.output_text.delta") > 1
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == response.output_text == "Hello there, friend."
+    assert events[0].response.usage is None and events[0].response.status == "in_progress"
+    assert response.usage is not None and response.usage.input_tokens > 0
+
+
+async def test_streams_are_sse_with_event_lines_and_no_done_marker(
+    upstream: OpenAIUpstream, http: aiohttp.ClientSession
+) -> None:
+    async with http.post(
+        upstream.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}
+    ) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await r.read()).decode()
+    frames = raw.strip().split("\n\n")
+    for frame in frames:
+        event_line, data_line = frame.split("\n")
+        assert event_line == f"event: {json.loads(data_line.removeprefix('data: '))['type']}"
+    assert "[DONE]" not in raw
+
+
+async def test_an_output_without_its_call_is_refused_with_openais_body(
+    upstream: OpenAIUpstream, http: aiohttp.ClientSession
+) -> None:
+    body = {
+        "model": MODEL,
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "function_call_output", "call_id": "call_orphan", "output": "x"},
+        ],
+    }
+    assert await post(http, upstream, body) == (
+        400,
+        invalid("No tool call found for function call output with call_id call_orphan."),
+    )
+
+
+async def test_a_call_without_its_output_is_refused_with_openais_body(
+    upstream: OpenAIUpstream, http: aiohttp.ClientSession
+) -> None:
+    call = {"type": "function_call", "call_id": "call_open", "name": "search", "arguments": "{}"}
+    body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, call, {"role": "user", "content": "and?"}]}
+    assert await post(http, upstream, body) == (400, invalid("No tool output found for function call call_open."))
+
+
+async def test_a_call_without_the_reasoning_item_it_came_with_is_refused(
+    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    first = await client.responses.create(model=MODEL, input="find it", store=False)
+    reasoning, call = carried(first)
+    body = {"model": MODEL, "input": [{"role": "user", "content": "find it"}, call, *answers(first)]}
+    assert await post(http, upstream, body) == (
+        400,
+        invalid(
+            f"Item '{call['id']}' of type 'function_call' was provided without its required 'reasoning' item: "
+            f"'{reasoning['id']}'."
+        ),
+    )
+    body["input"][1] = {key: value for key, value in call.items() if key != "id"}  # a client that strips ids
+    assert (await post(http, upstream, body))[0] == 200
+
+
+async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
+    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    upstream.responses_responder = lambda request: ResponsesReply(text="Sure.", reasoning=True)
+    first = await client.responses.create(model=MODEL, input="hi", store=False)
+    reasoning, message = carried(first)
+    user = {"role": "user", "content": "hi"}
+    body = {"model": MODEL, "input": [user, reasoning, {"role": "user", "content": "more"}]}
+    assert await post(http, upstream, body) == (
+        400,
+        invalid(f"Item '{reasoning['id']}' of type 'reasoning' was provided without its required following item."),
+    )
+    body["input"] = [user, message]
+    assert await post(http, upstream, body) == (
+        400,
+        invalid(
+            f"Item '{message['id']}' of type 'message' was provided without its required 'reasoning' item: "
+            f"'{reasoning['id']}'."
+        ),
+    )
+    body["input"] = [user, reasoning, message, {"role": "user", "content": "more"}]
+    assert (await post(http, upstream, body))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        (
+            {"type": "bogus"},
+            invalid(
+                "Invalid value: 'bogus'. Supported values are: 'apply_patch_call', 'apply_patch_call_output', "
+                "'code_interpreter_call', 'compaction', 'computer_call', 'computer_call_output', 'custom_tool_call', "
+                "'custom_tool_call_output', 'file_search_call', 'function_call', 'function_call_output', "
+                "'image_generation_call', 'item_reference', 'local_shell_call', 'local_shell_call_output', "
+                "'mcp_approval_request', 'mcp_approval_response', 'mcp_call', 'mcp_list_tools', 'message', "
+                "'reasoning', 'shell_call', 'shell_call_output', 'tool_search_call', 'tool_search_output', and "
+                "'web_search_call'.",
+                "input[1].type",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"role": "robot", "content": "beep"},
+            invalid(
+                "Invalid value: 'robot'. Supported values are: 'assistant', 'developer', 'system', and 'user'.",
+                "input[1].role",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"type": "function_call", "call_id": "c", "arguments": "{}"},
+            invalid("Missing required parameter: 'input[1].name'.", "input[1].name", "missing_required_parameter"),
+        ),
+        (
+            {"type": "item_reference", "id": "msg_unknown"},
+            invalid("Item with id 'msg_unknown' not found."),
+        ),
+    ],
+)
+async def test_malformed_items_are_refused_with_openais_body(
+    upstream: OpenAIUpstream, http: aiohttp.ClientSession, item: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, item]}
+    assert await post(http, upstream, body) == (400, expected)
+
+
+async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstream, client: AsyncOpenAI) -> None:
+    upstream.responses_responder = default_responses_responder
+    items: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "seen", "annotations": []}]},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "q"}},
+        {"type": "custom_tool_call", "call_id": "ct_1", "name": "grep", "input": "a.*b"},
+        {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "match"},
+        {"role": "developer", "content": "go on"},
+    ]
+    response = await client.responses.create(model=MODEL, input=items)
+    assert response.output_text == "ok 8 items"
+    without_search = await client.responses.create(model=MODEL, input=[*items[:4], *items[5:]])
+    assert response.usage is not None and without_search.usage is not None
+    assert response.usage.input_tokens > without_search.usage.input_tokens + 10
+    assert response.usage.input_tokens > 85  # the image alone costs 85
+
+
+async def test_an_input_over_the_window_is_refused_with_the_responses_overflow_body(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with OpenAIUpstream(context_window=300) as upstream:
+        fits = {"model": MODEL, "input": "word " * 200}
+        assert (await post(http, upstream, fits))[0] == 200
+        status, body = await post(http, upstream, {**fits, "max_output_tokens": 200})
+        assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
+        status, body = await post(http, upstream, {**fits, "input": "word " * 400, "stream": True})
+        assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
+
+
+async def test_the_overflow_can_come_inside_the_stream_as_some_openai_models_send_it() -> None:
+    async with (
+        OpenAIUpstream(context_window=300, responses_overflow_in_stream=True) as upstream,
+        AsyncOpenAI(base_url=upstream.base_url + "/v1", api_key="sk-test", max_retries=0) as client,
+    ):
+        seen: list[str] = []
+        with pytest.raises(openai.APIError, match="exceeds the context window"):
+            async for event in await client.responses.create(model=MODEL, input="word " * 400, stream=True):
+                seen.append(event.type)
+        assert seen == ["response.created", "response.in_progress"]
+        assert upstream.responses_usages == []
+
+
+async def test_cached_tokens_grow_with_a_stable_prefix_and_drop_when_an_early_item_changes(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = default_responses_responder
+    instructions = " ".join(f"rule {n}: be exact." for n in range(300))
+    items: list[dict[str, Any]] = []
+    cached: list[int] = []
+    for turn in range(4):
+        items.append({"role": "user", "content": f"turn {turn}: " + "detail " * 150})
+        response = await client.responses.create(model=MODEL, instructions=instructions, input=items, store=False)
+        assert response.usage is not None
+        cached.append(response.usage.input_tokens_details.cached_tokens)
+        items += carried(response)
+    assert cached[0] == 0
+    assert cached[1] >= 1024
+    assert cached == sorted(cached) and cached[3] > cached[1]
+    items[0] = {"role": "user", "content": "turn 0: changed"}
+    response = await client.responses.create(model=MODEL, instructions=instructions, input=items, store=False)
+    assert response.usage is not None
+    assert 0 < response.usage.input_tokens_details.cached_tokens < cached[1]
+
+
+async def test_previous_response_id_continues_a_stored_response(
+    client: AsyncOpenAI, upstream: OpenAIUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream.responses_responder = default_responses_responder
+    first = await client.responses.create(model=MODEL, input="hello")
+    second = await client.responses.create(model=MODEL, input="again", previous_response_id=first.id)
+    assert first.output_text == "ok 1 items" and second.output_text == "ok 3 items"
+    assert second.previous_response_id == first.id
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    unstored = await client.responses.create(model=MODEL, input="hello", store=False)
+    assert await post(http, upstream, {"model": MODEL, "input": "x", "previous_response_id": unstored.id}) == (
+        400,
+        invalid(
+            f"Previous response with id '{unstored.id}' not found.",
+            "previous_response_id",
+            "previous_response_not_found",
+        ),
+    )
+    message = second.output[0]
+    referenced = await client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": "hi"}, {"type": "item_reference", "id": message.id}]
+    )
+    assert referenced.output_text == "ok 2 items"
+
+
+async def test_server_side_compaction_emits_a_compaction_item_that_stands_for_what_came_before(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = default_responses_responder
+    items: list[dict[str, Any]] = [{"role": "user", "content": "story " * 600}]
+    management: Any = [{"type": "compaction", "compact_threshold": 500}]
+    compacted = await client.responses.create(model=MODEL, input=items, store=False, context_management=management)
+    compaction = compacted.output[0]
+    assert isinstance(compaction, ResponseCompactionItem) and compaction.id.startswith("cmp_")
+    assert compacted.output_text == "ok 1 items"  # the model answered from the compaction item alone
+    assert compacted.usage is not None and compacted.usage.input_tokens > 600
+    follow_up = {"role": "user", "content": "and then?"}
+    kept_all = await client.responses.create(model=MODEL, input=[*items, *carried(compacted), follow_up], store=False)
+    dropped = await client.responses.create(model=MODEL, input=[*carried(compacted), follow_up], store=False)
+    assert kept_all.output_text == dropped.output_text == "ok 3 items"
+    assert kept_all.usage is not None and dropped.usage is not None
+    assert kept_all.usage.input_tokens == dropped.usage.input_tokens < compacted.usage.input_tokens / 4
+    events, streamed_compaction = await streamed(client, model=MODEL, input=items, context_management=management)
+    assert streamed_compaction.output[0].type == "compaction"
+    assert [e.type for e in events[2:4]] == ["response.output_item.added", "response.output_item.done"]
+
+
+async def test_the_compact_endpoint_returns_the_user_messages_and_one_compaction_item(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = responses_tool_loop_responder("search", steps=1, reasoning=False)
+    items: list[dict[str, Any]] = [{"role": "user", "content": "find " * 300}]
+    first = await client.responses.create(model=MODEL, input=items, store=False)
+    items += carried(first) + answers(first)
+    second = await client.responses.create(model=MODEL, input=items, store=False)
+    items += carried(second)
+    window = await client.responses.compact(model=MODEL, input=items)  # type: ignore[arg-type]
+    assert window.object == "response.compaction"
+    user, compaction = window.output
+    assert user.type == "message" and compaction.type == "compaction"
+    assert second.usage is not None and window.usage.input_tokens > second.usage.input_tokens
+    upstream.responses_responder = default_responses_responder
+    follow_up = {"role": "user", "content": "next"}
+    resumed = await client.responses.create(
+        model=MODEL, input=[*[i.model_dump(exclude_none=True) for i in window.output], follow_up], store=False
+    )
+    assert resumed.output_text == "ok 3 items"  # the user message before the compaction item stays seen
+    assert resumed.usage is not None and resumed.usage.input_tokens < window.usage.input_tokens
+
+
+async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_output(
+    http: aiohttp.ClientSession,
+) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def record(request: dict[str, Any]) -> ResponsesReply:
+        seen.append(request["input"])
+        return ResponsesReply(text="ok")
+
+    items: list[dict[str, Any]] = []
+    for n in range(6):
+        items.append({"role": "user", "content": f"ask {n} " + "pad " * 40})
+        items.append({"type": "function_call", "call_id": f"call_{n}", "name": "search", "arguments": "{}"})
+        items.append({"type": "function_call_output", "call_id": f"call_{n}", "output": "found " * 40})
+    async with OpenAIUpstream(context_window=400, responses_responder=record) as upstream:
+        body = {"model": MODEL, "input": items}
+        assert await post(http, upstream, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
+        status, answer = await post(http, upstream, {**body, "truncation": "auto"})
+        assert status == 200 and answer["truncation"] == "auto"
+        assert answer["usage"]["input_tokens"] <= 400
+        kept = seen[-1]
+        assert kept == items[len(items) - len(kept) :] and 0 < len(kept) < len(items)
+        assert kept[0]["type"] != "function_call_output"
+
+
+async def test_scripted_failures_and_misreports_apply_to_the_responses_route(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.fail_next(429)
+    with pytest.raises(openai.RateLimitError):
+        await client.responses.create(model=MODEL, input="hi")
+    upstream.misreport_usage_next(input_tokens=10**9)
+    response = await client.responses.create(model=MODEL, input="hi")
+    assert response.usage is not None and response.usage.input_tokens == 10**9
+    response = await client.responses.create(model=MODEL, input="hi")
+    assert response.usage is not None and response.usage.input_tokens < 100
+
+
+async def test_function_calls_the_responder_names_keep_their_call_ids(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = lambda request: ResponsesReply(
+        function_calls=(FunctionCall("search", '{"q": "a"}', "call_a"), FunctionCall("search", '{"q": "b"}'))
+    )
+    events, response = await streamed(client, model=MODEL, input="go")
+    calls = [item for item in response.output if isinstance(item, ResponseFunctionToolCall)]
+    assert calls[0].call_id == "call_a" and calls[1].call_id.startswith("call_")
+    arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert arguments == ['{"q": "a"}', '{"q": "b"}']
