@@ -29,17 +29,23 @@ from typing import Any
 from proxy.engine import DEFAULT_CHAIN, CompactionChain, Thresholds, TiktokenCounter, Transcript, chain_by_names
 from proxy.engine.compaction import compact_if_needed
 
-OLD_DEFAULT = ("tool_result_pruning", "sliding_window", "middle_out")
-"""The default chain before the lossless strategies."""
+OLD_DEFAULT = ("provider_compaction", "tool_result_pruning", "sliding_window", "middle_out")
+"""The default chain before the lossless strategies (`provider_compaction` acts only on Responses API checkpoints)."""
+
+
+def _before_loss(*lossless: str) -> tuple[str, ...]:
+    """The old default chain with `lossless` steps put where the new default puts them: before anything is lost."""
+    return (OLD_DEFAULT[0], *lossless, *OLD_DEFAULT[1:])
+
 
 CHAINS: dict[str, tuple[Sequence[str], Sequence[str]]] = {
-    "old default (pruning, sliding window, middle-out)": (OLD_DEFAULT, ()),
+    "old default (provider_compaction, pruning, sliding window, middle-out)": (OLD_DEFAULT, ()),
     "duplicate_results alone": (("duplicate_results",), ()),
     "json_minify alone": (("json_minify",), ()),
     "superseded_results alone (read_file, list_orders)": (("superseded_results",), ("read_file", "list_orders")),
-    "duplicate_results + old default": (("duplicate_results", *OLD_DEFAULT), ()),
-    "json_minify + old default": (("json_minify", *OLD_DEFAULT), ()),
-    "json_minify, duplicate_results + old default": (("json_minify", "duplicate_results", *OLD_DEFAULT), ()),
+    "duplicate_results + old default": (_before_loss("duplicate_results"), ()),
+    "json_minify + old default": (_before_loss("json_minify"), ()),
+    "json_minify, duplicate_results + old default": (_before_loss("json_minify", "duplicate_results"), ()),
     "new default": (DEFAULT_CHAIN, ()),
     "new default + superseded_tools read_file, list_orders": (DEFAULT_CHAIN, ("read_file", "list_orders")),
 }
