@@ -89,7 +89,7 @@ def long_responses_request() -> dict[str, object]:
     for step in range(12):
         items.append({"type": "reasoning", "id": f"rs_{step}", "summary": [], "encrypted_content": "e" * 400})
         items.append({"type": "function_call", "call_id": f"c{step}", "name": "read", "arguments": f'{{"n": {step}}}'})
-        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": "line of a file\n" * 120})
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": f"line of file {step}\n" * 120})
     return {"model": "gpt-4o", "instructions": "You are a careful agent.", "input": items}
 
 

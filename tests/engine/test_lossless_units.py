@@ -65,7 +65,7 @@ def test_older_copies_become_references_to_the_newest_copy() -> None:
     )
     plan = compact(DuplicateResults(), messages)
     output = plan.apply_messages(messages)
-    reference = "[Same result as the later call `cat` (call_4) below; this copy was removed to free up context.]"
+    reference = "[Same result as the later call `cat` (call_4) below.]"
     assert [output[3]["content"], output[7]["content"]] == [reference, reference]
     assert output[3]["tool_call_id"] == "call_1", "the reference still answers its own call"
     assert output[9] is messages[9] and output[5] is messages[5]
@@ -128,8 +128,8 @@ def test_superseded_results_only_for_named_tools_and_the_same_arguments() -> Non
     (entry,) = plan.created()
     assert entry.replaces == 3
     assert entry.message["content"] == (
-        "[Superseded by the later call `read_file` (call_4) below, made with the same arguments; this older result was"
-        " removed to free up context. Call `read_file` again if you need the current state.]"
+        "[Superseded by the later call `read_file` (call_4) below with the same arguments; call it again for the"
+        " current state.]"
     )
 
 

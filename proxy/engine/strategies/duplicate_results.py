@@ -11,9 +11,8 @@ from proxy.engine.strategies.json_minify import minified, minified_content
 from proxy.engine.strategies.references import ResultReferences
 from proxy.engine.transcript import Transcript
 
-DEFAULT_REFERENCE = (
-    "[Same result as the later call `{tool_name}` ({call_id}) below; this copy was removed to free up context.]"
-)
+DEFAULT_REFERENCE = "[Same result as the later call `{tool_name}` ({call_id}) below.]"
+"""Short on purpose: the call id it must name costs as much as the rest (26 tokens for an OpenAI id)."""
 
 
 class DuplicateResults(ResultReferences):

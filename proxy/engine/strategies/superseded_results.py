@@ -15,8 +15,8 @@ from proxy.engine.strategies.references import ResultReferences
 from proxy.engine.transcript import Transcript
 
 DEFAULT_REFERENCE = (
-    "[Superseded by the later call `{tool_name}` ({call_id}) below, made with the same arguments; this older result"
-    " was removed to free up context. Call `{tool_name}` again if you need the current state.]"
+    "[Superseded by the later call `{tool_name}` ({call_id}) below with the same arguments; call it again for the"
+    " current state.]"
 )
 
 
