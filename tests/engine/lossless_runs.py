@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from proxy.engine import COMPACTION_META_KEY
+from proxy.engine.strategies.offload import OFFLOADED_META_KEY
 from proxy.engine.strategies.references import REFERS_TO
 from proxy.engine.tool_results import LOSSLESS
 from tests.engine.conversations import Conversation
@@ -79,7 +80,8 @@ def repetitive_runs(draw: st.DrawFn, max_steps: int = 10) -> Conversation:
 
 
 def assert_references_hold(messages: Sequence[Mapping[str, Any]], meta: Sequence[Mapping[str, Any]]) -> None:
-    """Every reference names the id of a later tool result that is there and still holds the tool's output."""
+    """Every reference names the id of a later tool result that is there and holds the tool's output (or offloaded it,
+    saying how to read it back)."""
     for index, marker in enumerate(entry.get(COMPACTION_META_KEY) for entry in meta):
         if not isinstance(marker, Mapping) or REFERS_TO not in marker:
             continue
@@ -90,4 +92,7 @@ def assert_references_hold(messages: Sequence[Mapping[str, Any]], meta: Sequence
         ]
         assert len(targets) == 1, f"reference at {index} points to {len(targets)} results"
         target_marker = meta[targets[0]].get(COMPACTION_META_KEY)
-        assert target_marker is None or target_marker.get(LOSSLESS) is True, f"reference at {index} points to a stub"
+        readable = (
+            target_marker is None or target_marker.get(LOSSLESS) is True or OFFLOADED_META_KEY in meta[targets[0]]
+        )
+        assert readable, f"reference at {index} points to a stub"

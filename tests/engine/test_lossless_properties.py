@@ -20,8 +20,13 @@ from proxy.engine import (
     EditPlan,
     JsonMinify,
     Kept,
+    MemoryOffloadStore,
+    MiddleOut,
+    SlidingWindow,
     Strategy,
     SupersededResults,
+    ToolResultOffload,
+    ToolResultPruning,
     Transcript,
     chain_by_names,
 )
@@ -45,6 +50,15 @@ ALL: dict[str, list[Strategy]] = {
     **LOSSLESS,
     "superseded_results": [SupersededResults(SUPERSEDED)],
     "default_chain": list(chain_by_names(DEFAULT_CHAIN, superseded_tools=SUPERSEDED).strategies),
+    "with_offloading": [
+        DuplicateResults(),
+        SupersededResults(SUPERSEDED),
+        JsonMinify(),
+        ToolResultOffload(MemoryOffloadStore(), min_tokens=20),
+        ToolResultPruning(min_tokens=20),
+        SlidingWindow(),
+        MiddleOut(min_keep_tokens=16),
+    ],
 }
 
 
