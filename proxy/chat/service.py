@@ -229,7 +229,7 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         counter = counter_for_model(model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
@@ -241,7 +241,7 @@ class ChatCompactionService:
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         outcome = await compacting.outcome(measured, context, lambda work: self._work(exchange, work, whole=True))
-        exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
+        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
@@ -344,7 +344,7 @@ class ChatCompactionService:
             window, learned = stated, True
         if window is None:
             return None
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
 
         def compact() -> CompactionResult | None:
             return self.chain.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))

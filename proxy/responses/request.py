@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object
+from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.engine.messages import Message
 from proxy.responses.items import Item, Units
 
@@ -62,6 +62,11 @@ class ResponsesRequest:
     def manages_context(self) -> bool:
         """Whether the client set context management of its own (`context_management`, `truncation: auto`)."""
         return bool(self.body.get("context_management")) or self.body.get("truncation") == "auto"
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_output_tokens`."""
+        return reserved(self.body, "max_output_tokens")
 
     @cached_property
     def overhead_fields(self) -> Mapping[str, Any]:
