@@ -156,7 +156,7 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        caller = Caller.of(headers, self.settings)
+        caller = Caller.of(headers, self.settings, chat.api)
         splices = self.splices if chat.api is Api.CHAT else None
         extension = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else None
         try:
