@@ -28,7 +28,7 @@ from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Ref
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
-from proxy.chat.names import name_key, shown
+from proxy.chat.names import shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import (
@@ -53,13 +53,12 @@ from proxy.engine import (
     chain_by_names,
     counter_for_model,
 )
-from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
-from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
+from proxy.windows import ContextWindows, UnknownModels, WindowSource
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -128,7 +127,7 @@ class ChatCompactionService:
         self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
         self.observing = Compacting(self.chain, None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
-        self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
+        self.unknown_models = UnknownModels()
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
@@ -223,7 +222,7 @@ class ChatCompactionService:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         view = exchange.turn.view = await self._view(exchange)
         if window is None:
-            self._log_unknown_model(model)
+            self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
@@ -312,8 +311,10 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
-                if outcome.response_id is not None:
-                    await self.provider_chains.learn(exchange.scope, outcome.response_id, outcome.usage)
+                if outcome.response_id is not None and isinstance(exchange.request, ResponsesRequest):
+                    await self.provider_chains.learn(
+                        exchange.scope, exchange.request, outcome.response_id, outcome.usage
+                    )
                 if exchange.provider_state:
                     return None
                 counter = counter_for_model(exchange.model)
@@ -379,16 +380,6 @@ class ChatCompactionService:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-    def _log_unknown_model(self, model: str | None) -> None:
-        key = name_key(model)
-        if self._unknown_models_logged.get(key) is None:
-            self._unknown_models_logged.put(key, True)
-            logger.warning(
-                "No context window is known for model %r: its requests are forwarded uncompacted. Set "
-                "context_windows in the config, default_context_window, or send X-Context-Window.",
-                shown(model) or "(no model)",
-            )
 
 
 def _chain_names(strategies: list[str]) -> list[str]:

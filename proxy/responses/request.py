@@ -53,10 +53,15 @@ class ResponsesRequest:
         return self.body.get("previous_response_id") is not None or self.body.get("conversation") is not None
 
     @property
-    def previous_response_id(self) -> str | None:
-        """The response this request continues, if it names one."""
+    def provider_chain(self) -> str | None:
+        """What names the history the provider keeps: `previous_response_id`, else the `conversation`'s id."""
         previous = self.body.get("previous_response_id")
-        return previous if isinstance(previous, str) else None
+        if isinstance(previous, str):
+            return "response:" + previous
+        conversation = self.body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        return "conversation:" + conversation if isinstance(conversation, str) else None
 
     @property
     def manages_context(self) -> bool:
