@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
+from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import Measured, measure
@@ -114,6 +115,7 @@ class ChatCompactionService:
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()
+        self.exact = ExactCounts(settings, self.metrics)
         self.rewrites = RewriteMemory(
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
@@ -127,7 +129,7 @@ class ChatCompactionService:
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
-        self.usage.metrics = self.metrics
+        self.usage.metrics = self.exact.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
 
@@ -136,6 +138,7 @@ class ChatCompactionService:
         if self.summaries is not None:
             await self.summaries.aclose()
         await self.discovery.aclose()
+        await self.exact.aclose()
         self.off_loop.close()
         await self.store.close()
 
@@ -203,9 +206,11 @@ class ChatCompactionService:
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
+        exact = await self.exact.anchor(model, request.body, view, tenant, headers)
         measured = await self._work(
-            exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known)
+            exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known, exact)
         )
+        exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counted()
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
         outcome = await self._compaction(exchange, measured, context)

@@ -76,15 +76,15 @@ class _Answer:
     locked: bool = False
 
 
-def probes_for(settings: Settings) -> list[str]:
-    """The probes to run: `window_probes`, except none by default against OpenAI's own API.
+def probes_for(settings: Settings, field: str = "window_probes") -> list[str]:
+    """The probes to run: `window_probes` (or `count_probes`), except none by default against OpenAI's own API.
 
     OpenAI's models are in the shipped table, and its API serves none of the probed endpoints: probing it would only
-    send each caller's credentials on requests they never made. Setting `window_probes` explicitly still wins.
+    send each caller's credentials on requests they never made. Setting the list explicitly still wins.
     """
-    if "window_probes" not in settings.model_fields_set and urlsplit(settings.upstream).hostname == OPENAI_HOST:
+    if field not in settings.model_fields_set and urlsplit(settings.upstream).hostname == OPENAI_HOST:
         return []
-    return list(settings.window_probes)
+    return list(getattr(settings, field))
 
 
 class WindowDiscovery:

@@ -4,7 +4,9 @@ No window is given anywhere (no `context_windows`, no default, no `X-Context-Win
 SmolLM2). Without discovery the proxy forwarded such a model's requests uncompacted until the server refused one for
 overflow, then learned the window from the error and retried. With it, the first request already carries the
 server's window (from `/props`), and a 40-turn conversation several times that window is compacted before it
-overflows: no request is ever refused and retried.
+overflows: no request is ever refused and retried. The server also counts each prompt exactly (`/apply-template` and
+`/tokenize`), so the proxy's estimate matches the server's `prompt_tokens` from the first request on, where tiktoken
+alone was 32% off until calibration caught up.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import openai
 import pytest
 
 from tests.real_upstream.conftest import MODEL, N_CTX, LlamaServer, Proxies
+from tests.real_upstream.test_sdk_conversation import proxy_estimate
 from tests.real_upstream.texts import SYSTEM_PROMPT, sensor_log, user_turn
 
 pytestmark = pytest.mark.real_upstream
@@ -27,8 +30,8 @@ READINGS = 6
 
 
 async def test_the_first_request_already_knows_the_servers_window(proxies: Proxies, llama_server: LlamaServer) -> None:
-    # A generous wait budget: what is tested is what the server says, not how fast it says it on a busy machine.
-    base_url, _service = await proxies.start(context_windows={}, discovery_timeout=5.0)
+    # Generous wait budgets: what is tested is what the server says, not how fast it says it on a busy machine.
+    base_url, _service = await proxies.start(context_windows={}, discovery_timeout=5.0, exact_count_timeout=5.0)
     client = openai.AsyncOpenAI(api_key="sk-local", base_url=base_url, max_retries=0, timeout=120)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -49,6 +52,8 @@ async def test_the_first_request_already_knows_the_servers_window(proxies: Proxi
                     "window": raw.headers.get("X-Compaction-Context-Window"),
                     "source": raw.headers.get("X-Compaction-Window-Source"),
                     "prompt_tokens": completion.usage.prompt_tokens,
+                    "estimate": proxy_estimate(raw.headers),
+                    "count": raw.headers.get("X-Compaction-Count"),
                 }
             )
             messages += [
@@ -65,3 +70,6 @@ async def test_the_first_request_already_knows_the_servers_window(proxies: Proxi
     assert [turn["compaction"] for turn in turns].count("compacted-after-overflow") == 0
     assert any(turn["compaction"] == "compacted" for turn in turns)
     assert all(turn["prompt_tokens"] < N_CTX for turn in turns)
+    errors = [abs(turn["estimate"] - turn["prompt_tokens"]) / turn["prompt_tokens"] for turn in turns]
+    assert max(errors) <= 0.02, errors
+    assert all(turn["count"] == "exact" for turn in turns if turn["compaction"] == "unchanged")

@@ -1,0 +1,192 @@
+"""Exact counts: the upstream's own count of a chat prompt, asked within a small budget and remembered per prefix.
+
+A local tokenizer is exact only for OpenAI's models; calibration corrects it from the provider's usage reports, but
+only from the second request of a conversation on. Servers that expose their tokenizer and chat template (see
+`proxy.discovery.tokenize`) can say the exact prompt size of the first request too.
+
+- The count of a prefix of a conversation (template, tools and generation prompt included: the `prompt_tokens` it
+  would be reported with) is an anchor like a usage report. Whichever covers more messages is what the trigger
+  rests on; the calibrated local count covers what neither does, and is calibrated from it.
+- Per prefix, remembered: counts are kept by the key of the prefix they count (the caller's tenant, the model, the
+  template fields and the engine's hash chain), so a conversation sent again asks nothing, and one that grew asks
+  only about the grown prompt (llama.cpp tokenizes only the new text). A count depends on the messages before it
+  (templates insert default system prompts, mark the first or the last message), which is why the key is the
+  prefix's chain and not a message's own key.
+- Bounded wait: a request waits at most `exact_count_timeout`; then it is measured with the local count and the
+  answer, when it comes, serves the next request. At most `MAX_RUNNING` counts are asked at once.
+- Which endpoint works is found once: the methods `count_probes` names are tried in order by the first requests;
+  the first that answers is used from then on. One that never answered is asked again only after a back-off (a
+  minute, doubling to an hour), never in a loop.
+- Fail open: a count that fails, times out or is implausible changes nothing but a metric.
+- The requests carry the caller's own messages to the upstream that request goes to, with the caller's
+  credential headers, as the request itself does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from xxhash import xxh3_128_digest
+
+from proxy.chat.measured import Measured
+from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.names import name_key
+from proxy.chat.rewrites import View
+from proxy.config import CREDENTIAL_HEADERS, Settings
+from proxy.discovery.client import CredentialsNeeded, ProbeClient
+from proxy.discovery.service import MAX_RUNNING, RETRY_SECONDS, probes_for
+from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
+from proxy.engine import Anchor
+from proxy.engine.bounded import BoundedCache
+from proxy.failures import log_failure
+
+logger = logging.getLogger("proxy.compaction")
+
+MAX_COUNTS: Final = 65_536
+"""Prefix counts remembered (about 100 bytes each); the least recently used are forgotten first."""
+MAX_BACK_OFF: Final = 3600.0
+"""The longest wait before a method that never answered is tried again."""
+COUNT_HEADER: Final = "X-Compaction-Count"
+"""Response header: `exact` when the estimate rests on the upstream's exact count of the whole request."""
+
+
+@dataclass
+class _State:
+    """What is known of one method: whether it ever answered, and when to try again after it did not."""
+
+    answered: bool = False
+    due: float = 0.0
+    failures: int = 0
+
+
+class ExactCounts:
+    """Asks the upstream for exact prompt counts, remembers them per prefix, and compares them with local counts.
+
+    :param settings: `count_probes`, `exact_count_timeout`, and the upstream.
+    :param metrics: Where the outcome of each request's count and the local count's error are counted.
+    """
+
+    def __init__(self, settings: Settings, metrics: CompactionMetrics) -> None:
+        known = methods()
+        self.methods: list[tuple[str, Method]] = [
+            (name, known[name]) for name in probes_for(settings, "count_probes") if name in known
+        ]
+        self.timeout = settings.exact_count_timeout
+        self.metrics = metrics
+        self.client = ProbeClient(settings)
+        self._counts: BoundedCache[bytes, int] = BoundedCache(MAX_COUNTS)
+        self._states = {name: _State() for name, _ in self.methods}
+        self._running: dict[bytes, asyncio.Task[None]] = {}
+
+    async def anchor(
+        self, model: str | None, body: Mapping[str, Any], view: View, tenant: bytes, headers: Mapping[str, str]
+    ) -> Anchor | None:
+        """The exact count of the longest prefix of the view known, asking for the whole view within the budget.
+
+        :param body: The request's body (its template fields are counted with the messages).
+        :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
+        """
+        if not self.methods or not model or not view.chain:
+            return None
+        fields = {name: body[name] for name in TEMPLATE_FIELDS if name in body}
+        scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
+        key = scope + view.chain[-1]
+        if self._counts.get(key) is not None:
+            self.metrics.exact_counts.labels("cached").inc()
+        else:
+            credentials = {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
+            task = self._start(key, Conversation(model, view.messages, fields, view.chain, scope), credentials)
+            if task is not None and self.timeout > 0:
+                await asyncio.wait({task}, timeout=self.timeout)
+            answered = self._counts.get(key) is not None
+            self.metrics.exact_counts.labels("counted" if answered else "late" if task else "failed").inc()
+        for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
+            tokens = self._counts.get(scope + view.chain[covered - 1])
+            if tokens is not None:
+                return Anchor(tokens, covered)
+        return None
+
+    def record(self, measured: Measured) -> dict[str, str]:
+        """Count how far the local estimate was from the exact count; the response headers saying what was used."""
+        if measured.local_tokens is None:
+            return {}
+        if measured.exact is None:
+            self.metrics.exact_counts.labels("implausible").inc()
+            return {}
+        exact = measured.exact.tokens
+        self.metrics.local_count_error.observe((measured.local_tokens - exact) / max(exact, 1))
+        whole = measured.exact.covered >= len(measured.transcript)
+        return {COUNT_HEADER: "exact"} if whole and measured.anchor is measured.exact else {}
+
+    def running(self) -> list[asyncio.Task[None]]:
+        """The counts in flight (for tests and shutdown)."""
+        return list(self._running.values())
+
+    async def aclose(self) -> None:
+        """Stop the counts in flight and close the HTTP client."""
+        tasks = self.running()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.client.aclose()
+
+    def _start(self, key: bytes, conversation: Conversation, credentials: dict[str, str]) -> asyncio.Task[None] | None:
+        """The count for `key` in flight, or a new one; None when too many are in flight or no method is due."""
+        task = self._running.get(key)
+        if task is not None:
+            return task
+        usable = self._usable()
+        if not usable or len(self._running) >= MAX_RUNNING:
+            return None
+        task = asyncio.create_task(self._count(key, conversation, credentials, usable))
+        self._running[key] = task
+        task.add_done_callback(lambda _: self._running.pop(key, None))
+        return task
+
+    def _usable(self) -> list[tuple[str, Method]]:
+        """The method that answered before, or else every method whose back-off has passed, in setting order."""
+        answered = [(name, method) for name, method in self.methods if self._states[name].answered]
+        now = time.monotonic()
+        return answered[:1] or [(name, method) for name, method in self.methods if self._states[name].due <= now]
+
+    async def _count(
+        self, key: bytes, conversation: Conversation, credentials: Mapping[str, str], usable: list[tuple[str, Method]]
+    ) -> None:
+        """Ask each usable method once, in order, until one answers; remember its count under `key`."""
+
+        async def fetch(method: str, path: str, body: Mapping[str, Any] | None) -> Any:
+            return await self.client.fetch(method, path, body, credentials)
+
+        for name, method in usable:
+            try:
+                tokens = await method(fetch, conversation)
+            except CredentialsNeeded:
+                tokens = None
+            except Exception as error:
+                log_failure(logger, "Asking the upstream for an exact token count failed; counting locally.", error)
+                tokens = None
+            if tokens is not None and tokens > 0:
+                self._counts.put(key, tokens)
+                self._answered(name)
+                return
+            self._failed(name)
+
+    def _answered(self, name: str) -> None:
+        state = self._states[name]
+        if not state.answered:
+            logger.info("The upstream counts prompts exactly (%s); estimates use its counts from now on.", name)
+        state.answered, state.failures = True, 0
+
+    def _failed(self, name: str) -> None:
+        """A method that never answered waits a back-off; one that did keeps being asked (the request was odd)."""
+        state = self._states[name]
+        if state.answered:
+            return
+        state.failures += 1
+        state.due = time.monotonic() + min(RETRY_SECONDS * 2 ** min(state.failures - 1, 16), MAX_BACK_OFF)
