@@ -105,7 +105,8 @@ class ExactCounts:
             if task is not None and self.timeout > 0:
                 await asyncio.wait({task}, timeout=self.timeout)
             answered = self._counts.get(key) is not None
-            self.metrics.exact_counts.labels("counted" if answered else "late" if task else "failed").inc()
+            waiting = task is not None and not task.done()
+            self.metrics.exact_counts.labels("counted" if answered else "late" if waiting else "failed").inc()
         for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
             tokens = self._counts.get(scope + view.chain[covered - 1])
             if tokens is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from proxy.config.compaction import DEFAULT_COUNT_PROBES
 from tests.real_upstream.conftest import MODEL, N_CTX, LlamaServer, Proxies
 from tests.real_upstream.test_sdk_conversation import proxy_estimate
 from tests.real_upstream.texts import SYSTEM_PROMPT, sensor_log, user_turn
@@ -31,7 +32,9 @@ READINGS = 6
 
 async def test_the_first_request_already_knows_the_servers_window(proxies: Proxies, llama_server: LlamaServer) -> None:
     # Generous wait budgets: what is tested is what the server says, not how fast it says it on a busy machine.
-    base_url, _service = await proxies.start(context_windows={}, discovery_timeout=5.0, exact_count_timeout=5.0)
+    base_url, _service = await proxies.start(
+        context_windows={}, discovery_timeout=5.0, count_probes=list(DEFAULT_COUNT_PROBES), exact_count_timeout=5.0
+    )
     client = openai.AsyncOpenAI(api_key="sk-local", base_url=base_url, max_retries=0, timeout=120)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
