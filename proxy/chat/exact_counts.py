@@ -13,7 +13,7 @@ only from the second request of a conversation on. Servers that expose their tok
   (templates insert default system prompts, mark the first or the last message), which is why the key is the
   prefix's chain and not a message's own key.
 - Bounded wait: a request waits at most `exact_count_timeout`; then it is measured with the local count and the
-  answer, when it comes, serves the next request. At most `MAX_RUNNING` counts are asked at once.
+  answer, when it comes, serves the next request (see `proxy.discovery.budgeted`).
 - Which endpoint works is found once: the methods `count_probes` names are tried in order by the first requests;
   the first that answers is used from then on. One that never answered is asked again only after a back-off (a
   minute, doubling to an hour), never in a loop.
@@ -24,7 +24,6 @@ only from the second request of a conversation on. Servers that expose their tok
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -38,13 +37,12 @@ from proxy.chat.measured import Measured
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key
 from proxy.chat.rewrites import View
-from proxy.config import CREDENTIAL_HEADERS, Settings
-from proxy.discovery.client import CredentialsNeeded, ProbeClient
-from proxy.discovery.service import MAX_RUNNING, RETRY_SECONDS, probes_for
+from proxy.config import Settings
+from proxy.discovery.budgeted import BudgetedAnswers
+from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
+from proxy.discovery.service import RETRY_SECONDS, probes_for
 from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
 from proxy.engine import Anchor
-from proxy.engine.bounded import BoundedCache
-from proxy.failures import log_failure
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -77,12 +75,10 @@ class ExactCounts:
         self.methods: list[tuple[str, Method]] = [
             (name, known[name]) for name in probes_for(settings, "count_probes") if name in known
         ]
-        self.timeout = settings.exact_count_timeout
         self.metrics = metrics
         self.client = ProbeClient(settings)
-        self._counts: BoundedCache[bytes, int] = BoundedCache(MAX_COUNTS)
+        self.counts: BudgetedAnswers[int] = BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
         self._states = {name: _State() for name, _ in self.methods}
-        self._running: dict[bytes, asyncio.Task[None]] = {}
 
     async def anchor(
         self, model: str | None, body: Mapping[str, Any], view: View, tenant: bytes, headers: Mapping[str, str]
@@ -96,19 +92,12 @@ class ExactCounts:
             return None
         fields = {name: body[name] for name in TEMPLATE_FIELDS if name in body}
         scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
-        key = scope + view.chain[-1]
-        if self._counts.get(key) is not None:
-            self.metrics.exact_counts.labels("cached").inc()
-        else:
-            credentials = {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
-            task = self._start(key, Conversation(model, view.messages, fields, view.chain, scope), credentials)
-            if task is not None and self.timeout > 0:
-                await asyncio.wait({task}, timeout=self.timeout)
-            answered = self._counts.get(key) is not None
-            waiting = task is not None and not task.done()
-            self.metrics.exact_counts.labels("counted" if answered else "late" if waiting else "failed").inc()
+        conversation = Conversation(model, view.messages, fields, view.chain, scope)
+        credentials = credentials_of(headers)
+        _, outcome = await self.counts.ask(scope + view.chain[-1], lambda: self._count(conversation, credentials))
+        self.metrics.exact_counts.labels(outcome).inc()
         for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
-            tokens = self._counts.get(scope + view.chain[covered - 1])
+            tokens = self.counts.known(scope + view.chain[covered - 1])
             if tokens is not None:
                 return Anchor(tokens, covered)
         return None
@@ -125,30 +114,10 @@ class ExactCounts:
         whole = measured.exact.covered >= len(measured.transcript)
         return {COUNT_HEADER: "exact"} if whole and measured.anchor is measured.exact else {}
 
-    def running(self) -> list[asyncio.Task[None]]:
-        """The counts in flight (for tests and shutdown)."""
-        return list(self._running.values())
-
     async def aclose(self) -> None:
         """Stop the counts in flight and close the HTTP client."""
-        tasks = self.running()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.counts.aclose()
         await self.client.aclose()
-
-    def _start(self, key: bytes, conversation: Conversation, credentials: dict[str, str]) -> asyncio.Task[None] | None:
-        """The count for `key` in flight, or a new one; None when too many are in flight or no method is due."""
-        task = self._running.get(key)
-        if task is not None:
-            return task
-        usable = self._usable()
-        if not usable or len(self._running) >= MAX_RUNNING:
-            return None
-        task = asyncio.create_task(self._count(key, conversation, credentials, usable))
-        self._running[key] = task
-        task.add_done_callback(lambda _: self._running.pop(key, None))
-        return task
 
     def _usable(self) -> list[tuple[str, Method]]:
         """The method that answered before, or else every method whose back-off has passed, in setting order."""
@@ -156,27 +125,22 @@ class ExactCounts:
         now = time.monotonic()
         return answered[:1] or [(name, method) for name, method in self.methods if self._states[name].due <= now]
 
-    async def _count(
-        self, key: bytes, conversation: Conversation, credentials: Mapping[str, str], usable: list[tuple[str, Method]]
-    ) -> None:
-        """Ask each usable method once, in order, until one answers; remember its count under `key`."""
+    async def _count(self, conversation: Conversation, credentials: Mapping[str, str]) -> int | None:
+        """Ask each usable method once, in order, until one answers with a count."""
 
         async def fetch(method: str, path: str, body: Mapping[str, Any] | None) -> Any:
             return await self.client.fetch(method, path, body, credentials)
 
-        for name, method in usable:
+        for name, method in self._usable():
             try:
                 tokens = await method(fetch, conversation)
             except CredentialsNeeded:
                 tokens = None
-            except Exception as error:
-                log_failure(logger, "Asking the upstream for an exact token count failed; counting locally.", error)
-                tokens = None
             if tokens is not None and tokens > 0:
-                self._counts.put(key, tokens)
                 self._answered(name)
-                return
+                return tokens
             self._failed(name)
+        return None
 
     def _answered(self, name: str) -> None:
         state = self._states[name]

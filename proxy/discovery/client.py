@@ -14,7 +14,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from proxy.config import Settings
+from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.upstream_session import upstream_session
 
 PROBE_SECONDS: Final = 5.0
@@ -22,6 +22,11 @@ PROBE_SECONDS: Final = 5.0
 MAX_ANSWER_BYTES: Final = 4 * 2**20
 """The largest answer read (a model listing with many adapters is still far smaller); a larger one is ignored."""
 _REFUSALS: Final = (401, 403)
+
+
+def credentials_of(headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's credential headers (from lower-cased `headers`), the only ones a probe may carry."""
+    return {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
 
 
 class CredentialsNeeded(Exception):

@@ -29,8 +29,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proxy.chat.names import name_key, shown
-from proxy.config import CREDENTIAL_HEADERS, Settings
-from proxy.discovery.client import CredentialsNeeded, ProbeClient
+from proxy.config import Settings
+from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
 from proxy.discovery.probes import PROBES, Finding, Probe
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
@@ -136,7 +136,7 @@ class WindowDiscovery:
         :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
             never awaited again.
         """
-        credentials = {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
+        credentials = credentials_of(headers)
         key, known = self._lookup(model, tenant, credentials)
         if known is None:
             started = key not in self._running

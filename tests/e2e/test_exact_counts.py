@@ -64,7 +64,7 @@ async def metrics(proxy: RunningProxy) -> str:
 
 async def settled(proxy: RunningProxy) -> None:
     """Wait until no count is in flight."""
-    await wait_for(lambda: not proxy.service.exact.running())
+    await wait_for(lambda: not proxy.service.exact.counts.running())
 
 
 @pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
