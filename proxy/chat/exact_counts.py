@@ -36,6 +36,7 @@ from xxhash import xxh3_128_digest
 from proxy.chat.measured import Measured
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key
+from proxy.chat.request import ChatRequest
 from proxy.chat.rewrites import View
 from proxy.config import Settings
 from proxy.discovery.budgeted import BudgetedAnswers
@@ -50,6 +51,9 @@ MAX_COUNTS: Final = 65_536
 """Prefix counts remembered (about 100 bytes each); the least recently used are forgotten first."""
 MAX_BACK_OFF: Final = 3600.0
 """The longest wait before a method that never answered is tried again."""
+MAX_COUNTED_BYTES: Final = 4 * 2**20
+"""The largest request body counted exactly: far beyond any window in text, while a larger one (images, files, or an
+attack) would cost the upstream and the proxy's event loop more than its count is worth."""
 COUNT_HEADER: Final = "X-Compaction-Count"
 """Response header: `exact` when the estimate rests on the upstream's exact count of the whole request."""
 
@@ -81,15 +85,24 @@ class ExactCounts:
         self._states = {name: _State() for name, _ in self.methods}
 
     async def anchor(
-        self, model: str | None, body: Mapping[str, Any], view: View, tenant: bytes, headers: Mapping[str, str]
+        self,
+        model: str | None,
+        request: ChatRequest,
+        view: View,
+        tenant: bytes,
+        headers: Mapping[str, str],
+        *,
+        size: int,
     ) -> Anchor | None:
         """The exact count of the longest prefix of the view known, asking for the whole view within the budget.
 
-        :param body: The request's body (its template fields are counted with the messages).
+        :param request: The request: its template fields are counted with the messages.
         :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
+        :param size: The request body's size in bytes: a body over `MAX_COUNTED_BYTES` is not counted.
         """
-        if not self.methods or not model or not view.chain:
+        if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
             return None
+        body = request.body
         fields = {name: body[name] for name in TEMPLATE_FIELDS if name in body}
         scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
         conversation = Conversation(model, view.messages, fields, view.chain, scope)
