@@ -7,6 +7,10 @@ only from the second request of a conversation on. Servers that expose their tok
 - The count of a prefix of a conversation (template, tools and generation prompt included: the `prompt_tokens` it
   would be reported with) is an anchor like a usage report. Whichever covers more messages is what the trigger
   rests on; the calibrated local count covers what neither does, and is calibrated from it.
+- Asked where it matters: when no usage report covers the conversation (its first request, the first after a
+  compaction changed what is sent) or what follows the report is large. A conversation whose next request adds a
+  few messages to a reported prefix asks nothing: the report is as exact as a count, and the calibrated local
+  count of the few new messages is off by a fraction of a percent of the whole.
 - Per prefix, remembered: counts are kept by the key of the prefix they count (the caller's tenant, the model, the
   template fields and the engine's hash chain), so a conversation sent again asks nothing, and one that grew asks
   only about the grown prompt (llama.cpp tokenizes only the new text). A count depends on the messages before it
@@ -39,11 +43,11 @@ from proxy.chat.names import name_key
 from proxy.chat.request import ChatRequest
 from proxy.chat.rewrites import View
 from proxy.config import Settings
-from proxy.discovery.budgeted import BudgetedAnswers
+from proxy.discovery.budgeted import BudgetedAnswers, Outcome
 from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
 from proxy.discovery.service import RETRY_SECONDS, probes_for
 from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
-from proxy.engine import Anchor
+from proxy.engine import Anchor, counter_for_model
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -54,6 +58,10 @@ MAX_BACK_OFF: Final = 3600.0
 MAX_COUNTED_BYTES: Final = 4 * 2**20
 """The largest request body counted exactly: far beyond any window in text, while a larger one (images, files, or an
 attack) would cost the upstream and the proxy's event loop more than its count is worth."""
+REPORTED_SHARE: Final = 0.25
+"""A request whose usage-reported prefix is followed by messages whose byte bound is under this share of the report
+asks nothing: their tokens are a few percent of the request at most, so the calibrated local count's error on them
+(about 1% here) moves the estimate by less than a count is worth waiting for."""
 COUNT_HEADER: Final = "X-Compaction-Count"
 """Response header: `exact` when the estimate rests on the upstream's exact count of the whole request."""
 
@@ -93,21 +101,34 @@ class ExactCounts:
         headers: Mapping[str, str],
         *,
         size: int,
+        usage: Anchor | None,
     ) -> Anchor | None:
         """The exact count of the longest prefix of the view known, asking for the whole view within the budget.
+
+        Nothing is asked when the provider's usage report already covers the view but for a small tail (see
+        `REPORTED_SHARE`): the report is as exact, and the calibrated local count of the tail is off by too little
+        to pay a request for.
 
         :param request: The request: its template fields are counted with the messages.
         :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
         :param size: The request body's size in bytes: a body over `MAX_COUNTED_BYTES` is not counted.
+        :param usage: The usage report anchoring the view's longest reported prefix, if any.
         """
         if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
             return None
-        body = request.body
-        fields = {name: body[name] for name in TEMPLATE_FIELDS if name in body}
+        fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
         scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
+        key = scope + view.chain[-1]
+        known = self.counts.known(key)
+        if known is not None:
+            self.metrics.exact_counts.labels(Outcome.CACHED).inc()
+            return Anchor(known, len(view.chain))
+        if _reported(model, usage, view):
+            self.metrics.exact_counts.labels("reported").inc()
+            return None
         conversation = Conversation(model, view.messages, fields, view.chain, scope)
         credentials = credentials_of(headers)
-        _, outcome = await self.counts.ask(scope + view.chain[-1], lambda: self._count(conversation, credentials))
+        _, outcome = await self.counts.ask(key, lambda: self._count(conversation, credentials))
         self.metrics.exact_counts.labels(outcome).inc()
         for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
             tokens = self.counts.known(scope + view.chain[covered - 1])
@@ -168,3 +189,12 @@ class ExactCounts:
             return
         state.failures += 1
         state.due = time.monotonic() + min(RETRY_SECONDS * 2 ** min(state.failures - 1, 16), MAX_BACK_OFF)
+
+
+def _reported(model: str, usage: Anchor | None, view: View) -> bool:
+    """Whether a usage report covers the view but for a tail whose byte bound is under `REPORTED_SHARE` of it."""
+    if usage is None or usage.tokens <= 0:
+        return False
+    counter = counter_for_model(model)
+    tail = sum(counter.message_upper_bound(message) for message in view.messages[usage.covered :])
+    return tail < REPORTED_SHARE * usage.tokens

@@ -51,7 +51,8 @@ class CompactionMetrics:
             "compaction_proxy_exact_counts",
             "Chat requests by how the upstream's exact count of their prompt went: cached (known before), counted"
             " (answered within exact_count_timeout), late (measured locally; the answer serves the next request),"
-            " failed (no counting endpoint answered), implausible (ignored: too far from the local count).",
+            " failed (no counting endpoint answered), implausible (ignored: too far from the local count), reported"
+            " (not asked: a usage report covers all but a small tail).",
             ["result"],
             registry=registry,
         )

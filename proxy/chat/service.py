@@ -206,7 +206,7 @@ class ChatCompactionService:
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
-        exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size)
+        exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(
             exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known, exact)
         )

@@ -104,23 +104,29 @@ async def test_the_trigger_acts_on_the_exact_count(probes: list[str], proxies: L
 
 
 async def test_a_resent_conversation_asks_only_about_its_new_text(proxies: LoopbackProxies) -> None:
+    """A small tail after the reported prefix asks nothing; a large one asks, and only its text is tokenized."""
     messages = conversation(3)
+    report = f"New readings: {WORDS} {WORDS} {WORDS} {WORDS} {WORDS}."
     async with CountingUpstream() as upstream:
         proxy = await proxies.start(upstream=upstream.url, **COUNTING)
         _, first = await chat(proxy, messages)
-        grown = [*messages, first["choices"][0]["message"], {"role": "user", "content": "One more reading: 42."}]
+        reply = first["choices"][0]["message"]
+        small = [*messages, reply, {"role": "user", "content": "And now?"}]
         asked = len(upstream.seen)
-        headers, second = await chat(proxy, grown)
-        tokenized = [seen.json["content"] for seen in upstream.seen[asked:] if seen.path == "/tokenize"]
-        again = len(upstream.seen)
-        resent, _ = await chat(proxy, grown)
+        await chat(proxy, small)
+        assert [seen.path for seen in upstream.seen[asked:]] == ["/v1/chat/completions"]
 
+        large = [*messages, reply, {"role": "user", "content": report}]
+        asked = len(upstream.seen)
+        headers, second = await chat(proxy, large)
+        tokenized = [seen.json["content"] for seen in upstream.seen[asked:] if seen.path == "/tokenize"]
+
+    assert headers["X-Compaction-Count"] == "exact"
     assert int(headers["X-Compaction-Tokens-Before"]) == second["usage"]["prompt_tokens"]
-    assert tokenized == ["<|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>user\nOne more reading: 42.<|im_end|>\n"]
-    # Sent again as it was: known, nothing asked (the server's usage report anchors it just as exactly).
-    assert int(resent["X-Compaction-Tokens-Before"]) == second["usage"]["prompt_tokens"]
-    assert [seen.path for seen in upstream.seen[again:]] == ["/v1/chat/completions"]
-    assert 'compaction_proxy_exact_counts_total{result="cached"} 1.0' in await metrics(proxy)
+    assert tokenized == [f"<|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>user\n{report}<|im_end|>\n"]
+    exposed = await metrics(proxy)
+    assert 'compaction_proxy_exact_counts_total{result="reported"} 1.0' in exposed
+    assert 'compaction_proxy_exact_counts_total{result="counted"} 2.0' in exposed
 
 
 async def test_a_server_without_the_endpoints_is_asked_once(proxies: LoopbackProxies) -> None:

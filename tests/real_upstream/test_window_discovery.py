@@ -73,6 +73,9 @@ async def test_the_first_request_already_knows_the_servers_window(proxies: Proxi
     assert [turn["compaction"] for turn in turns].count("compacted-after-overflow") == 0
     assert any(turn["compaction"] == "compacted" for turn in turns)
     assert all(turn["prompt_tokens"] < N_CTX for turn in turns)
-    errors = [abs(turn["estimate"] - turn["prompt_tokens"]) / turn["prompt_tokens"] for turn in turns]
-    assert max(errors) <= 0.02, errors
-    assert all(turn["count"] == "exact" for turn in turns if turn["compaction"] == "unchanged")
+    # The first request is counted by the server itself; every later estimate (a request clearly under the trigger
+    # is only bounded, not estimated) rests on the server's count or its usage report plus calibrated new messages.
+    assert (turns[0]["count"], turns[0]["estimate"]) == ("exact", turns[0]["prompt_tokens"])
+    errors = [(turn["estimate"] - turn["prompt_tokens"]) / turn["prompt_tokens"] for turn in turns if turn["estimate"]]
+    assert len(errors) >= TURNS // 2
+    assert max(map(abs, errors)) <= 0.02, errors
