@@ -2,11 +2,13 @@
 
 A conversation of about `--tokens` tokens is sent, then re-sent `--turns` times with two new messages each time,
 through the proxy's compaction side (`ChatCompactionService.prepare`, no client socket), once with `count_probes`
-off and once with them on. With them on, each re-sent request asks the upstream for the count of the grown prompt
-(llama.cpp: one `/apply-template` of the conversation, one `/tokenize` of only the new text) and waits for it, up to
-`exact_count_timeout` (raised here so the full cost is measured, not cut short). The upstream is a real llama-server
-serving SmolLM2 when the real-model tier's build and model are present, else the loopback fake of
-`tests.support.counting_upstream` in this process (whose Python tokenizer then runs on the same event loop).
+off and once with them on, and each of those once with the server's usage reported after every request (the usual
+case: a re-sent request then asks nothing) and once without (`_unreported`: each re-sent request asks the count of
+the grown prompt, on llama.cpp one `/apply-template` of the conversation and one `/tokenize` of only the new text).
+The wait is up to `exact_count_timeout`, raised here so the full cost is measured, not cut short at 50 ms. The
+upstream is a real llama-server serving SmolLM2 when the real-model tier's build and model are present, else the
+loopback fake of `tests.support.counting_upstream` in this process (whose Python tokenizer then runs on the same
+event loop).
 
     python -m bench.exact_counts [--tokens 4000 32000] [--turns 20]
 """
@@ -23,6 +25,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.chat.service import ChatCompactionService
@@ -72,8 +76,23 @@ async def upstream() -> AsyncIterator[tuple[str, str]]:
             stop(process)
 
 
-async def run(url: str, history: list[dict[str, Any]], turns: int, probes: list[str]) -> dict[str, Any]:
-    """Decision times of the cold request and of each re-sent one, and how the counts went."""
+async def server_count(http: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> int:
+    """The prompt tokens the server would report for `messages` (asked outside the timed part)."""
+    async with http.post(url + "/apply-template", json={"messages": messages}) as answer:
+        prompt = (await answer.json())["prompt"]
+    content = {"content": prompt, "add_special": True, "parse_special": True}
+    async with http.post(url + "/tokenize", json=content) as answer:
+        return len((await answer.json())["tokens"])
+
+
+async def run(
+    url: str, history: list[dict[str, Any]], turns: int, probes: list[str], *, reports: bool
+) -> dict[str, Any]:
+    """Decision times of the cold request and of each re-sent one, and how the counts went.
+
+    :param reports: Tell the service the server's usage for each request, as an upstream answering with usage does;
+        without them every re-sent request is asked about (only its new text, on llama.cpp).
+    """
     # A window whose trigger (2.2 times the last request's tiktoken count) neither count reaches.
     final = counter_for_model(MODEL).messages_tokens(history) + 300 * turns
     windows = {MODEL: int(2.2 * final / 0.7)}
@@ -83,6 +102,7 @@ async def run(url: str, history: list[dict[str, Any]], turns: int, probes: list[
     service = ChatCompactionService(settings)
     counter_for_model(MODEL)._cache.clear()
     messages, times, exact = list(history), [], 0
+    http = aiohttp.ClientSession()
     try:
         for index in range(turns + 1):
             body = json.dumps({"model": MODEL, "messages": messages}).encode()
@@ -94,12 +114,14 @@ async def run(url: str, history: list[dict[str, Any]], turns: int, probes: list[
             assert headers["X-Compaction"] == "unchanged", headers
             exact += headers.get("X-Compaction-Count") == "exact"
             question, reply = turn(10_000 + index)
-            prompt = int(headers["X-Compaction-Tokens-Before"])
-            usage = {"prompt_tokens": prompt, "completion_tokens": 40, "total_tokens": prompt + 40}
-            await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply))
+            if reports:
+                prompt = await server_count(http, url, messages)
+                usage = {"prompt_tokens": prompt, "completion_tokens": 40, "total_tokens": prompt + 40}
+                await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply))
             messages = [*messages, reply, question]
     finally:
         await service.aclose()
+        await http.close()
     return {"cold_ms": times[0] * 1000, "resend_ms": statistics.median(times[1:]) * 1000, "exact": exact}
 
 
@@ -109,20 +131,19 @@ async def main(sizes: list[int], turns: int) -> dict[str, Any]:
     async with upstream() as (url, kind):
         for tokens in sizes:
             history = conversation(tokens)
-            local = await run(url, history, turns, [])
-            counted = await run(url, history, turns, list(DEFAULT_COUNT_PROBES))
-            rows.append(
-                {
-                    "tokens": tokens,
-                    "messages": len(history),
-                    "local_cold_ms": local["cold_ms"],
-                    "exact_cold_ms": counted["cold_ms"],
-                    "local_resend_ms": local["resend_ms"],
-                    "exact_resend_ms": counted["resend_ms"],
-                    "added_resend_ms": counted["resend_ms"] - local["resend_ms"],
-                    "exact_requests": f"{counted['exact']}/{turns + 1}",
+            row: dict[str, Any] = {"tokens": tokens, "messages": len(history)}
+            for reports in (True, False):
+                local = await run(url, history, turns, [], reports=reports)
+                counted = await run(url, history, turns, list(DEFAULT_COUNT_PROBES), reports=reports)
+                suffix = "" if reports else "_unreported"
+                if reports:
+                    row |= {"local_cold_ms": local["cold_ms"], "exact_cold_ms": counted["cold_ms"]}
+                row |= {
+                    f"local_resend{suffix}_ms": local["resend_ms"],
+                    f"exact_resend{suffix}_ms": counted["resend_ms"],
+                    f"exact_requests{suffix}": f"{counted['exact']}/{turns + 1}",
                 }
-            )
+            rows.append(row)
     return {"upstream": kind, "turns": turns, "rows": rows}
 
 
