@@ -108,8 +108,9 @@ class CompactionSettings(BaseModel):
         default=0.05,
         ge=0,
         description=(
-            "Seconds a request waits for the upstream's exact count of what is new in it; past that it is measured"
-            " with the calibrated local count, and the answer, when it comes, serves the conversation's next request."
+            "Seconds a request waits for the upstream's exact count of its prompt (asked only where no usage report"
+            " covers most of it); past that it is measured with the calibrated local count, and the answer, when it"
+            " comes, serves the conversation's next request."
         ),
     )
     conversation_header: str = Field(

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from proxy.discovery.client import cancel
 from proxy.discovery.service import MAX_RUNNING
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
@@ -81,10 +82,7 @@ class BudgetedAnswers(Generic[V]):
 
     async def aclose(self) -> None:
         """Stop asking."""
-        tasks = self.running()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel(self.running())
 
     async def _keep(self, key: bytes, asking: Callable[[], Awaitable[V | None]]) -> None:
         try:

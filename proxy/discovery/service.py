@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from proxy.chat.names import name_key, shown
 from proxy.config import Settings
-from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
+from proxy.discovery.client import CredentialsNeeded, ProbeClient, cancel, credentials_of
 from proxy.discovery.probes import PROBES, Finding, Probe
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
@@ -124,10 +124,7 @@ class WindowDiscovery:
 
     async def aclose(self) -> None:
         """Stop the runs in flight and close the HTTP client."""
-        tasks = self.running()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel(self.running())
         await self.client.aclose()
 
     async def _discovered(self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool) -> int | None:
