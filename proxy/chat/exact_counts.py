@@ -28,6 +28,7 @@ only from the second request of a conversation on. Servers that expose their tok
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -195,6 +196,9 @@ def _reported(model: str, usage: Anchor | None, view: View) -> bool:
     """Whether a usage report covers the view but for a tail whose byte bound is under `REPORTED_SHARE` of it."""
     if usage is None or usage.tokens <= 0:
         return False
-    counter = counter_for_model(model)
-    tail = sum(counter.message_upper_bound(message) for message in view.messages[usage.covered :])
-    return tail < REPORTED_SHARE * usage.tokens
+    counter, limit, tail = counter_for_model(model), REPORTED_SHARE * usage.tokens, 0
+    for message in itertools.islice(view.messages, usage.covered, None):
+        tail += counter.message_upper_bound(message)
+        if tail >= limit:  # stop early: a tail of many messages is not walked to its end on the event loop
+            return False
+    return True
