@@ -49,6 +49,7 @@ from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_o
 from proxy.discovery.service import RETRY_SECONDS, probes_for
 from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
 from proxy.engine import Anchor, counter_for_model
+from proxy.failures import log_failure
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -117,24 +118,27 @@ class ExactCounts:
         """
         if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
             return None
-        fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
-        scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
-        key = scope + view.chain[-1]
-        known = self.counts.known(key)
-        if known is not None:
-            self.metrics.exact_counts.labels(Outcome.CACHED).inc()
-            return Anchor(known, len(view.chain))
-        if _reported(model, usage, view):
-            self.metrics.exact_counts.labels("reported").inc()
-            return None
-        conversation = Conversation(model, view.messages, fields, view.chain, scope)
-        credentials = credentials_of(headers)
-        _, outcome = await self.counts.ask(key, lambda: self._count(conversation, credentials))
-        self.metrics.exact_counts.labels(outcome).inc()
-        for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
-            tokens = self.counts.known(scope + view.chain[covered - 1])
-            if tokens is not None:
-                return Anchor(tokens, covered)
+        try:
+            fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
+            scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
+            key = scope + view.chain[-1]
+            known = self.counts.known(key)
+            if known is not None:
+                self.metrics.exact_counts.labels(Outcome.CACHED).inc()
+                return Anchor(known, len(view.chain))
+            if _reported(model, usage, view):
+                self.metrics.exact_counts.labels("reported").inc()
+                return None
+            conversation = Conversation(model, view.messages, fields, view.chain, scope)
+            credentials = credentials_of(headers)
+            _, outcome = await self.counts.ask(key, lambda: self._count(conversation, credentials))
+            self.metrics.exact_counts.labels(outcome).inc()
+            for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
+                tokens = self.counts.known(scope + view.chain[covered - 1])
+                if tokens is not None:
+                    return Anchor(tokens, covered)
+        except Exception as error:
+            log_failure(logger, "Exact counting failed; this request is measured with the local count.", error)
         return None
 
     def record(self, measured: Measured) -> dict[str, str]:
