@@ -88,18 +88,25 @@ class CountingUpstream:
         self.seen.append(Seen(request.path, body, dict(request.headers)))
         if request.path == "/v1/chat/completions":
             return web.json_response(_completion(body))
-        route = {("llama.cpp", "/apply-template"), ("llama.cpp", "/tokenize"), ("vllm", "/tokenize")}
-        if (self.kind, request.path) not in route:
+        if (self.kind, request.path) not in ROUTES:
             return web.json_response({"error": "not found"}, status=404)
         if self.hold is not None:
             await self.hold.wait()
-        if request.path == "/apply-template":
-            return web.json_response({"prompt": render(body["messages"], generation=body["add_generation_prompt"])})
-        if self.kind == "llama.cpp":
-            tokens = self.lie if self.lie is not None else fake_tokens(body["content"])
-            return web.json_response({"tokens": list(range(tokens))})
-        count = self.lie if self.lie is not None else fake_tokens(render(body["messages"], generation=True))
-        return web.json_response({"count": count, "max_model_len": 8192, "tokens": [], "token_strs": None})
+        return web.json_response(counting_answer(self.kind, request.path, body, self.lie))
+
+
+ROUTES = {("llama.cpp", "/apply-template"), ("llama.cpp", "/tokenize"), ("vllm", "/tokenize")}
+"""The counting endpoints each kind of server answers."""
+
+
+def counting_answer(kind: str, path: str, body: Mapping[str, Any], lie: int | None = None) -> dict[str, Any]:
+    """What a server of `kind` answers to a counting request on one of its `ROUTES` (`lie`: that many tokens)."""
+    if path == "/apply-template":
+        return {"prompt": render(body["messages"], generation=body.get("add_generation_prompt", True))}
+    if kind == "llama.cpp":
+        return {"tokens": list(range(lie if lie is not None else fake_tokens(body["content"])))}
+    count = lie if lie is not None else fake_tokens(render(body["messages"], generation=True))
+    return {"count": count, "max_model_len": 8192, "tokens": [], "token_strs": None}
 
 
 def _completion(body: Mapping[str, Any]) -> dict[str, Any]:
