@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from proxy.config import Settings
 from proxy.config.compaction import DEFAULT_COUNT_PROBES
+from proxy.config.loading import load_settings
 from proxy.discovery.service import probes_for
 from proxy.engine import counter_for_model
 from tests.reliability.conftest import wait_for
@@ -182,3 +183,5 @@ def test_count_probes_are_off_against_openai_and_the_responses_counter_is_opt_in
     assert probes_for(chosen, "count_probes") == ["responses_input_tokens"]
     with pytest.raises(ValidationError, match="unknown count probes"):
         Settings(count_probes=["tiktoken"])
+    environ = {"COMPACTION_PROXY_COUNT_PROBES": "vllm_tokenize, responses_input_tokens"}
+    assert load_settings(environ=environ).count_probes == ["vllm_tokenize", "responses_input_tokens"]
