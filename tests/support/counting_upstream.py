@@ -16,6 +16,7 @@ answer that many tokens whatever the prompt. Every request is recorded.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,7 @@ class CountingUpstream:
     """A loopback upstream that counts like `kind` (see the module docs); use as an async context manager."""
 
     kind: str = "llama.cpp"
-    hold: Any = None
+    hold: asyncio.Event | None = None
     lie: int | None = None
     seen: list[Seen] = field(default_factory=list)
     _server: TestServer | None = None
