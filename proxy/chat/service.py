@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
 from proxy.chat.compacting import Compacting
+from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import measure
@@ -115,6 +116,7 @@ class ChatCompactionService:
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()
+        self.exact = ExactCounts(settings, self.metrics)
         self.rewrites = RewriteMemory(
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
@@ -132,7 +134,7 @@ class ChatCompactionService:
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
-        self.usage.metrics = self.metrics
+        self.usage.metrics = self.exact.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
 
@@ -141,6 +143,7 @@ class ChatCompactionService:
         if self.summaries is not None:
             await self.summaries.aclose()
         await self.discovery.aclose()
+        await self.exact.aclose()
         self.off_loop.close()
         await self.store.close()
 
@@ -232,9 +235,12 @@ class ChatCompactionService:
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
+        exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(
-            exchange, lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known)
+            exchange,
+            lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
         )
+        exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counted()
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)

@@ -136,7 +136,9 @@ def decide(
     """
     bound = _upper_bound(transcript, overhead_tokens, anchor, scale)
     if bound < thresholds.trigger_tokens:
-        return Decision(estimated_tokens=bound, compact=False, bounded=True, scale=scale)
+        # An anchor covering every message is the estimate itself, not a bound.
+        covered = anchor is not None and anchor.tokens > 0 and anchor.covered >= len(transcript)
+        return Decision(estimated_tokens=bound, compact=False, bounded=not covered, scale=scale)
     estimated = estimate_tokens(transcript, overhead_tokens, anchor, scale)
     if estimated < thresholds.trigger_tokens:
         return Decision(estimated_tokens=estimated, compact=False, scale=scale)
