@@ -46,6 +46,7 @@ from proxy.chat.rewrites import View
 from proxy.config import Settings
 from proxy.discovery.budgeted import BudgetedAnswers, Outcome
 from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
+from proxy.discovery.input_tokens import ResponsesInputTokens
 from proxy.discovery.service import RETRY_SECONDS, probes_for
 from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
 from proxy.engine import Anchor, counter_for_model
@@ -93,6 +94,7 @@ class ExactCounts:
         self.metrics = metrics
         self.client = ProbeClient(settings)
         self.counts: BudgetedAnswers[int] = BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
+        self.responses = ResponsesInputTokens(settings)
         self._states = {name: _State() for name, _ in self.methods}
 
     async def anchor(
@@ -112,15 +114,15 @@ class ExactCounts:
         `REPORTED_SHARE`): the report is as exact, and the calibrated local count of the tail is off by too little
         to pay a request for.
 
-        :param request: The request: its template fields are counted with the messages. Only a chat completion is
-            counted: a Responses request's items are not messages a chat template renders.
+        :param request: The request: its template fields are counted with the messages. A Responses request is
+            counted whole by OpenAI's `/v1/responses/input_tokens`, when `count_probes` names it.
         :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
         :param size: The request body's size in bytes: a body over `MAX_COUNTED_BYTES` is not counted.
         :param usage: The usage report anchoring the view's longest reported prefix, if any.
         """
+        if isinstance(request, ResponsesRequest):
+            return await self._responses_anchor(request, view, tenant, headers)
         if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
-            return None
-        if not isinstance(request, ChatRequest):
             return None
         try:
             fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
@@ -158,9 +160,24 @@ class ExactCounts:
         return {COUNT_HEADER: "exact"} if whole and measured.anchor is measured.exact else {}
 
     async def aclose(self) -> None:
-        """Stop the counts in flight and close the HTTP client."""
+        """Stop the counts in flight and close the HTTP clients."""
         await self.counts.aclose()
         await self.client.aclose()
+        await self.responses.aclose()
+
+    async def _responses_anchor(
+        self, request: ResponsesRequest, view: View, tenant: bytes, headers: Mapping[str, str]
+    ) -> Anchor | None:
+        """The input tokens of what a Responses request forwards (its view), as OpenAI counts them."""
+        if not self.responses.enabled or not view.messages:
+            return None
+        body = request.body
+        if view.changed:
+            items, instructions = request.units.forwarded_items(view.messages)
+            body = {**body, "input": items, **({"instructions": instructions} if instructions is not None else {})}
+        tokens, outcome = await self.responses.count(body, tenant, headers)
+        self.metrics.exact_counts.labels(outcome).inc()
+        return Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None
 
     def _usable(self) -> list[tuple[str, Method]]:
         """The method that answered before, or else every method whose back-off has passed, in setting order."""

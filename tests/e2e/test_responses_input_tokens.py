@@ -11,14 +11,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.chat.exact_counts import COUNT_HEADER
 from proxy.config import Settings
 from proxy.discovery.budgeted import Outcome
 from proxy.discovery.input_tokens import ResponsesInputTokens
 from tests.reliability.conftest import wait_for
+from tests.support.proxies import LoopbackProxies
 
 BODY = {
     "model": "gpt-5",
@@ -141,3 +144,27 @@ async def test_a_slow_count_waits_the_budget_at_most_and_serves_the_next_request
     finally:
         await responses.aclose()
     assert len(server.seen) == 2
+
+
+async def test_the_proxy_decides_a_responses_request_on_openais_count() -> None:
+    body = {"model": "gpt-5", "input": [{"role": "user", "content": "word " * 5000}], "store": False}
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        usage = {"input_tokens": 5100, "output_tokens": 1, "total_tokens": 5101}
+        return web.json_response({"id": "resp_1", "object": "response", "output": [], "usage": usage})
+
+    app = web.Application()
+    app.router.add_post("/v1/responses/input_tokens", counted(5100))
+    app.router.add_post("/v1/responses", respond)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    proxies = LoopbackProxies(upstream=f"http://127.0.0.1:{server.port}", context_windows={"gpt-5": 400_000})
+    try:
+        proxy = await proxies.start(count_probes=["responses_input_tokens"], exact_count_timeout=5.0)
+        async with aiohttp.ClientSession() as session, session.post(proxy.url + "/responses", json=body) as answer:
+            assert answer.status == 200
+            assert answer.headers["X-Compaction-Tokens-Before"] == "5100"
+            assert answer.headers[COUNT_HEADER] == "exact"
+    finally:
+        await proxies.close()
+        await server.close()
