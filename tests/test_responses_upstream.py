@@ -9,6 +9,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from openai.types.responses import (
     Response,
@@ -25,6 +27,8 @@ from tests.support.responses_api import (
     default_responses_responder,
     responses_tool_loop_responder,
 )
+from tests.support.responses_items import check_pairing
+from tests.support.responses_tokens import prompt_sequence, truncate_to_fit
 
 MODEL = "gpt-4.1"
 TOOLS: list[Any] = [
@@ -406,9 +410,9 @@ async def test_the_compact_endpoint_returns_the_user_messages_and_one_compaction
     assert second.usage is not None and window.usage.input_tokens > second.usage.input_tokens
     upstream.responses_responder = default_responses_responder
     follow_up = {"role": "user", "content": "next"}
-    resumed = await client.responses.create(
-        model=MODEL, input=[*[i.model_dump(exclude_none=True) for i in window.output], follow_up], store=False
-    )
+    # The SDK types the listed user messages as output messages, whose parts it expects to be output_text.
+    compacted_window = [item.model_dump(exclude_none=True, warnings=False) for item in window.output]
+    resumed = await client.responses.create(model=MODEL, input=[*compacted_window, follow_up], store=False)
     assert resumed.output_text == "ok 3 items"  # the user message before the compaction item stays seen
     assert resumed.usage is not None and resumed.usage.input_tokens < window.usage.input_tokens
 
@@ -462,3 +466,71 @@ async def test_function_calls_the_responder_names_keep_their_call_ids(
     assert calls[0].call_id == "call_a" and calls[1].call_id.startswith("call_")
     arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     assert arguments == ['{"q": "a"}', '{"q": "b"}']
+
+
+async def test_max_output_tokens_cuts_the_text_and_marks_the_response_incomplete(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = lambda request: ResponsesReply(text="word " * 100, reasoning=True)
+    response = await client.responses.create(model=MODEL, input="talk", max_output_tokens=50)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 50
+    events, streamed_response = await streamed_until(client, "response.incomplete", model=MODEL, input="talk")
+    assert streamed_response.status == "incomplete" and events[-1].type == "response.incomplete"
+
+
+async def streamed_until(client: AsyncOpenAI, last: str, **params: Any) -> tuple[list[Any], Response]:
+    events = [event async for event in await client.responses.create(stream=True, max_output_tokens=50, **params)]
+    assert events[-1].type == last
+    return events, events[-1].response
+
+
+async def test_the_input_tokens_endpoint_counts_what_create_would(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = default_responses_responder
+    params: dict[str, Any] = {"model": MODEL, "instructions": "be brief", "tools": TOOLS, "input": "count me"}
+    counted = await client.responses.input_tokens.count(**params)
+    response = await client.responses.create(**params)
+    assert counted.object == "response.input_tokens"
+    assert response.usage is not None and counted.input_tokens == response.usage.input_tokens
+
+
+def _user(size: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "ask " * size}]
+
+
+def _call(size: int, interrupted: bool, call_id: str) -> list[dict[str, Any]]:
+    """A call and its output, with a user message between them when `interrupted`."""
+    call = {"type": "function_call", "call_id": call_id, "name": "search", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": call_id, "output": "found " * size}
+    return [call, *(_user(3) if interrupted else []), output]
+
+
+conversation_items = st.lists(
+    st.one_of(
+        st.builds(_user, st.integers(1, 60)),
+        st.builds(_call, st.integers(1, 60), st.booleans(), st.uuids().map(lambda u: f"call_{u.hex[:12]}")),
+    ),
+    max_size=12,
+).map(lambda groups: [item for group in groups for item in group])
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=conversation_items, budget=st.integers(0, 600))
+def test_truncation_keeps_the_newest_items_that_fit_never_a_call_without_its_output(
+    items: list[dict[str, Any]], budget: int
+) -> None:
+    before = json.dumps(items)
+    kept = truncate_to_fit("be brief", TOOLS, items, "o200k_base", budget)
+    assert json.dumps(items) == before  # input never mutated
+    if kept:  # a tail of the items, less the outputs of the calls dropped before it
+        start = next(i for i, item in enumerate(items) if item is kept[0])
+        dropped = {item["call_id"] for item in items[:start] if item.get("type") == "function_call"}
+        assert kept == [item for item in items[start:] if item.get("call_id") not in dropped]
+    check_pairing(kept)
+    if kept:
+        assert len(prompt_sequence("be brief", TOOLS, kept, "o200k_base")) <= budget
+    if len(prompt_sequence("be brief", TOOLS, items, "o200k_base")) <= budget:
+        assert kept == items

@@ -18,6 +18,8 @@ routes requests to it, records them and streams the answers (`tests.support.resp
 6. is stored (bounded, oldest forgotten first) unless `store` is false. Ids of issued items are remembered either
    way (bounded too), since the reasoning rules apply to `store: false` conversations as well.
 
+`/v1/responses/input_tokens` answers what a create request would count, without answering it.
+
 `/v1/responses/compact` returns the compacted window: every user message seen, then one compaction item standing
 for the rest (which keeps those user messages seen when the window is sent back), with usage for the pass.
 """
@@ -39,6 +41,7 @@ from tests.support.responses_api import (
     compaction_item,
     default_responses_responder,
     fake_id,
+    limit_reply,
     response_object,
     responses_usage,
 )
@@ -121,13 +124,15 @@ class ResponsesService:
             tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
             compacted = [compaction_item(response_id, tokens, keeps_user_messages=False)]
         model_view = compacted or [dict(item) for item in seen]
-        reply = self.responder({**body, "input": model_view})
+        limit = body.get("max_output_tokens")
+        reply, cut = limit_reply(self.responder({**body, "input": model_view}), limit, encoding_name)
         include = body.get("include") or []
         issued = build_output(
             reply,
             response_id,
             encrypted_reasoning="reasoning.encrypted_content" in include,
             encoding_name=encoding_name,
+            incomplete=cut,
         )
         output = [*compacted, *issued.items]
         compaction_tokens = sum(len(prompt_sequence(None, [], [c], encoding_name)) for c in compacted)
@@ -137,7 +142,18 @@ class ResponsesService:
         self._remember(issued.origins, output if body.get("store", True) else [])
         if body.get("store", True):
             self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
-        return response_object(response_id, body, output, {**usage, **misreport})
+        status, reason = ("incomplete", "max_output_tokens") if cut else ("completed", None)
+        return response_object(
+            response_id, body, output, {**usage, **misreport}, status=status, incomplete_reason=reason
+        )
+
+    def count(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer `/v1/responses/input_tokens`: what a create request with this body would count as input."""
+        _validate_create(body)
+        seen = visible_items(self._conversation(body))
+        encoding_name = encoding_name_for_model(str(body["model"]))
+        sequence = prompt_sequence(body.get("instructions"), body.get("tools") or [], seen, encoding_name)
+        return {"object": "response.input_tokens", "input_tokens": len(sequence)}
 
     def compact(self, body: dict[str, Any]) -> dict[str, Any]:
         """Answer `/v1/responses/compact`: the user messages seen, then one compaction item for the rest."""
@@ -149,7 +165,7 @@ class ResponsesService:
         sequence = prompt_sequence(body.get("instructions"), [], seen, encoding_name)
         if len(sequence) > self._window_for(model):
             raise context_window_error()
-        users = [{**item, "type": "message"} for item in seen if _is_user_message(item)]
+        users = [_as_output_message(item) for item in seen if _is_user_message(item)]
         rest = len(sequence) - len(prompt_sequence(None, [], users, encoding_name))
         response_id = self.new_response_id()
         tokens = max(1, math.ceil(rest / COMPACTION_RATIO))
@@ -205,6 +221,13 @@ class ResponsesService:
 
 def _is_user_message(item: Mapping[str, Any]) -> bool:
     return item_type(item) == "message" and item.get("role") == "user"
+
+
+def _as_output_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A user message as `/compact` lists it: the long form, its text as `input_text` parts."""
+    content = message.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    return {"type": "message", "role": "user", "content": parts}
 
 
 def _validate_create(body: Mapping[str, Any]) -> None:
