@@ -503,7 +503,8 @@ def _user(size: int) -> list[dict[str, Any]]:
 
 def _call(size: int, interrupted: bool, call_id: str) -> list[dict[str, Any]]:
     """A call and its output, with a user message between them when `interrupted`."""
-    call = {"type": "function_call", "call_id": call_id, "name": "search", "arguments": "{}"}
+    arguments = json.dumps({"q": "term " * size})
+    call = {"type": "function_call", "call_id": call_id, "name": "search", "arguments": arguments}
     output = {"type": "function_call_output", "call_id": call_id, "output": "found " * size}
     return [call, *(_user(3) if interrupted else []), output]
 
@@ -517,11 +518,12 @@ conversation_items = st.lists(
 ).map(lambda groups: [item for group in groups for item in group])
 
 
-@settings(max_examples=60, deadline=None)
-@given(items=conversation_items, budget=st.integers(0, 600))
+@settings(max_examples=100, deadline=None)
+@given(items=conversation_items, share=st.floats(0, 1))
 def test_truncation_keeps_the_newest_items_that_fit_never_a_call_without_its_output(
-    items: list[dict[str, Any]], budget: int
+    items: list[dict[str, Any]], share: float
 ) -> None:
+    budget = int(share * len(prompt_sequence("be brief", TOOLS, items, "o200k_base")))
     before = json.dumps(items)
     kept = truncate_to_fit("be brief", TOOLS, items, "o200k_base", budget)
     assert json.dumps(items) == before  # input never mutated
