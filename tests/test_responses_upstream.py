@@ -54,16 +54,9 @@ async def client(upstream: OpenAIUpstream) -> AsyncIterator[AsyncOpenAI]:
         yield sdk
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def post(
-    http: aiohttp.ClientSession, upstream: OpenAIUpstream, body: dict[str, Any], path: str = "/v1/responses"
-) -> tuple[int, Any]:
-    async with http.post(upstream.base_url + path, json=body) as answer:
+async def post(upstream: OpenAIUpstream, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST `body` to /v1/responses over plain HTTP: the status and the parsed JSON answer, byte-level exact."""
+    async with aiohttp.ClientSession() as http, http.post(upstream.base_url + "/v1/responses", json=body) as answer:
         return answer.status, await answer.json()
 
 
@@ -157,12 +150,9 @@ async def test_the_stream_of_a_reasoned_text_answer_is_openais_event_sequence(
     assert response.usage is not None and response.usage.input_tokens > 0
 
 
-async def test_streams_are_sse_with_event_lines_and_no_done_marker(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
-    async with http.post(
-        upstream.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}
-    ) as r:
+async def test_streams_are_sse_with_event_lines_and_no_done_marker(upstream: OpenAIUpstream) -> None:
+    body = {"model": MODEL, "input": "hi", "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(upstream.base_url + "/v1/responses", json=body) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         raw = (await r.read()).decode()
     frames = raw.strip().split("\n\n")
@@ -172,9 +162,7 @@ async def test_streams_are_sse_with_event_lines_and_no_done_marker(
     assert "[DONE]" not in raw
 
 
-async def test_an_output_without_its_call_is_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_an_output_without_its_call_is_refused_with_openais_body(upstream: OpenAIUpstream) -> None:
     body = {
         "model": MODEL,
         "input": [
@@ -182,27 +170,25 @@ async def test_an_output_without_its_call_is_refused_with_openais_body(
             {"type": "function_call_output", "call_id": "call_orphan", "output": "x"},
         ],
     }
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid("No tool call found for function call output with call_id call_orphan."),
     )
 
 
-async def test_a_call_without_its_output_is_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_a_call_without_its_output_is_refused_with_openais_body(upstream: OpenAIUpstream) -> None:
     call = {"type": "function_call", "call_id": "call_open", "name": "search", "arguments": "{}"}
     body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, call, {"role": "user", "content": "and?"}]}
-    assert await post(http, upstream, body) == (400, invalid("No tool output found for function call call_open."))
+    assert await post(upstream, body) == (400, invalid("No tool output found for function call call_open."))
 
 
 async def test_a_call_without_the_reasoning_item_it_came_with_is_refused(
-    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+    upstream: OpenAIUpstream, client: AsyncOpenAI
 ) -> None:
     first = await client.responses.create(model=MODEL, input="find it", store=False)
     reasoning, call = carried(first)
     body = {"model": MODEL, "input": [{"role": "user", "content": "find it"}, call, *answers(first)]}
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(
             f"Item '{call['id']}' of type 'function_call' was provided without its required 'reasoning' item: "
@@ -210,23 +196,23 @@ async def test_a_call_without_the_reasoning_item_it_came_with_is_refused(
         ),
     )
     body["input"][1] = {key: value for key, value in call.items() if key != "id"}  # a client that strips ids
-    assert (await post(http, upstream, body))[0] == 200
+    assert (await post(upstream, body))[0] == 200
 
 
 async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
-    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+    upstream: OpenAIUpstream, client: AsyncOpenAI
 ) -> None:
     upstream.responses_responder = lambda request: ResponsesReply(text="Sure.", reasoning=True)
     first = await client.responses.create(model=MODEL, input="hi", store=False)
     reasoning, message = carried(first)
     user = {"role": "user", "content": "hi"}
     body = {"model": MODEL, "input": [user, reasoning, {"role": "user", "content": "more"}]}
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(f"Item '{reasoning['id']}' of type 'reasoning' was provided without its required following item."),
     )
     body["input"] = [user, message]
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(
             f"Item '{message['id']}' of type 'message' was provided without its required 'reasoning' item: "
@@ -234,7 +220,7 @@ async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
         ),
     )
     body["input"] = [user, reasoning, message, {"role": "user", "content": "more"}]
-    assert (await post(http, upstream, body))[0] == 200
+    assert (await post(upstream, body))[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -273,10 +259,10 @@ async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
     ],
 )
 async def test_malformed_items_are_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession, item: dict[str, Any], expected: dict[str, Any]
+    upstream: OpenAIUpstream, item: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, item]}
-    assert await post(http, upstream, body) == (400, expected)
+    assert await post(upstream, body) == (400, expected)
 
 
 async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstream, client: AsyncOpenAI) -> None:
@@ -299,15 +285,13 @@ async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstrea
     assert response.usage.input_tokens > 85  # the image alone costs 85
 
 
-async def test_an_input_over_the_window_is_refused_with_the_responses_overflow_body(
-    http: aiohttp.ClientSession,
-) -> None:
+async def test_an_input_over_the_window_is_refused_with_the_responses_overflow_body() -> None:
     async with OpenAIUpstream(context_window=300) as upstream:
         fits = {"model": MODEL, "input": "word " * 200}
-        assert (await post(http, upstream, fits))[0] == 200
-        status, body = await post(http, upstream, {**fits, "max_output_tokens": 200})
+        assert (await post(upstream, fits))[0] == 200
+        status, body = await post(upstream, {**fits, "max_output_tokens": 200})
         assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
-        status, body = await post(http, upstream, {**fits, "input": "word " * 400, "stream": True})
+        status, body = await post(upstream, {**fits, "input": "word " * 400, "stream": True})
         assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
 
 
@@ -346,9 +330,7 @@ async def test_cached_tokens_grow_with_a_stable_prefix_and_drop_when_an_early_it
     assert 0 < response.usage.input_tokens_details.cached_tokens < cached[1]
 
 
-async def test_previous_response_id_continues_a_stored_response(
-    client: AsyncOpenAI, upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_previous_response_id_continues_a_stored_response(client: AsyncOpenAI, upstream: OpenAIUpstream) -> None:
     upstream.responses_responder = default_responses_responder
     first = await client.responses.create(model=MODEL, input="hello")
     second = await client.responses.create(model=MODEL, input="again", previous_response_id=first.id)
@@ -357,7 +339,7 @@ async def test_previous_response_id_continues_a_stored_response(
     assert first.usage is not None and second.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     unstored = await client.responses.create(model=MODEL, input="hello", store=False)
-    assert await post(http, upstream, {"model": MODEL, "input": "x", "previous_response_id": unstored.id}) == (
+    assert await post(upstream, {"model": MODEL, "input": "x", "previous_response_id": unstored.id}) == (
         400,
         invalid(
             f"Previous response with id '{unstored.id}' not found.",
@@ -417,9 +399,7 @@ async def test_the_compact_endpoint_returns_the_user_messages_and_one_compaction
     assert resumed.usage is not None and resumed.usage.input_tokens < window.usage.input_tokens
 
 
-async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_output(
-    http: aiohttp.ClientSession,
-) -> None:
+async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_output() -> None:
     seen: list[list[dict[str, Any]]] = []
 
     def record(request: dict[str, Any]) -> ResponsesReply:
@@ -433,8 +413,8 @@ async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_o
         items.append({"type": "function_call_output", "call_id": f"call_{n}", "output": "found " * 40})
     async with OpenAIUpstream(context_window=400, responses_responder=record) as upstream:
         body = {"model": MODEL, "input": items}
-        assert await post(http, upstream, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
-        status, answer = await post(http, upstream, {**body, "truncation": "auto"})
+        assert await post(upstream, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
+        status, answer = await post(upstream, {**body, "truncation": "auto"})
         assert status == 200 and answer["truncation"] == "auto"
         assert answer["usage"]["input_tokens"] <= 400
         kept = seen[-1]
