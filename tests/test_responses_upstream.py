@@ -223,6 +223,36 @@ async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
     assert (await post(upstream, body))[0] == 200
 
 
+async def test_duplicate_ids_and_altered_encrypted_content_are_refused(
+    upstream: OpenAIUpstream, client: AsyncOpenAI
+) -> None:
+    include: Any = ["reasoning.encrypted_content"]
+    first = await client.responses.create(model=MODEL, input="find it", store=False, include=include)
+    user = {"role": "user", "content": "find it"}
+    reasoning, call = carried(first)
+    body = {"model": MODEL, "input": [user, reasoning, call, *answers(first), reasoning]}
+    assert await post(upstream, body) == (
+        400,
+        invalid(
+            f"Duplicate item found with id {reasoning['id']}. Remove duplicate items from your input and try again."
+        ),
+    )
+    content = reasoning["encrypted_content"]
+    altered = {**reasoning, "encrypted_content": content[:-8] + ("A" if content[-8] != "A" else "B") + content[-7:]}
+    body["input"] = [user, altered, call, *answers(first)]
+    assert await post(upstream, body) == (
+        400,
+        invalid(
+            f"The encrypted content for item {reasoning['id']} could not be verified. Reason: Encrypted content could "
+            "not be decrypted or parsed.",
+            None,
+            "invalid_encrypted_content",
+        ),
+    )
+    body["input"] = [user, reasoning, call, *answers(first)]
+    assert (await post(upstream, body))[0] == 200
+
+
 @pytest.mark.parametrize(
     ("item", "expected"),
     [
@@ -251,6 +281,12 @@ async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
         (
             {"type": "function_call", "call_id": "c", "arguments": "{}"},
             invalid("Missing required parameter: 'input[1].name'.", "input[1].name", "missing_required_parameter"),
+        ),
+        (
+            {"type": "function_call", "id": "call_1", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            invalid(
+                "Invalid 'input[1].id': 'call_1'. Expected an ID that begins with 'fc'.", "input[1].id", "invalid_value"
+            ),
         ),
         (
             {"type": "item_reference", "id": "msg_unknown"},

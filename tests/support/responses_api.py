@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 DEFAULT_REASONING_TOKENS = 32
-_REASONING_MAGIC = b"fake-reasoning:"
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def build_output(
         item: dict[str, Any] = {"id": fake_id("rs", response_id), "type": "reasoning", "summary": summary}
         if encrypted_reasoning:
             seed = f"{response_id}:reasoning"
-            item["encrypted_content"] = opaque_blob(_REASONING_MAGIC, seed, reply.reasoning_tokens)
+            item["encrypted_content"] = opaque_blob(f"fake-reasoning:{seed}", reply.reasoning_tokens)
         items.append(item)
         reasoning_tokens = reply.reasoning_tokens + count_text(reply.reasoning_summary, encoding_name)
         output_tokens += reasoning_tokens

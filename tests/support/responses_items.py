@@ -7,7 +7,11 @@ What is checked, each with the error body OpenAI answers (status 400, `type: "in
   code `invalid_value`). Messages need a valid `role` and a `content` string or array of known parts; function and
   custom tool calls need `call_id`, `name` and `arguments`/`input`; their outputs need `call_id` and `output`;
   reasoning items need `summary`; compaction items need `encrypted_content`. Other built-in tool items
-  (`web_search_call`, `computer_call`, `mcp_call`, ...) are accepted as they are.
+  (`web_search_call`, `computer_call`, `mcp_call`, ...) are accepted as they are. An item `id` must begin with its
+  type's prefix (`fc` for function calls, `rs` reasoning, `msg` messages, `cmp` compaction): "Invalid
+  'input[i].id': '{id}'. Expected an ID that begins with 'fc'." (code `invalid_value`).
+- **Unique ids** (param `input`, code null): "Duplicate item found with id {id}. Remove duplicate items from your
+  input and try again.", also when an item repeats one of the stored response that `previous_response_id` names.
 - **Pairing** (param `input`, code null), as OpenAI words it:
   "No tool call found for function call output with call_id {call_id}." for an output before (or without) its call,
   "No tool output found for function call {call_id}." for a call with no output after it. Custom tool calls get
@@ -36,6 +40,7 @@ __all__ = [
     "ItemOrigin",
     "check_pairing",
     "check_reasoning",
+    "check_unique_ids",
     "item_shape",
     "item_type",
     "normalize_input",
@@ -47,6 +52,8 @@ CONTENT_PART_TYPES = ("input_file", "input_image", "input_text", "output_text", 
 
 CALL_OUTPUT_TYPES = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 """Each client-run tool's output type, mapped to the call type it answers by `call_id`."""
+
+_ID_PREFIXES = {"function_call": "fc", "reasoning": "rs", "message": "msg", "compaction": "cmp"}
 
 _CALL_WORDS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
 
@@ -139,6 +146,7 @@ def validate_items(items: Sequence[Any]) -> None:
         kind = item_type(item)
         if kind not in ITEM_TYPES:
             raise _invalid_value(kind, ITEM_TYPES, f"{where}.type" if "type" in item else where)
+        _validate_id(where, kind, item.get("id"))
         for field in _REQUIRED_STRINGS.get(kind, ()):
             if not isinstance(item.get(field), str):
                 raise missing_parameter(f"{where}.{field}")
@@ -148,6 +156,33 @@ def validate_items(items: Sequence[Any]) -> None:
             raise missing_parameter(f"{where}.output")
         elif kind == "reasoning" and not isinstance(item.get("summary"), list):
             raise missing_parameter(f"{where}.summary")
+
+
+def _validate_id(where: str, kind: str, item_id: Any) -> None:
+    prefix = _ID_PREFIXES.get(kind)
+    if item_id is None or prefix is None:
+        return
+    if not isinstance(item_id, str) or not item_id.startswith(prefix):
+        raise OpenAIError(
+            f"Invalid '{where}.id': '{item_id}'. Expected an ID that begins with '{prefix}'.",
+            param=f"{where}.id",
+            code="invalid_value",
+        )
+
+
+def check_unique_ids(items: Sequence[Mapping[str, Any]]) -> None:
+    """No two items share an `id` (item references aside, whose `id` names another item)."""
+    seen: set[str] = set()
+    for item in items:
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or item_type(item) == "item_reference":
+            continue
+        if item_id in seen:
+            raise OpenAIError(
+                f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+                param="input",
+            )
+        seen.add(item_id)
 
 
 def _validate_message(where: str, message: Mapping[str, Any]) -> None:

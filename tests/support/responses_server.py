@@ -3,7 +3,10 @@
 `ResponsesService` takes parsed bodies and returns `response` objects (or raises `OpenAIError`); `OpenAIUpstream`
 routes requests to it, records them and streams the answers (`tests.support.responses_stream`). A create request:
 
-1. is validated (`tests.support.responses_items`: shape, pairing and reasoning rules, with OpenAI's error bodies);
+1. is validated (`tests.support.responses_items`: shape, unique ids, pairing and reasoning rules, with OpenAI's
+   error bodies), and every `encrypted_content` must be one this fake issued, unaltered: "The encrypted content for
+   item {id} could not be verified. Reason: Encrypted content could not be decrypted or parsed." (param null, code
+   `invalid_encrypted_content`);
 2. continues a stored response when it names `previous_response_id`: that response's seen input and output come
    first ("Previous response with id '{id}' not found." with code `previous_response_not_found` otherwise);
    `item_reference` items are replaced by the stored item they name ("Item with id '{id}' not found." otherwise);
@@ -45,8 +48,15 @@ from tests.support.responses_api import (
     response_object,
     responses_usage,
 )
-from tests.support.responses_items import ItemOrigin, check_pairing, check_reasoning, item_type, normalize_input
-from tests.support.responses_tokens import prompt_sequence, truncate_to_fit, visible_items
+from tests.support.responses_items import (
+    ItemOrigin,
+    check_pairing,
+    check_reasoning,
+    check_unique_ids,
+    item_type,
+    normalize_input,
+)
+from tests.support.responses_tokens import opaque_header, prompt_sequence, truncate_to_fit, visible_items
 
 __all__ = ["COMPACTION_RATIO", "ResponsesService", "context_window_error"]
 
@@ -193,8 +203,10 @@ class ResponsesService:
                     code="previous_response_not_found",
                 )
             items = [*self._stored[previous], *items]
+        check_unique_ids(items)
         check_pairing(items)
         check_reasoning(items, self._origins)
+        _check_encrypted_content(items)
         return items
 
     def _resolve(self, item: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +229,22 @@ class ResponsesService:
         table.move_to_end(key)
         while len(table) > bound:
             table.popitem(last=False)
+
+
+def _check_encrypted_content(items: list[dict[str, Any]]) -> None:
+    """Refuse `encrypted_content` this fake did not issue, or altered, as OpenAI refuses what it cannot decrypt."""
+    for item in items:
+        content = item.get("encrypted_content")
+        if item_type(item) not in ("reasoning", "compaction") or content is None:
+            continue
+        if not isinstance(content, str) or opaque_header(content) is None:
+            text = str(content)
+            named = f"for item {item['id']}" if isinstance(item.get("id"), str) else f"{text[:4]}...{text[-4:]}"
+            raise OpenAIError(
+                f"The encrypted content {named} could not be verified. Reason: Encrypted content could not be "
+                "decrypted or parsed.",
+                code="invalid_encrypted_content",
+            )
 
 
 def _is_user_message(item: Mapping[str, Any]) -> bool:
