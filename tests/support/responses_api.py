@@ -93,8 +93,9 @@ def responses_tool_loop_responder(
 
     Each step makes up to `parallel` calls (never more than `steps` in all since the latest user message the model
     sees), preceded by a reasoning item when `reasoning`. The final text defaults to "done: <n> tool calls".
-    Arguments default to `{"step": s, "call": k}`. Call ids derive only from the conversation, so a replayed request
-    gets the same ones.
+    Arguments default to `{"step": s, "call": k}`. Call ids derive only from the conversation (the latest user
+    message, and the first item seen, which after a compaction is the compaction item), so a replayed request gets
+    the same ones and a new window new ones.
     """
 
     def respond(request: dict[str, Any]) -> ResponsesReply:
@@ -107,7 +108,7 @@ def responses_tool_loop_responder(
             return ResponsesReply(text=text, reasoning=reasoning, reasoning_summary="Answering." if reasoning else "")
         step = answered + 1
         turn = sum(1 for item in items if _is_user_message(item))
-        anchor = _text(items[last_user]) if last_user >= 0 else ""
+        anchor = (_text(items[last_user]) if last_user >= 0 else "", items[0].get("id") if items else None)
         calls = tuple(
             FunctionCall(
                 name=tool_name,

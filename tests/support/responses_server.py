@@ -129,10 +129,11 @@ class ResponsesService:
             raise context_window_error()
         cached = self._cache.cached_tokens(model, sequence)
         compacted: list[dict[str, Any]] = []
+        compaction_tokens = 0
         threshold = _compact_threshold(body)
         if threshold is not None and len(sequence) > threshold:
-            tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
-            compacted = [compaction_item(response_id, tokens, keeps_user_messages=False)]
+            compaction_tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
+            compacted = [compaction_item(response_id, compaction_tokens, keeps_user_messages=False)]
         model_view = compacted or [dict(item) for item in seen]
         limit = body.get("max_output_tokens")
         reply, cut = limit_reply(self.responder({**body, "input": model_view}), limit, encoding_name)
@@ -145,7 +146,6 @@ class ResponsesService:
             incomplete=cut,
         )
         output = [*compacted, *issued.items]
-        compaction_tokens = sum(len(prompt_sequence(None, [], [c], encoding_name)) for c in compacted)
         usage = responses_usage(
             len(sequence), cached, issued.output_tokens + compaction_tokens, issued.reasoning_tokens
         )
