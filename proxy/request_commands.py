@@ -1,7 +1,8 @@
 """`compaction-proxy count` and `compaction-proxy compact`: the engine run on one request body, no server.
 
 Useful on their own (how big is this request? what would the proxy send?) and for debugging a compaction: both
-read a chat-completion request body from a file or stdin and decide exactly as the proxy would.
+read a request body from a file or stdin, a chat completion (`messages`) or a Responses API request (`input`), told
+apart by its shape, and decide exactly as the proxy would.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
+
+import orjson
 
 from proxy.chat.request import ChatRequest, InvalidChatRequest
 from proxy.config import load_settings
@@ -25,6 +28,7 @@ from proxy.engine import (
     compact_if_needed,
     counter_for_model,
 )
+from proxy.responses.request import ResponsesRequest
 
 USAGE_ERROR = 2
 
@@ -38,7 +42,9 @@ class CommandError(Exception):
 
 def add_count(subcommands: Any) -> None:
     """Register `count`: print the token count of a request body."""
-    count = subcommands.add_parser("count", help="print the token count of a chat-completion request body")
+    count = subcommands.add_parser(
+        "count", help="print the token count of a request body (chat completion or Responses API)"
+    )
     _add_common_arguments(count)
     count.set_defaults(handler=_reporting_errors(count_command))
 
@@ -72,7 +78,7 @@ def count_command(args: argparse.Namespace) -> int:
     """Print the request's token count on stdout, and its breakdown on stderr."""
     request, counter = _load(args)
     message_tokens = counter.messages_tokens(request.messages)
-    overhead = counter.overhead_tokens(request.body)
+    overhead = counter.overhead_tokens(request.overhead_fields)
     print(message_tokens + overhead, file=sys.stdout)
     print(
         f"{len(request.messages)} messages: {message_tokens} tokens; tools and priming: {overhead} tokens "
@@ -98,14 +104,18 @@ def compact_command(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     request, counter = _load(args)
     transcript = Transcript(request.messages, counter)
-    outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.body))
+    outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields))
     result = outcome.result
     if result is None:
         sys.stdout.write(args.raw.decode("utf-8", "replace"))
         state = "under the trigger" if not outcome.decision.compact else "nothing could be removed"
         print(f"tokens {outcome.decision.estimated_tokens}: unchanged ({state})", file=sys.stderr)
         return 0
-    sys.stdout.write(request.with_messages(result.plan.apply_messages(request.messages)).decode())
+    messages = result.plan.apply_messages(request.messages)
+    if isinstance(request, ResponsesRequest):
+        sys.stdout.write(request.forwarded(args.raw, messages).decode())
+    else:
+        sys.stdout.write(request.with_messages(messages).decode())
     sys.stdout.write("\n")
     replaced = sum(1 for entry in result.plan.created() if entry.replaces is not None)
     print(
@@ -118,18 +128,27 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace) -> tuple[ChatRequest, TokenCounter]:
+def _load(args: argparse.Namespace) -> tuple[ChatRequest | ResponsesRequest, TokenCounter]:
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as error:
         raise CommandError(f"cannot read {args.file}: {error.strerror}") from None
     args.raw = raw
     try:
-        request = ChatRequest.parse(raw)
+        request = ResponsesRequest.parse(raw) if _is_responses_body(raw) else ChatRequest.parse(raw)
     except InvalidChatRequest as error:
         raise CommandError(str(error)) from None
     counter: TokenCounter = ApproximateCounter() if args.approximate else counter_for_model(request.model)
     return request, counter
+
+
+def _is_responses_body(raw: bytes) -> bool:
+    """Whether the body is a Responses API request: an object with `input` and no `messages`."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(body, dict) and "input" in body and "messages" not in body
 
 
 def _reporting_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -20,6 +20,7 @@ from hooks.compaction.compactors import (
 )
 from hooks.compaction.counters import ApproximateTokenCounter, HaystackCounterAdapter, TiktokenTokenCounter
 from hooks.compaction.hook import CompactionHook
+from hooks.compaction.offload import ToolResultOffloadCompactor
 from hooks.compaction.summarizer import ChatGeneratorSummarizer, SummarizationCompactor
 
 allow_deserialization_module("hooks.compaction")
@@ -36,5 +37,6 @@ __all__ = [
     "SlidingWindowCompactor",
     "SummarizationCompactor",
     "TiktokenTokenCounter",
+    "ToolResultOffloadCompactor",
     "ToolResultPruningCompactor",
 ]

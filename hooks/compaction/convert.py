@@ -12,6 +12,7 @@ answering the same `ToolCall`).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ class MessageCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._by_dict: dict[int, ChatMessage] = {}
         self._lock = threading.Lock()
+        with _LIVE_LOCK:
+            _LIVE_CACHES.add(self)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,6 +120,25 @@ class MessageCache:
             _, evicted = self._entries.popitem(last=False)
             self._by_dict.pop(id(evicted.openai), None)
         return entry
+
+
+_LIVE_CACHES: weakref.WeakSet[MessageCache] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def original_message(openai: Message) -> ChatMessage | None:
+    """The `ChatMessage` any live cache converted `openai` from, or None.
+
+    A strategy sees only dicts, and some content (images, files, a tool result's error flag) exists only on the
+    original.
+    """
+    with _LIVE_LOCK:
+        caches = list(_LIVE_CACHES)
+    for cache in caches:
+        message = cache.original(openai)
+        if message is not None:
+            return message
+    return None
 
 
 def to_openai(message: ChatMessage) -> dict[str, Any]:

@@ -25,7 +25,12 @@ from haystack.utils.deserialization import deserialize_component_inplace
 
 from hooks.compaction.compactors import EngineCompactor
 from hooks.compaction.convert import MessageCache, apply_plan, last_assistant_index
-from hooks.compaction.counters import ApproximateTokenCounter, engine_counter, overhead_tokens
+from hooks.compaction.counters import (
+    ApproximateTokenCounter,
+    HaystackCounterAdapter,
+    engine_counter,
+    overhead_tokens,
+)
 from proxy.engine import Anchor, Calibration, CompactionResult, Decision, Thresholds, Transcript, decide
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,7 @@ class _Prepared:
     transcript: Transcript
     decision: Decision
     context_tokens: int
+    overhead_tokens: int
 
 
 class CompactionHook:
@@ -189,7 +195,38 @@ class CompactionHook:
         self._tag(decision)
         if not decision.compact:
             return None
-        return _Prepared(messages, transcript, decision, context_tokens)
+        overhead = decision.overhead_tokens
+        if anchor is not None:
+            overhead = self._reported_overhead(messages, transcript, decision)
+        return _Prepared(messages, transcript, decision, context_tokens, overhead)
+
+    def _reported_overhead(self, messages: list[ChatMessage], transcript: Transcript, decision: Decision) -> int:
+        """What the provider's count holds beyond the messages, as Haystack's hook works it out (and warns about).
+
+        The estimate less the counter's count of all the messages: tool schemas and chat-template overhead, or less
+        than nothing when the counter counts more than the provider did, which the operator is told about.
+        """
+        message_tokens = self._list_tokens(messages, transcript, len(messages))
+        if message_tokens > decision.estimated_tokens:
+            logger.warning(
+                "The TokenCounter estimated more tokens for the messages (%d) than the estimated total context size "
+                "(%d), which anchors on the provider's own count. %s may be overestimating; a counter closer to the "
+                "model's tokenizer sizes the compaction target better.",
+                message_tokens,
+                decision.estimated_tokens,
+                type(self.token_counter).__name__,
+            )
+        return decision.estimated_tokens - round(decision.scale * message_tokens)
+
+    def _list_tokens(self, messages: list[ChatMessage], transcript: Transcript, end: int) -> int:
+        """The counter's count of `messages[:end]` as one list, which `transcript` (of `messages`) counted per message.
+
+        Ours count a list as the sum of its messages, known from the transcript. A foreign counter is asked about the
+        list, as Haystack's hook asks it: its count of a list need not be the sum of its counts of each message.
+        """
+        if isinstance(self._counter, HaystackCounterAdapter):
+            return self.token_counter.count(messages=messages[:end])
+        return transcript.tokens_of(range(end))
 
     def _calibrate(self, reported: list[ChatMessage], reported_tokens: int, tools: ToolsType | None) -> None:
         """Compare the provider's count of the reported messages with the counter's, as the proxy does."""
@@ -271,11 +308,8 @@ class CompactionHook:
             # Re-estimate what the provider's count would cover: through the last assistant message, overhead
             # included. Counting the tool results after it too would have a second hook count them twice.
             last = last_assistant_index(compacted)
-            accounted = range(len(compacted) if last < 0 else last + 1)
-            decision = prepared.decision
-            state.set(
-                "context_tokens", round(decision.scale * transcript.tokens_of(accounted)) + decision.overhead_tokens
-            )
+            accounted = self._list_tokens(compacted, transcript, len(compacted) if last < 0 else last + 1)
+            state.set("context_tokens", round(prepared.decision.scale * accounted) + prepared.overhead_tokens)
         logger.debug(
             "Compacted the Agent's conversation at step %s from %d to %d messages, targeting %d tokens.",
             state.data.get("step_count", 0),

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
+
+
+class Api(StrEnum):
+    """The wire format of a request compaction sees."""
+
+    CHAT = "chat_completions"
+    """`POST /v1/chat/completions`: `messages`."""
+    RESPONSES = "responses"
+    """`POST /v1/responses`: `instructions` and `input` items."""
 
 
 @dataclass(frozen=True)
@@ -21,11 +31,13 @@ class IncomingChat:
     :param body: The raw request body, exactly as received.
     :param headers: The client's request headers (case-insensitive mapping).
     :param path: The request path, e.g. `/v1/chat/completions` or an Azure deployment path.
+    :param api: The wire format, from the path.
     """
 
     body: bytes
     headers: Mapping[str, str]
     path: str
+    api: Api = Api.CHAT
 
 
 @dataclass
@@ -68,16 +80,20 @@ class ChatOutcome:
     """What the upstream answered to a forwarded chat completion.
 
     :param status: The upstream's HTTP status.
-    :param usage: The `usage` object the upstream reported (final chunk when streaming), if any.
+    :param usage: The `usage` object the upstream reported (final chunk when streaming), if any, with a chat
+        completion's field names (a Responses API usage is renamed; see `proxy.responses.answers`).
     :param reply: The assistant message of the first choice, reassembled from the deltas when streaming:
-        `{"role": "assistant", "content": ..., "tool_calls": [...]}`; None when there was none.
+        `{"role": "assistant", "content": ..., "tool_calls": [...]}` (a response's output items as the engine sees
+        them); None when there was none.
     :param error_body: The parsed JSON error body of a non-2xx answer, if it was JSON.
+    :param response_id: The id of a Responses API answer, which a later request may continue from.
     """
 
     status: int
     usage: Mapping[str, Any] | None = None
     reply: Mapping[str, Any] | None = None
     error_body: Mapping[str, Any] | None = None
+    response_id: str | None = None
 
 
 class ChatCompaction(Protocol):

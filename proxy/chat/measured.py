@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from proxy.chat.request import ChatRequest
 from proxy.chat.rewrites import View
 from proxy.engine import Anchor, Calibration, Decision, Thresholds, TokenCounter, Transcript, calibrated_decision
 
@@ -22,7 +23,7 @@ class Measured:
 
 def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and handed to a worker thread
     view: View,
-    request: ChatRequest,
+    overhead_fields: Mapping[str, Any],
     counter: TokenCounter,
     thresholds: Thresholds,
     anchor: Anchor | None,
@@ -31,9 +32,10 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
 ) -> Measured:
     """Count what the decision needs and decide (CPU work, run off the event loop for large requests).
 
+    :param overhead_fields: The request's fields the engine counts besides the messages (the tools).
     :param counted: The view's counts already made (for a known request extended), by position.
     """
     transcript = Transcript(view.messages, counter, view.meta, tokens=counted, keys=view.keys)
-    overhead = counter.overhead_tokens(request.body)
+    overhead = counter.overhead_tokens(overhead_fields)
     decision = calibrated_decision(transcript, thresholds, overhead, anchor, calibration=calibration)
     return Measured(transcript, thresholds, decision, overhead, anchor)

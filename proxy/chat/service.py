@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.compacting import Compacting
+from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
-from proxy.chat.measured import Measured, measure
+from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import name_key, shown
 from proxy.chat.off_loop import OffLoop
@@ -46,17 +47,17 @@ from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     CompactionChain,
     CompactionResult,
-    Outcome,
     Summarization,
     Thresholds,
     Transcript,
     chain_by_names,
     counter_for_model,
-    decide,
 )
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
+from proxy.responses.request import ResponsesRequest
+from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
 from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
 
@@ -73,13 +74,14 @@ class _Exchange:
 
     scope: bytes
     tenant: bytes
-    request: ChatRequest
+    request: ChatRequest | ResponsesRequest
     model: str | None
     window: int | None
     size: int
     chain: list[bytes] = field(default_factory=list)
     estimate: Estimate | None = None
     retried: bool = False
+    provider_state: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     turn: Turn = field(default_factory=Turn)
 
@@ -118,10 +120,14 @@ class ChatCompactionService:
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
+        self.provider_chains = ProviderChains(self.store, settings.provider_state, settings.compact_at)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
+        self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
+        self.observing = Compacting(self.chain, None, settings.summary_start_at)
+        """Observe mode decides as enforce does, but writes no summary."""
         self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
 
     def register_metrics(self, registry: Any) -> None:
@@ -150,34 +156,58 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        caller = Caller.of(headers, self.settings)
-        extension = await self.splices.recognize(caller.scope, chat.body, self.off_loop) if self.splices else None
+        caller = Caller.of(headers, self.settings, chat.api)
+        splices = self.splices if chat.api is Api.CHAT else None
+        extension = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else None
         try:
-            request = extension.request if extension else await self._parse(chat.body)
+            request = extension.request if extension else await self._parse(chat.body, chat.api)
         except InvalidChatRequest:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels("unparsed").inc()
             return ForwardPlan(body=chat.body)
         except RequestOverLimit as over:
             self.metrics.requests.labels("refused").inc()
-            return Refusal(400, str(over), over.code, param="messages")
+            return Refusal(400, str(over), over.code, param="input" if chat.api is Api.RESPONSES else "messages")
         try:
+            if isinstance(request, ResponsesRequest) and request.stateful:
+                return await self._prepare_provider_state(chat, request, headers, caller)
             plan = await self._prepare(chat, request, headers, caller, extension)
         except Exception as error:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        if self.splices is not None and isinstance(exchange := plan.context, _Exchange):
-            await self.splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
+        if splices is not None and isinstance(exchange := plan.context, _Exchange):
+            assert isinstance(exchange.request, ChatRequest)
+            await splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
         return plan
 
-    async def _parse(self, raw: bytes) -> ChatRequest:
-        return await self.off_loop.run(len(raw), lambda: ChatRequest.parse(raw, self.limits))
+    async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest:
+        parse = ResponsesRequest.parse if api is Api.RESPONSES else ChatRequest.parse
+        return await self.off_loop.run(len(raw), lambda: parse(raw, self.limits))
+
+    async def _prepare_provider_state(
+        self, chat: IncomingChat, request: ResponsesRequest, headers: Mapping[str, str], caller: Caller
+    ) -> ForwardPlan:
+        """A Responses request whose history the provider keeps (see `proxy.responses.stateful`)."""
+        model = request.model
+        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
+        window = resolved.tokens if resolved else None
+        exchange = _Exchange(caller.scope, caller.tenant, request, model, window, len(chat.body), provider_state=True)
+        counter = counter_for_model(model)
+        body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
+        self.metrics.requests.labels("provider_state").inc()
+        observed = self.mode is Mode.OBSERVE
+        return ForwardPlan(
+            body=chat.body if observed else body,
+            response_headers={"X-Compaction": "provider-state" if observed else state},
+            stream=request.stream,
+            context=exchange,
+        )
 
     async def _prepare(
         self,
         chat: IncomingChat,
-        request: ChatRequest,
+        request: ChatRequest | ResponsesRequest,
         headers: Mapping[str, str],
         caller: Caller,
         extension: Extension | None,
@@ -199,17 +229,19 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
 
         counter = counter_for_model(model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
         measured = await self._work(
-            exchange, lambda: measure(view, request, counter, thresholds, anchor, calibration, known)
+            exchange, lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known)
         )
         exchange.turn.counted = measured.transcript.counted()
-        context = SummaryContext(scope, chat.path, request.body, headers, view.chain)
-        outcome = await self._compaction(exchange, measured, context)
-        exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
+        units = request.units if isinstance(request, ResponsesRequest) else None
+        context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
+        compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
+        outcome = await compacting.outcome(measured, context, lambda work: self._work(exchange, work, whole=True))
+        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
@@ -245,43 +277,6 @@ class ChatCompactionService:
         messages, size = exchange.request.messages, exchange.size
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
-    async def _compaction(self, exchange: _Exchange, measured: Measured, context: SummaryContext) -> Outcome:
-        """Compact when the decision says so: a summary first when one is configured, then the chain.
-
-        Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in
-        the background, so it is ready when the trigger is reached.
-        """
-        transcript, decision = measured.transcript, measured.decision
-        summaries = self.summaries if self.mode is Mode.ENFORCE else None
-        if not decision.compact:
-            if summaries is not None:
-                self._summarize_ahead(summaries, measured, context)
-            return Outcome(decision)
-        summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
-        if summary is None:
-            compact = lambda: self.chain.compact(transcript, decision.target_tokens)  # noqa: E731
-            return Outcome(decision, await self._work(exchange, compact, whole=True))
-        summarized = transcript.edited(summary)
-        rest = await self._work(exchange, lambda: self.chain.compact(summarized, decision.target_tokens), whole=True)
-        result = CompactionResult(
-            plan=summary if rest is None else summary.then(rest.plan),
-            compacted=summarized if rest is None else rest.compacted,
-            tokens_before=transcript.total(),
-            tokens_after=summarized.total() if rest is None else rest.tokens_after,
-            strategies=(Summarization.name, *(rest.strategies if rest else ())),
-        )
-        return Outcome(decision, result)
-
-    def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
-        """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
-        thresholds = measured.thresholds
-        ahead = Thresholds(thresholds.context_window, self.settings.summary_start_at, thresholds.compact_to)
-        if measured.decision.estimated_tokens < ahead.trigger_tokens:
-            return
-        early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
-        if early.compact:
-            summaries.start(context, measured.transcript, early.target_tokens)
-
     async def _forward(
         self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
     ) -> ForwardPlan:
@@ -290,11 +285,14 @@ class ChatCompactionService:
         :param chain: The chain of what is sent, when already known; computed here otherwise.
         """
         request = exchange.request
-        ask_usage = request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
+        chat = isinstance(request, ChatRequest)
+        ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
         def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
+            if isinstance(request, ResponsesRequest):
+                return request.forwarded(raw, messages), None, sent_chain
             return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
 
         whole = messages is not None and not exchange.turn.splices(messages)
@@ -314,6 +312,10 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
+                if outcome.response_id is not None:
+                    await self.provider_chains.learn(exchange.scope, outcome.response_id, outcome.usage)
+                if exchange.provider_state:
+                    return None
                 counter = counter_for_model(exchange.model)
                 await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
                 return None
@@ -325,22 +327,27 @@ class ChatCompactionService:
 
     async def _retry_after_overflow(self, exchange: _Exchange, outcome: ChatOutcome) -> ForwardPlan | None:
         overflow = context_overflow(outcome.status, outcome.error_body)
-        if overflow is None or exchange.retried or self.mode is Mode.OBSERVE:
-            return None
-        window, learned = exchange.window, False
-        if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
-            window, learned = overflow.window, True
-        if window is None:
+        if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
         request = exchange.request
         view = await self._view(exchange)
         counter = counter_for_model(exchange.model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
+        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+        overhead = counter.overhead_tokens(request.overhead_fields)
+        stated = overflow.window
+        if stated is None:
+            # An error that states no window (the Responses API's) still says the window is below what was sent.
+            stated = round(scale * (await self._work(exchange, transcript.total, whole=True) + overhead))
+        window, learned = exchange.window, False
+        if self.windows.learn(exchange.model, stated, exchange.tenant):
+            window, learned = stated, True
+        if window is None:
+            return None
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
 
         def compact() -> CompactionResult | None:
-            target = int(thresholds.target_tokens(round(scale * counter.overhead_tokens(request.body))) / scale)
-            return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+            return self.chain.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
 
         result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()

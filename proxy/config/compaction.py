@@ -6,9 +6,10 @@ from typing import Final
 
 from pydantic import BaseModel, Field, field_validator
 
-from proxy.config.kinds import Mode
+from proxy.config.kinds import Mode, ProviderState
+from proxy.engine.strategies.registry import DEFAULT_CHAIN
 
-DEFAULT_STRATEGIES: Final = ("tool_result_pruning", "sliding_window", "middle_out")
+DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
 
 WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
 """Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
@@ -106,6 +107,16 @@ class CompactionSettings(BaseModel):
         description=(
             "Most content parts (entries of list contents: text, images, files, audio) a chat request may hold over all"
             " its messages; more is answered 400 (`too_many_content_parts`)."
+        ),
+    )
+    provider_state: ProviderState = Field(
+        default=ProviderState.OFF,
+        description=(
+            "For Responses API conversations kept at the provider (`previous_response_id` or `conversation`), whose"
+            " history the proxy cannot rewrite: what to ask of the provider once its reported usage for the chain"
+            " passes `compact_at` and the client set no context management of its own. `off` forwards as sent;"
+            " `compaction` adds `context_management` (server-side compaction at `compact_at` of the window, for"
+            " upstreams that offer it, such as OpenAI); `truncation` adds `truncation: auto`."
         ),
     )
     rewrite_memory: bool = Field(

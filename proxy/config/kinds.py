@@ -36,6 +36,21 @@ class Mode(StrEnum):
     """Decide and report (metrics, logs) as in enforce mode, but forward every request unchanged."""
 
 
+class ProviderState(StrEnum):
+    """What the proxy asks of a provider keeping a Responses conversation's history, once it passes `compact_at`.
+
+    With `previous_response_id` or `conversation` the history is at the provider, out of the proxy's reach.
+    """
+
+    OFF = "off"
+    """Nothing: forward every request as sent."""
+    COMPACTION = "compaction"
+    """Ask the provider to compact on its side: `context_management` with `compact_threshold` at `compact_at` of the
+    window (OpenAI's Responses API; an upstream without it rejects the field)."""
+    TRUNCATION = "truncation"
+    """Ask the provider to drop the oldest items itself: `truncation: auto`."""
+
+
 class LogFormat(StrEnum):
     """How log lines are written."""
 

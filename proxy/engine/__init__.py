@@ -12,12 +12,15 @@ from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
     CompactionChain,
     CompactionResult,
+    MemoryOffloadStore,
     MiddleOut,
+    OffloadStore,
     SlidingWindow,
     Strategy,
     Summarization,
     Summarizer,
     SummaryRequest,
+    ToolResultOffload,
     ToolResultPruning,
 )
 from proxy.engine.strategies.registry import DEFAULT_CHAIN, STRATEGY_NAMES, chain_by_names
@@ -37,7 +40,9 @@ __all__ = [
     "Decision",
     "EditPlan",
     "Kept",
+    "MemoryOffloadStore",
     "MiddleOut",
+    "OffloadStore",
     "Outcome",
     "SlidingWindow",
     "Strategy",
@@ -47,6 +52,7 @@ __all__ = [
     "Thresholds",
     "TiktokenCounter",
     "TokenCounter",
+    "ToolResultOffload",
     "ToolResultPruning",
     "Transcript",
     "calibrated_decision",

@@ -23,6 +23,7 @@ from proxy.engine.bounded import BoundedCache
 from proxy.engine.encodings import get_encoding
 from proxy.engine.images import image_tokens
 from proxy.engine.messages import (
+    OPAQUE_PART,
     Message,
     MessageKey,
     content_parts,
@@ -243,6 +244,10 @@ def _media_tokens(parts: Sequence[Mapping[str, Any]]) -> int:
             tokens += DEFAULT_AUDIO_TOKENS
         elif kind == "file":
             tokens += DEFAULT_FILE_TOKENS
+        elif kind == OPAQUE_PART:
+            counted = part.get("tokens")
+            if isinstance(counted, int) and not isinstance(counted, bool) and counted > 0:
+                tokens += counted
     return tokens
 
 

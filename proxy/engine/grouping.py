@@ -4,7 +4,8 @@
 - The *current task*: anchored by the latest real user message (one compaction did not create).
 - *Historical turns*: each real user message before the current task, with everything up to the next one.
 - *Agent steps*: an assistant message with all the tool results that immediately follow it (parallel calls
-  included), so a tool call is never separated from its results.
+  included), so a tool call is never separated from its results; an assistant message marked `CONTINUES_STEP`
+  (the rest of the same model response) joins the step before it.
 
 Turns and steps are the units compactors remove: kept or dropped whole, which is what keeps every tool result with
 its call and every call with all its results.
@@ -12,7 +13,7 @@ its call and every call with all its results.
 
 from __future__ import annotations
 
-from proxy.engine.messages import INSTRUCTION_ROLES, TOOL_RESULT_ROLES
+from proxy.engine.messages import CONTINUES_STEP, INSTRUCTION_ROLES, TOOL_RESULT_ROLES
 from proxy.engine.transcript import Transcript
 
 Group = list[int]
@@ -55,7 +56,11 @@ def agent_step_groups(transcript: Transcript, start: int, end: int | None = None
         step_end = index + 1
         while step_end < stop and transcript.role(step_end) in TOOL_RESULT_ROLES:
             step_end += 1
-        groups.append(list(range(index, step_end)))
+        continues = transcript.messages[index].get(CONTINUES_STEP) is True
+        if continues and groups and groups[-1][-1] == index - 1:
+            groups[-1].extend(range(index, step_end))
+        else:
+            groups.append(list(range(index, step_end)))
         index = step_end
     return groups
 

@@ -21,6 +21,19 @@ Message = Mapping[str, Any]
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
 TOOL_RESULT_ROLES = frozenset({"tool", "function"})
 
+OPAQUE_PART = "opaque"
+"""A content part a front end adds for something the model reads but the engine cannot see into (an encrypted
+reasoning item, a provider's compaction item): `{"type": "opaque", "tokens": n, ...}` costs its `tokens`, is never cut
+or rewritten, and its other fields only tell one part from another."""
+
+CHECKPOINT = "checkpoint"
+"""An opaque part with `"checkpoint": true` stands for everything before its message (a provider's compaction item):
+what lies between the leading instructions and the latest checkpoint can go without losing anything."""
+
+CONTINUES_STEP = "_continues_step"
+"""An assistant message with this field set to True continues the Agent step before it (another part of the same
+model response, after the results of its first calls), so the two are kept or removed together."""
+
 MessageKey = bytes
 """A stable 16-byte digest of a message's normalized form (see `message_key`).
 
@@ -55,6 +68,11 @@ def tool_name_of_call(call: Mapping[str, Any]) -> str:
     function = call.get("function")
     name = function.get("name") if isinstance(function, Mapping) else None
     return name if isinstance(name, str) else ""
+
+
+def is_checkpoint(message: Message) -> bool:
+    """Whether the message carries a checkpoint (see `CHECKPOINT`)."""
+    return any(part.get("type") == OPAQUE_PART and part.get(CHECKPOINT) is True for part in content_parts(message))
 
 
 def content_texts(message: Message) -> Iterator[str]:

@@ -22,13 +22,13 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
-from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
+from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, answered, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
@@ -66,10 +66,11 @@ def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
     log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
 
 
-async def _prepare(request: web.Request, body: bytes) -> ForwardPlan | Refusal | None:
+async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan | Refusal | None:
     """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed."""
     try:
-        plan = await request.app[CHAT].prepare(IncomingChat(body=body, headers=request.headers, path=request.path))
+        incoming = IncomingChat(body=body, headers=request.headers, path=request.path, api=api)
+        plan = await request.app[CHAT].prepare(incoming)
         if isinstance(plan, Refusal):
             return plan
         if not isinstance(plan, ForwardPlan) or not isinstance(plan.body, bytes):
@@ -96,8 +97,8 @@ async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcom
     return await asyncio.shield(report())
 
 
-async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
-    """Handle one chat completion (see the module docstring)."""
+async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) -> web.StreamResponse:
+    """Handle one chat completion or response (see the module docstring)."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
     try:
@@ -115,7 +116,7 @@ async def handle_chat(request: web.Request, target: URL) -> web.StreamResponse:
         except ContentCodingError as refused:
             record.error = refused.code
             return refused.response()
-    plan = await _prepare(request, body)
+    plan = await _prepare(request, body, api)
     if isinstance(plan, Refusal):
         record.error = plan.code
         return errors.error_response(
@@ -255,6 +256,8 @@ async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, pl
 def _stream_outcome(request: web.Request, status: int, observer: StreamObserver) -> ChatOutcome:
     """What a relayed stream reported; nothing when inspection stopped part-way (say why, once, to the operator)."""
     if observer.stopped is None:
+        if observer.answer is not None:
+            return answered(status, observer.answer)
         return ChatOutcome(status=status, usage=observer.usage, reply=observer.reply.build())
     route = request[RECORD].route.value
     if observer.stopped is StopReason.ERROR:

@@ -16,6 +16,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.chat.exchange import ChatOutcome
+from proxy.responses.answers import Answer, answer_of
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.sse import StopReason, StreamObserver
 
@@ -74,11 +75,18 @@ def outcome_from_body(status: int, body: bytes | None, encoding: str) -> ChatOut
     if not isinstance(parsed, dict):
         return ChatOutcome(status=status)
     if 200 <= status < 300:
+        if parsed.get("object") == "response":
+            return answered(status, answer_of(parsed))
         usage = parsed.get("usage")
         return ChatOutcome(
             status=status, usage=usage if isinstance(usage, dict) else None, reply=_first_message(parsed)
         )
     return ChatOutcome(status=status, error_body=parsed)
+
+
+def answered(status: int, answer: Answer) -> ChatOutcome:
+    """The outcome of a Responses API answer."""
+    return ChatOutcome(status=status, usage=answer.usage, reply=answer.reply, response_id=answer.response_id)
 
 
 class Collector:

@@ -15,7 +15,7 @@ from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
 from proxy.server.record import RequestRecord
 from proxy.server.relay import finish, pump, start_response
-from proxy.server.routes import is_chat_completion, safe_raw_path
+from proxy.server.routes import compacted_api, safe_raw_path
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
 
@@ -43,14 +43,15 @@ def upstream_error_response(request: web.Request, exc: UpstreamError) -> web.Res
 
 
 async def proxy_request(request: web.Request) -> web.StreamResponse:
-    """Handle any request: refuse unsafe paths, hand chat completions to `handle_chat`, forward the rest."""
+    """Handle any request: refuse unsafe paths, hand what compaction sees to `handle_chat`, forward the rest."""
     raw_path = safe_raw_path(request.rel_url.raw_path)
     if raw_path is None:
         request[RECORD].error = "bad_path"
         return errors.bad_path()
     target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
-    if is_chat_completion(request.method, request.path):
-        return await handle_chat(request, target)
+    api = compacted_api(request.method, request.path)
+    if api is not None:
+        return await handle_chat(request, target, api)
     return await forward(request, target)
 
 

@@ -1,4 +1,4 @@
-"""What a request is: its route kind (metrics, logs), whether it is a chat completion, whether its path is safe."""
+"""What a request is: its route kind (metrics, logs), whether compaction should see it, whether its path is safe."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ from enum import StrEnum
 from typing import Final
 from urllib.parse import unquote
 
+from proxy.chat.exchange import Api
+
 _CHAT_PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
 """`/v1/chat/completions`, with any base-path prefix (`/openai/v1/...`, `/api/v1/...`) or the Azure form
 `/openai/deployments/{name}/chat/completions`."""
+
+_RESPONSES_PATH: Final = re.compile(r"^(?:/[^/]+)*/responses/?$")
+"""`/v1/responses` (creating a response), with any base-path prefix (`/openai/v1/responses`); not its sub-resources
+(`/v1/responses/{id}`, `/v1/responses/compact`, `/v1/responses/input_tokens`), which are only forwarded."""
 
 INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
@@ -29,6 +35,17 @@ class RouteKind(StrEnum):
 def is_chat_completion(method: str, path: str) -> bool:
     """Whether the request is a chat completion the compaction side should see."""
     return method == "POST" and _CHAT_PATH.match(path) is not None
+
+
+def compacted_api(method: str, path: str) -> Api | None:
+    """The wire format of a request the compaction side should see (a chat completion, a response), or None."""
+    if method != "POST":
+        return None
+    if _CHAT_PATH.match(path) is not None:
+        return Api.CHAT
+    if _RESPONSES_PATH.match(path) is not None:
+        return Api.RESPONSES
+    return None
 
 
 def route_kind(method: str, path: str) -> RouteKind:

@@ -1,7 +1,8 @@
 """Server-sent events as chat-completion streams use them: splitting, usage and reply capture, usage stripping.
 
 The byte stream is split into events; the `data:` payloads give the `usage` and the assistant's reply; the usage
-chunk the client did not ask for is dropped.
+chunk the client did not ask for is dropped. A Responses API stream reports both in its final event
+(`response.completed`), which carries the whole response; nothing is ever stripped from it.
 
 When nothing is stripped the relayed bytes are exactly the upstream's, chunk for chunk; events are parsed from a
 copy. When stripping, events are relayed one whole event at a time (a partial event waits for its end), the
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.responses.answers import FINAL_EVENTS, Answer, answer_of
 from proxy.server.reply import ReplyBuilder
 
 MAX_PENDING: Final = 8 * 1024 * 1024
@@ -160,6 +162,8 @@ class StreamObserver:
         self.strip_usage = strip_usage
         self.usage: dict[str, Any] | None = None
         self.reply = ReplyBuilder()
+        self.answer: Answer | None = None
+        """What a Responses API stream's final event reported."""
         self.stripped_chunks = 0
         self.stopped: StopReason | None = None
         self.error: str | None = None
@@ -213,6 +217,10 @@ class StreamObserver:
             return None
         if not isinstance(chunk, dict):
             return None
+        kind = chunk.get("type")
+        if isinstance(kind, str) and kind in FINAL_EVENTS and isinstance(chunk.get("response"), dict):
+            self.answer = answer_of(chunk["response"])
+            return chunk
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = usage

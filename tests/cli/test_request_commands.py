@@ -82,3 +82,30 @@ def test_bad_input_is_one_line_and_exit_status_2(args: list[str], stdin: bytes |
     assert message in result.stderr
     assert b"Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def long_responses_request() -> dict[str, object]:
+    items: list[dict[str, object]] = [{"role": "user", "content": "Read every file and report."}]
+    for step in range(12):
+        items.append({"type": "reasoning", "id": f"rs_{step}", "summary": [], "encrypted_content": "e" * 400})
+        items.append({"type": "function_call", "call_id": f"c{step}", "name": "read", "arguments": f'{{"n": {step}}}'})
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": "line of a file\n" * 120})
+    return {"model": "gpt-4o", "instructions": "You are a careful agent.", "input": items}
+
+
+def test_count_and_compact_take_a_responses_body_too() -> None:
+    raw = json.dumps(long_responses_request()).encode()
+    counted = run("count", "-", stdin=raw)
+    assert counted.returncode == 0, counted.stderr
+    assert b"26 messages" in counted.stderr  # the instructions, the user message, 12 steps of a call and its output
+    result = run("compact", "-", "--context-window", "8000", stdin=raw)
+    assert result.returncode == 0, result.stderr
+    compacted = json.loads(result.stdout)
+    assert compacted["instructions"] == "You are a careful agent."
+    items = compacted["input"]
+    assert items[0] == {"role": "user", "content": "Read every file and report."}
+    calls = {item["call_id"] for item in items if item.get("type") == "function_call"}
+    outputs = {item["call_id"] for item in items if item.get("type") == "function_call_output"}
+    assert calls == outputs and "c11" in calls
+    assert int(counted.stdout) > 0.7 * 8000
+    assert b"tool_result_pruning" in result.stderr

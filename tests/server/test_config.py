@@ -23,7 +23,7 @@ def test_defaults() -> None:
     settings = load_settings(environ={})
     assert settings.upstream == "https://api.openai.com"
     assert (settings.host, settings.port, settings.mode) == ("0.0.0.0", 8080, Mode.ENFORCE)
-    assert settings.strategies == ["tool_result_pruning", "sliding_window", "middle_out"]
+    assert settings.strategies == ["provider_compaction", "tool_result_pruning", "sliding_window", "middle_out"]
     assert settings.max_body_bytes == 64 * 1024 * 1024
     assert settings.state_url == "memory://"
     assert len(settings.tenant_key.get_secret_value()) >= 16

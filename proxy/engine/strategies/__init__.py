@@ -3,6 +3,7 @@
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.chain import CompactionChain, CompactionResult
 from proxy.engine.strategies.middle_out import MiddleOut
+from proxy.engine.strategies.offload import MemoryOffloadStore, OffloadStore, ToolResultOffload
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
@@ -10,11 +11,14 @@ from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 __all__ = [
     "CompactionChain",
     "CompactionResult",
+    "MemoryOffloadStore",
     "MiddleOut",
+    "OffloadStore",
     "SlidingWindow",
     "Strategy",
     "Summarization",
     "Summarizer",
     "SummaryRequest",
+    "ToolResultOffload",
     "ToolResultPruning",
 ]

@@ -7,12 +7,19 @@ from collections.abc import Sequence
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.chain import CompactionChain
 from proxy.engine.strategies.middle_out import MiddleOut
+from proxy.engine.strategies.provider_compaction import ProviderCompaction
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 
-STRATEGY_NAMES = (ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name)
-DEFAULT_CHAIN = (ToolResultPruning.name, SlidingWindow.name, MiddleOut.name)
+STRATEGY_NAMES = (
+    ProviderCompaction.name,
+    ToolResultPruning.name,
+    SlidingWindow.name,
+    Summarization.name,
+    MiddleOut.name,
+)
+DEFAULT_CHAIN = (ProviderCompaction.name, ToolResultPruning.name, SlidingWindow.name, MiddleOut.name)
 
 
 def strategy_by_name(name: str, summarizer: Summarizer | None = None) -> Strategy:
@@ -20,6 +27,8 @@ def strategy_by_name(name: str, summarizer: Summarizer | None = None) -> Strateg
 
     :raises ValueError: If the name is unknown, or `summarization` is asked for without a summarizer.
     """
+    if name == ProviderCompaction.name:
+        return ProviderCompaction()
     if name == ToolResultPruning.name:
         return ToolResultPruning()
     if name == SlidingWindow.name:

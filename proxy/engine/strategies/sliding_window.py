@@ -18,9 +18,7 @@ from proxy.engine.transcript import Transcript, created
 
 NUM_REMOVED_PLACEHOLDER = "{num_removed}"
 
-DEFAULT_OMISSION_NOTE = (
-    "[{num_removed} earlier messages of this conversation were removed to free up context; they cannot be recovered.]"
-)
+DEFAULT_OMISSION_NOTE = "[{num_removed} earlier messages were removed to free up context; they cannot be recovered.]"
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,8 @@ class SlidingWindow(Strategy):
     Leading instructions and the latest real user message are always kept. Historical turns are kept whole, newest
     first, while they fit; if the current task alone is over budget, every historical turn goes and the task's oldest
     Agent steps follow, always keeping the newest `min_keep_steps`. One omission note stands where the removed
-    messages were: after the instructions when only history went, after the task's user message when steps went. A
+    messages were: after the instructions when only history went, after the task's user message when steps went. The
+    kept messages alone fill the target and the note comes on top of it, which is how Haystack's compactor chooses. A
     later compaction folds an earlier note into its own, so there is never more than one.
 
     :param min_keep_steps: The fewest complete recent Agent steps kept even when they exceed the target. 0 allows
@@ -73,10 +72,6 @@ class SlidingWindow(Strategy):
             return None
         return {"role": "user", "content": self.omission_note.replace(NUM_REMOVED_PLACEHOLDER, str(num_removed))}
 
-    def _note_tokens(self, transcript: Transcript) -> int:
-        note = self._note(len(transcript))
-        return transcript.counter.message_tokens(note) if note else 0
-
     def _is_note(self, transcript: Transcript, index: int) -> bool:
         return transcript.role(index) == "user" and transcript.created_by(index, self.name)
 
@@ -90,8 +85,9 @@ class SlidingWindow(Strategy):
             for group in historical_turn_groups(transcript, instructions_end, task_index)
         ]
         steps = current_step_groups(transcript, instructions_end, task_index)
-        # The note is part of what must fit: reserve room for it, sized for the most messages it could report.
-        budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task]) - self._note_tokens(transcript)
+        # The kept messages fill the target and the note comes on top, as in Haystack: reserving room for the note
+        # would drop one more turn or step than Haystack does at a tight target.
+        budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task])
 
         task_tokens = transcript.tokens_of(flatten(steps))
         if task_tokens > budget:

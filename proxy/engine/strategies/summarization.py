@@ -183,7 +183,8 @@ class Summarization(Strategy):
             text = yield SummaryRequest(current, indices, self.instruction)
             step = None if isinstance(text, BaseException) else summary_plan(current, indices, text)
             if step is None:
-                reason = text if isinstance(text, BaseException) else "the summary was empty or did not shrink"
+                failed = "the summary was empty or did not reduce the conversation"
+                reason = text if isinstance(text, BaseException) else failed
                 if self.raise_on_failure:
                     raise RuntimeError(f"Summarization failed: {reason}")
                 logger.warning("Summarizing for context compaction failed (%s); keeping what was done so far.", reason)

@@ -38,21 +38,14 @@ class ToolResultPruning(Strategy):
         placeholder: str = DEFAULT_PLACEHOLDER,
         skip_meta_keys: tuple[str, ...] = ("tool_result_offloaded",),
     ) -> None:
-        if min_keep_steps < 1:
-            raise ValueError(
-                f"`min_keep_steps` must be at least 1, got {min_keep_steps}. The most recent tool-calling step "
-                f"contains results the model may still need."
-            )
-        if min_tokens < 0:
-            raise ValueError(f"`min_tokens` must be at least 0, got {min_tokens}.")
+        check_result_rules(min_keep_steps, min_tokens)
         self.min_keep_steps = min_keep_steps
         self.min_tokens = min_tokens
         self.placeholder = placeholder
         self.skip_meta_keys = tuple(skip_meta_keys)
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
-        result_steps = [group[1:] for group in agent_step_groups(transcript, 0) if len(group) > 1]
-        protected = {index for step in result_steps[-self.min_keep_steps :] for index in step}
+        protected = newest_results(transcript, self.min_keep_steps)
         # Oldest first, so as much recent output as possible stays.
         candidates = (
             index for index in range(len(transcript)) if index not in protected and self._prunable(transcript, index)
@@ -83,6 +76,26 @@ class ToolResultPruning(Strategy):
             base_meta=transcript.meta[index],
             original_tokens=transcript.tokens(index),
         )
+
+
+def check_result_rules(min_keep_steps: int, min_tokens: int) -> None:
+    """Check the settings every rewriter of older tool results shares.
+
+    :raises ValueError: If `min_keep_steps` is below 1 or `min_tokens` is negative.
+    """
+    if min_keep_steps < 1:
+        raise ValueError(
+            f"`min_keep_steps` must be at least 1, got {min_keep_steps}. The most recent tool-calling step "
+            f"contains results the model may still need."
+        )
+    if min_tokens < 0:
+        raise ValueError(f"`min_tokens` must be at least 0, got {min_tokens}.")
+
+
+def newest_results(transcript: Transcript, min_keep_steps: int) -> set[int]:
+    """The indices of the tool results of the newest `min_keep_steps` tool-calling steps, which stay untouched."""
+    result_steps = [group[1:] for group in agent_step_groups(transcript, 0) if len(group) > 1]
+    return {index for step in result_steps[-min_keep_steps:] for index in step}
 
 
 def _answered_call_names(transcript: Transcript) -> dict[int, str]:

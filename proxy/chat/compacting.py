@@ -1,0 +1,69 @@
+"""Running the compaction a decision calls for: a summary first when one is configured, then the chain.
+
+Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in the
+background, so it is ready when the trigger is reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from proxy.chat.measured import Measured
+from proxy.chat.summaries import Summaries, SummaryContext
+from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, Thresholds, decide
+
+T = TypeVar("T")
+
+Work = Callable[[Callable[[], T]], Awaitable[T]]
+"""Runs CPU work proportional to the whole request (off the event loop when it is large)."""
+
+
+class Compacting:
+    """The proxy's compaction step: its chain, and the summaries that go before it.
+
+    :param chain: The strategies, in order.
+    :param summaries: The summaries, when `summarization` is configured and the mode acts on decisions.
+    :param summary_start_at: The fraction of the window from which a summary is written ahead (`precompact_at`).
+    """
+
+    def __init__(self, chain: CompactionChain, summaries: Summaries | None, summary_start_at: float) -> None:
+        self.chain = chain
+        self.summaries = summaries
+        self.summary_start_at = summary_start_at
+
+    async def outcome(
+        self, measured: Measured, context: SummaryContext, work: Work[CompactionResult | None]
+    ) -> Outcome:
+        """Compact when the decision says so (see the module docstring)."""
+        transcript, decision = measured.transcript, measured.decision
+        summaries = self.summaries
+        if not decision.compact:
+            if summaries is not None:
+                self._summarize_ahead(summaries, measured, context)
+            return Outcome(decision)
+        summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
+        if summary is None:
+            return Outcome(decision, await work(lambda: self.chain.compact(transcript, decision.target_tokens)))
+        summarized = transcript.edited(summary)
+        rest = await work(lambda: self.chain.compact(summarized, decision.target_tokens))
+        result = CompactionResult(
+            plan=summary if rest is None else summary.then(rest.plan),
+            compacted=summarized if rest is None else rest.compacted,
+            tokens_before=transcript.total(),
+            tokens_after=summarized.total() if rest is None else rest.tokens_after,
+            strategies=(Summarization.name, *(rest.strategies if rest else ())),
+        )
+        return Outcome(decision, result)
+
+    def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
+        """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
+        thresholds = measured.thresholds
+        ahead = Thresholds(
+            thresholds.context_window, self.summary_start_at, thresholds.compact_to, thresholds.reserved_tokens
+        )
+        if measured.decision.estimated_tokens < ahead.trigger_tokens:
+            return
+        early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
+        if early.compact:
+            summaries.start(context, measured.transcript, early.target_tokens)
