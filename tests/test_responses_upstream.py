@@ -253,52 +253,96 @@ async def test_duplicate_ids_and_altered_encrypted_content_are_refused(
     assert (await post(upstream, body))[0] == 200
 
 
+SUPPORTED_ITEM_TYPES = (
+    "'additional_tools', 'agent_message', 'apply_patch_call', 'apply_patch_call_output', 'code_interpreter_call', "
+    "'compaction', 'compaction_trigger', 'computer_call', 'computer_call_output', 'custom_tool_call', "
+    "'custom_tool_call_output', 'file_search_call', 'function_call', 'function_call_output', 'image_generation_call', "
+    "'item_reference', 'local_shell_call', 'local_shell_call_output', 'mcp_approval_request', 'mcp_approval_response', "
+    "'mcp_call', 'mcp_list_tools', 'message', 'multi_agent_call', 'multi_agent_call_output', 'program', "
+    "'program_output', 'reasoning', 'shell_call', 'shell_call_output', 'tool_search_call', 'tool_search_output', and "
+    "'web_search_call'"
+)
+ROLES = "'assistant', 'system', 'developer', and 'user'"
+
+
 @pytest.mark.parametrize(
-    ("item", "expected"),
+    ("item", "status", "expected"),
     [
         (
             {"type": "bogus"},
+            400,
             invalid(
-                "Invalid value: 'bogus'. Supported values are: 'apply_patch_call', 'apply_patch_call_output', "
-                "'code_interpreter_call', 'compaction', 'computer_call', 'computer_call_output', 'custom_tool_call', "
-                "'custom_tool_call_output', 'file_search_call', 'function_call', 'function_call_output', "
-                "'image_generation_call', 'item_reference', 'local_shell_call', 'local_shell_call_output', "
-                "'mcp_approval_request', 'mcp_approval_response', 'mcp_call', 'mcp_list_tools', 'message', "
-                "'reasoning', 'shell_call', 'shell_call_output', 'tool_search_call', 'tool_search_output', and "
-                "'web_search_call'.",
-                "input[1].type",
-                "invalid_value",
+                f"Invalid value: 'bogus'. Supported values are: {SUPPORTED_ITEM_TYPES}.", "input[1]", "invalid_value"
             ),
         ),
         (
             {"role": "robot", "content": "beep"},
+            400,
+            invalid(f"Invalid value: 'robot'. Supported values are: {ROLES}.", "input[1]", "invalid_value"),
+        ),
+        ({}, 400, invalid(f"Invalid value: ''. Supported values are: {ROLES}.", "input[1]", "invalid_value")),
+        (
+            7,
+            400,
             invalid(
-                "Invalid value: 'robot'. Supported values are: 'assistant', 'developer', 'system', and 'user'.",
-                "input[1].role",
+                "Invalid type for 'input[1]': expected an input item, but got an integer instead.",
+                "input[1]",
+                "invalid_type",
+            ),
+        ),
+        (
+            {"role": "user", "content": "x", "phase": "final_answer"},
+            400,
+            invalid("Unknown parameter: 'input[1].phase'.", "input[1].phase", "unknown_parameter"),
+        ),
+        (
+            {"role": "user", "content": [{"type": "output_text", "text": "x"}]},
+            400,
+            invalid(
+                "Invalid value: 'output_text'. Supported values are: 'input_text', 'input_image', 'input_file', "
+                "'scoped_content', and 'input_audio'.",
+                "input[1].content[0]",
                 "invalid_value",
             ),
         ),
         (
+            {"role": "assistant", "content": [{"type": "input_text", "text": "x"}]},
+            400,
+            invalid(
+                "Invalid value: 'input_text'. Supported values are: 'output_text' and 'refusal'.",
+                "input[1].content[0]",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_text"}]},
+            400,
+            invalid(
+                "Missing required parameter: 'input[1].content[0].text'.",
+                "input[1].content[0].text",
+                "missing_required_parameter",
+            ),
+        ),
+        (
             {"type": "function_call", "call_id": "c", "arguments": "{}"},
+            400,
             invalid("Missing required parameter: 'input[1].name'.", "input[1].name", "missing_required_parameter"),
         ),
         (
             {"type": "function_call", "id": "call_1", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            400,
             invalid(
                 "Invalid 'input[1].id': 'call_1'. Expected an ID that begins with 'fc'.", "input[1].id", "invalid_value"
             ),
         ),
-        (
-            {"type": "item_reference", "id": "msg_unknown"},
-            invalid("Item with id 'msg_unknown' not found."),
-        ),
+        ({"type": "item_reference", "id": "msg_unknown"}, 404, invalid("Item with id 'msg_unknown' not found.", None)),
     ],
 )
 async def test_malformed_items_are_refused_with_openais_body(
-    upstream: OpenAIUpstream, item: dict[str, Any], expected: dict[str, Any]
+    upstream: OpenAIUpstream, item: Any, status: int, expected: dict[str, Any]
 ) -> None:
     body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, item]}
-    assert await post(upstream, body) == (400, expected)
+    assert await post(upstream, body) == (status, expected)
 
 
 async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstream, client: AsyncOpenAI) -> None:

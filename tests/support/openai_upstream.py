@@ -532,7 +532,8 @@ class OpenAIUpstream:
         `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
         even when the fake runs in another process.
 
-    The Responses API (`POST /v1/responses`, `/v1/responses/compact` and `/v1/responses/input_tokens`) is served
+    The Responses API (`POST /v1/responses`, `/v1/responses/compact`, `/v1/responses/input_tokens` and
+    `/v1/conversations`) is served
     by `responses_service` (see `tests.support.responses_server` for its rules); `responses_requests` lists its
     parsed create bodies and `responses_usages` the usage of each response or compaction it answered. `fail_next`
     and `misreport_usage_next` apply to it too.
@@ -710,6 +711,7 @@ class OpenAIUpstream:
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_post("/v1/responses/input_tokens", self._responses_input_tokens)
+        app.router.add_post("/v1/conversations", self._create_conversation)
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model}", self._get_model)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -887,6 +889,10 @@ class OpenAIUpstream:
     async def _responses_input_tokens(self, request: web.Request) -> web.Response:
         counted = self.responses_service.count(parse_json_body(await request.read()))
         return json_response(counted, headers=self._response_headers())
+
+    async def _create_conversation(self, request: web.Request) -> web.Response:
+        created = self.responses_service.create_conversation(parse_json_body(await request.read()))
+        return json_response(created, headers=self._response_headers())
 
     def _aborted(self) -> None:
         self.streams_aborted += 1
