@@ -64,6 +64,13 @@ def invalid(message: str, param: str | None = "input", code: str | None = None) 
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
 
+UNKNOWN = "unknown_parameter"
+
+
+def type_error(param: str, expected: str, got: str) -> tuple[str, str, str]:
+    return f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type"
+
+
 def carried(response: Response) -> list[dict[str, Any]]:
     """The response's output items as a client carries them into the next request's input."""
     return [item.model_dump(exclude_none=True) for item in response.output]
@@ -596,3 +603,107 @@ def test_truncation_keeps_the_newest_items_that_fit_never_a_call_without_its_out
         assert len(prompt_sequence("be brief", TOOLS, kept, "o200k_base")) <= budget
     if len(prompt_sequence("be brief", TOOLS, items, "o200k_base")) <= budget:
         assert kept == items
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "expected"),
+    [
+        ({"model": None}, 400, invalid(*type_error("model", "a string", "an object"))),
+        ({"model": ""}, 400, invalid("The requested model '' does not exist.", "model", "model_not_found")),
+        ({"input": None}, 400, invalid(*type_error("input", "a string", "an object"))),
+        ({"zzz_unknown": 1}, 400, invalid("Unknown parameter: 'zzz_unknown'.", "zzz_unknown", "unknown_parameter")),
+        ({"stre": 1}, 400, invalid("Unknown parameter: 'stre'. Did you mean 'store' or 'stream'?", "stre", UNKNOWN)),
+        ({"strem": 1}, 400, invalid("Unknown parameter: 'strem'. Did you mean 'stream' or 'store'?", "strem", UNKNOWN)),
+        ({"modell": 1}, 400, invalid("Unknown parameter: 'modell'.", "modell", UNKNOWN)),
+        (
+            {"stream_options": {"include_usage": True}},
+            400,
+            invalid("Unknown parameter: 'stream_options.include_usage'.", "stream_options.include_usage", UNKNOWN),
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            400,
+            invalid(
+                "Unsupported parameter: 'messages'. In the Responses API, this parameter has moved to 'input'. "
+                "Try again with the new parameter. See the API documentation for more information: "
+                "https://platform.openai.com/docs/api-reference/responses/create.",
+                None,
+                "unsupported_parameter",
+            ),
+        ),
+        (
+            {"include": ["bogus.thing"]},
+            400,
+            invalid(
+                "Invalid value: 'bogus.thing'. Supported values are: 'file_search_call.results', "
+                "'web_search_call.results', 'web_search_call.action.sources', 'message.input_image.image_url', "
+                "'computer_call_output.output.image_url', 'code_interpreter_call.outputs', "
+                "'reasoning.encrypted_content', and 'message.output_text.logprobs'.",
+                "include[0]",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            400,
+            invalid("Missing required parameter: 'tools[0].name'.", "tools[0].name", "missing_required_parameter"),
+        ),
+        ({"tools": "x"}, 400, invalid(*type_error("tools", "an array of tools", "a string"))),
+        ({"store": "x"}, 400, invalid(*type_error("store", "a boolean", "a string"))),
+        (
+            {"max_output_tokens": 15},
+            400,
+            invalid(
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 15 instead.",
+                "max_output_tokens",
+                "integer_below_min_value",
+            ),
+        ),
+        (
+            {"truncation": "bogus"},
+            400,
+            invalid(
+                "Invalid value: 'bogus'. Supported values are: 'auto' and 'disabled'.", "truncation", "invalid_value"
+            ),
+        ),
+        (
+            {"input": []},
+            400,
+            invalid(
+                "One of \"input\" or \"previous_response_id\" or 'prompt' or 'conversation' must be provided.",
+                None,
+                "missing_required_parameter",
+            ),
+        ),
+        (
+            {"conversation": "conv_x", "previous_response_id": "resp_x"},
+            400,
+            invalid(
+                "Mutually exclusive parameters: ''. Ensure you are only providing one of: 'pre..._id' or "
+                "'conversation'.",
+                None,
+                "mutually_exclusive_parameters",
+            ),
+        ),
+        ({"conversation": "conv_x"}, 404, invalid("Conversation with id 'conv_x' not found.", None)),
+    ],
+)
+async def test_malformed_requests_are_refused_with_openais_body(
+    upstream: OpenAIUpstream, extra: dict[str, Any], status: int, expected: dict[str, Any]
+) -> None:
+    assert await post(upstream, {"model": MODEL, "input": "hi", **extra}) == (status, expected)
+
+
+async def test_a_request_without_input_is_refused_before_its_unknown_keys(upstream: OpenAIUpstream) -> None:
+    missing = invalid("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    assert await post(upstream, {"model": MODEL, "zzz": 1}) == (400, missing)
+
+
+async def test_a_conversation_keeps_its_items_across_responses(client: AsyncOpenAI, upstream: OpenAIUpstream) -> None:
+    upstream.responses_responder = default_responses_responder
+    conversation = await client.conversations.create(items=[{"role": "system", "content": "be brief"}])
+    assert conversation.id.startswith("conv_")
+    first = await client.responses.create(model=MODEL, input="hello", conversation=conversation.id)
+    second = await client.responses.create(model=MODEL, input="again", conversation={"id": conversation.id})
+    assert first.output_text == "ok 2 items" and second.output_text == "ok 4 items"
+    assert second.conversation is not None and second.conversation.id == conversation.id
