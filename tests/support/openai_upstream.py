@@ -44,6 +44,7 @@ from proxy.engine.encodings import get_encoding
 from tests.support.openai_common import (
     OpenAIError,
     invalid_type,
+    invalid_value,
     json_response,
     missing_parameter,
     parse_json_body,
@@ -224,10 +225,7 @@ def _validate_message(index: int, message: object) -> None:
     if role is None:
         raise missing_parameter(f"{where}.role")
     if role not in VALID_ROLES:
-        supported = ", ".join(f"'{r}'" for r in VALID_ROLES[:-1]) + f", and '{VALID_ROLES[-1]}'"
-        raise OpenAIError(
-            f"Invalid value: '{role}'. Supported values are: {supported}.", param=f"{where}.role", code="invalid_value"
-        )
+        raise invalid_value(str(role), VALID_ROLES, f"{where}.role")
     content = message.get("content")
     if "content" not in message and role in ("system", "developer", "user", "tool"):
         raise missing_parameter(f"{where}.content")

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
+from tests.support.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
 
 __all__ = [
     "CALL_OUTPUT_TYPES",
@@ -181,7 +181,7 @@ def validate_items(items: Sequence[Any]) -> None:
             raise invalid_type(where, "an input item", item)
         kind = item_type(item)
         if "type" in item and kind not in ITEM_TYPES:
-            raise _invalid_value(kind, ITEM_TYPES, where)
+            raise invalid_value(kind, ITEM_TYPES, where)
         if kind == "message" or "type" not in item:
             _validate_role(where, item)
         _validate_members(where, kind, item)
@@ -200,7 +200,7 @@ def validate_items(items: Sequence[Any]) -> None:
 def _validate_role(where: str, message: Mapping[str, Any]) -> None:
     role = message.get("role")
     if role not in MESSAGE_ROLES:
-        raise _invalid_value(role if isinstance(role, str) else "", MESSAGE_ROLES, where)
+        raise invalid_value(role if isinstance(role, str) else "", MESSAGE_ROLES, where)
 
 
 def _validate_members(where: str, kind: str, item: Mapping[str, Any]) -> None:
@@ -255,19 +255,12 @@ def _validate_content(where: str, message: Mapping[str, Any]) -> None:
             raise invalid_type(f"{where}.content[{k}]", "an object", part)
         kind = part.get("type")
         if kind not in CONTENT_PART_TYPES:
-            raise _invalid_value(str(kind or ""), CONTENT_PART_TYPES, f"{where}.content[{k}].type")
+            raise invalid_value(str(kind or ""), CONTENT_PART_TYPES, f"{where}.content[{k}].type")
         if kind not in fitting:
-            raise _invalid_value(str(kind), fitting, f"{where}.content[{k}]")
+            raise invalid_value(str(kind), fitting, f"{where}.content[{k}]")
         text_field = {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(str(kind))
         if text_field and not isinstance(part.get(text_field), str):
             raise missing_parameter(f"{where}.content[{k}].{text_field}")
-
-
-def _invalid_value(value: str, supported: Sequence[str], param: str) -> OpenAIError:
-    """OpenAI's enum error: "'a' and 'b'" for two values, "'a', 'b', and 'c'" for more."""
-    quoted = [f"'{v}'" for v in supported]
-    listed = " and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
-    return OpenAIError(f"Invalid value: '{value}'. Supported values are: {listed}.", param=param, code="invalid_value")
 
 
 def check_pairing(items: Sequence[Mapping[str, Any]]) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
+from tests.support.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
 
 __all__ = ["INCLUDABLE", "KNOWN_PARAMETERS", "check_not_empty", "validate_create_request"]
 
@@ -141,11 +141,7 @@ def validate_create_request(body: Mapping[str, Any]) -> None:
                 code="integer_below_min_value",
             )
         if param == "truncation" and value not in (None, "auto", "disabled"):
-            raise OpenAIError(
-                f"Invalid value: '{value}'. Supported values are: 'auto' and 'disabled'.",
-                param="truncation",
-                code="invalid_value",
-            )
+            raise invalid_value(str(value), ("auto", "disabled"), "truncation")
     if body.get("previous_response_id") is not None and body.get("conversation") is not None:
         raise OpenAIError(
             "Mutually exclusive parameters: ''. Ensure you are only providing one of: 'pre..._id' or 'conversation'.",
@@ -214,12 +210,7 @@ def _check_include(include: Any) -> None:
         raise invalid_type("include", "an array of includable values", include)
     for index, value in enumerate(include):
         if value not in INCLUDABLE:
-            listed = ", ".join(f"'{v}'" for v in INCLUDABLE[:-1]) + f", and '{INCLUDABLE[-1]}'"
-            raise OpenAIError(
-                f"Invalid value: '{value}'. Supported values are: {listed}.",
-                param=f"include[{index}]",
-                code="invalid_value",
-            )
+            raise invalid_value(str(value), INCLUDABLE, f"include[{index}]")
 
 
 def _check_tools(tools: Any) -> None:
