@@ -707,3 +707,15 @@ async def test_a_conversation_keeps_its_items_across_responses(client: AsyncOpen
     second = await client.responses.create(model=MODEL, input="again", conversation={"id": conversation.id})
     assert first.output_text == "ok 2 items" and second.output_text == "ok 4 items"
     assert second.conversation is not None and second.conversation.id == conversation.id
+
+
+async def test_a_scripted_cut_breaks_a_responses_stream_before_its_completion(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.fail_next(cut_after_chunks=3)
+    seen: list[str] = []
+    with pytest.raises(openai.APIError):
+        async for event in await client.responses.create(model=MODEL, input="hi", stream=True):
+            seen.append(event.type)
+    assert seen == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert upstream.streams_started == 1 and upstream.streams_completed == 0
