@@ -24,6 +24,10 @@ Counting rules (the chat rules carried over item by item; OpenAI publishes none 
 Simplified: OpenAI withholds reasoning items of earlier turns from the model (`input_transformations`); the fake
 counts every reasoning item it is sent, which over-counts and so never hides an overflow.
 
+The opaque content this fake issues (`opaque_blob`) is self-verifying: a header naming what it is, a NUL byte, and
+bytes derived from the header, at least 4 per token it should cost. `opaque_header` reads the header back, or
+says the content was not issued here or was altered, which `ResponsesService` refuses as OpenAI does.
+
 As in openai_tokens, the request is rendered into a token *sequence* whose length is the count, with negative
 marker ids for hidden tokens, so prompt caching compares prefixes the same way.
 
