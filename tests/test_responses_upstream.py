@@ -9,6 +9,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from openai.types.responses import (
     Response,
@@ -25,6 +27,8 @@ from tests.support.responses_api import (
     default_responses_responder,
     responses_tool_loop_responder,
 )
+from tests.support.responses_items import check_pairing
+from tests.support.responses_tokens import prompt_sequence, truncate_to_fit
 
 MODEL = "gpt-4.1"
 TOOLS: list[Any] = [
@@ -50,21 +54,21 @@ async def client(upstream: OpenAIUpstream) -> AsyncIterator[AsyncOpenAI]:
         yield sdk
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def post(
-    http: aiohttp.ClientSession, upstream: OpenAIUpstream, body: dict[str, Any], path: str = "/v1/responses"
-) -> tuple[int, Any]:
-    async with http.post(upstream.base_url + path, json=body) as answer:
+async def post(upstream: OpenAIUpstream, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST `body` to /v1/responses over plain HTTP: the status and the parsed JSON answer, byte-level exact."""
+    async with aiohttp.ClientSession() as http, http.post(upstream.base_url + "/v1/responses", json=body) as answer:
         return answer.status, await answer.json()
 
 
 def invalid(message: str, param: str | None = "input", code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+UNKNOWN = "unknown_parameter"
+
+
+def type_error(param: str, expected: str, got: str) -> tuple[str, str, str]:
+    return f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param, "invalid_type"
 
 
 def carried(response: Response) -> list[dict[str, Any]]:
@@ -153,12 +157,9 @@ async def test_the_stream_of_a_reasoned_text_answer_is_openais_event_sequence(
     assert response.usage is not None and response.usage.input_tokens > 0
 
 
-async def test_streams_are_sse_with_event_lines_and_no_done_marker(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
-    async with http.post(
-        upstream.base_url + "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}
-    ) as r:
+async def test_streams_are_sse_with_event_lines_and_no_done_marker(upstream: OpenAIUpstream) -> None:
+    body = {"model": MODEL, "input": "hi", "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(upstream.base_url + "/v1/responses", json=body) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         raw = (await r.read()).decode()
     frames = raw.strip().split("\n\n")
@@ -168,9 +169,7 @@ async def test_streams_are_sse_with_event_lines_and_no_done_marker(
     assert "[DONE]" not in raw
 
 
-async def test_an_output_without_its_call_is_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_an_output_without_its_call_is_refused_with_openais_body(upstream: OpenAIUpstream) -> None:
     body = {
         "model": MODEL,
         "input": [
@@ -178,27 +177,25 @@ async def test_an_output_without_its_call_is_refused_with_openais_body(
             {"type": "function_call_output", "call_id": "call_orphan", "output": "x"},
         ],
     }
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid("No tool call found for function call output with call_id call_orphan."),
     )
 
 
-async def test_a_call_without_its_output_is_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_a_call_without_its_output_is_refused_with_openais_body(upstream: OpenAIUpstream) -> None:
     call = {"type": "function_call", "call_id": "call_open", "name": "search", "arguments": "{}"}
     body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, call, {"role": "user", "content": "and?"}]}
-    assert await post(http, upstream, body) == (400, invalid("No tool output found for function call call_open."))
+    assert await post(upstream, body) == (400, invalid("No tool output found for function call call_open."))
 
 
 async def test_a_call_without_the_reasoning_item_it_came_with_is_refused(
-    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+    upstream: OpenAIUpstream, client: AsyncOpenAI
 ) -> None:
     first = await client.responses.create(model=MODEL, input="find it", store=False)
     reasoning, call = carried(first)
     body = {"model": MODEL, "input": [{"role": "user", "content": "find it"}, call, *answers(first)]}
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(
             f"Item '{call['id']}' of type 'function_call' was provided without its required 'reasoning' item: "
@@ -206,23 +203,23 @@ async def test_a_call_without_the_reasoning_item_it_came_with_is_refused(
         ),
     )
     body["input"][1] = {key: value for key, value in call.items() if key != "id"}  # a client that strips ids
-    assert (await post(http, upstream, body))[0] == 200
+    assert (await post(upstream, body))[0] == 200
 
 
 async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
-    upstream: OpenAIUpstream, client: AsyncOpenAI, http: aiohttp.ClientSession
+    upstream: OpenAIUpstream, client: AsyncOpenAI
 ) -> None:
     upstream.responses_responder = lambda request: ResponsesReply(text="Sure.", reasoning=True)
     first = await client.responses.create(model=MODEL, input="hi", store=False)
     reasoning, message = carried(first)
     user = {"role": "user", "content": "hi"}
     body = {"model": MODEL, "input": [user, reasoning, {"role": "user", "content": "more"}]}
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(f"Item '{reasoning['id']}' of type 'reasoning' was provided without its required following item."),
     )
     body["input"] = [user, message]
-    assert await post(http, upstream, body) == (
+    assert await post(upstream, body) == (
         400,
         invalid(
             f"Item '{message['id']}' of type 'message' was provided without its required 'reasoning' item: "
@@ -230,49 +227,129 @@ async def test_a_reasoning_item_without_the_item_that_followed_it_is_refused(
         ),
     )
     body["input"] = [user, reasoning, message, {"role": "user", "content": "more"}]
-    assert (await post(http, upstream, body))[0] == 200
+    assert (await post(upstream, body))[0] == 200
+
+
+async def test_duplicate_ids_and_altered_encrypted_content_are_refused(
+    upstream: OpenAIUpstream, client: AsyncOpenAI
+) -> None:
+    include: Any = ["reasoning.encrypted_content"]
+    first = await client.responses.create(model=MODEL, input="find it", store=False, include=include)
+    user = {"role": "user", "content": "find it"}
+    reasoning, call = carried(first)
+    body = {"model": MODEL, "input": [user, reasoning, call, *answers(first), reasoning]}
+    assert await post(upstream, body) == (
+        400,
+        invalid(
+            f"Duplicate item found with id {reasoning['id']}. Remove duplicate items from your input and try again."
+        ),
+    )
+    content = reasoning["encrypted_content"]
+    altered = {**reasoning, "encrypted_content": content[:-8] + ("A" if content[-8] != "A" else "B") + content[-7:]}
+    body["input"] = [user, altered, call, *answers(first)]
+    assert await post(upstream, body) == (
+        400,
+        invalid(
+            f"The encrypted content for item {reasoning['id']} could not be verified. Reason: Encrypted content could "
+            "not be decrypted or parsed.",
+            None,
+            "invalid_encrypted_content",
+        ),
+    )
+    body["input"] = [user, reasoning, call, *answers(first)]
+    assert (await post(upstream, body))[0] == 200
+
+
+SUPPORTED_ITEM_TYPES = (
+    "'additional_tools', 'agent_message', 'apply_patch_call', 'apply_patch_call_output', 'code_interpreter_call', "
+    "'compaction', 'compaction_trigger', 'computer_call', 'computer_call_output', 'custom_tool_call', "
+    "'custom_tool_call_output', 'file_search_call', 'function_call', 'function_call_output', 'image_generation_call', "
+    "'item_reference', 'local_shell_call', 'local_shell_call_output', 'mcp_approval_request', 'mcp_approval_response', "
+    "'mcp_call', 'mcp_list_tools', 'message', 'multi_agent_call', 'multi_agent_call_output', 'program', "
+    "'program_output', 'reasoning', 'shell_call', 'shell_call_output', 'tool_search_call', 'tool_search_output', and "
+    "'web_search_call'"
+)
+ROLES = "'assistant', 'system', 'developer', and 'user'"
 
 
 @pytest.mark.parametrize(
-    ("item", "expected"),
+    ("item", "status", "expected"),
     [
         (
             {"type": "bogus"},
+            400,
             invalid(
-                "Invalid value: 'bogus'. Supported values are: 'apply_patch_call', 'apply_patch_call_output', "
-                "'code_interpreter_call', 'compaction', 'computer_call', 'computer_call_output', 'custom_tool_call', "
-                "'custom_tool_call_output', 'file_search_call', 'function_call', 'function_call_output', "
-                "'image_generation_call', 'item_reference', 'local_shell_call', 'local_shell_call_output', "
-                "'mcp_approval_request', 'mcp_approval_response', 'mcp_call', 'mcp_list_tools', 'message', "
-                "'reasoning', 'shell_call', 'shell_call_output', 'tool_search_call', 'tool_search_output', and "
-                "'web_search_call'.",
-                "input[1].type",
-                "invalid_value",
+                f"Invalid value: 'bogus'. Supported values are: {SUPPORTED_ITEM_TYPES}.", "input[1]", "invalid_value"
             ),
         ),
         (
             {"role": "robot", "content": "beep"},
+            400,
+            invalid(f"Invalid value: 'robot'. Supported values are: {ROLES}.", "input[1]", "invalid_value"),
+        ),
+        ({}, 400, invalid(f"Invalid value: ''. Supported values are: {ROLES}.", "input[1]", "invalid_value")),
+        (
+            7,
+            400,
             invalid(
-                "Invalid value: 'robot'. Supported values are: 'assistant', 'developer', 'system', and 'user'.",
-                "input[1].role",
+                "Invalid type for 'input[1]': expected an input item, but got an integer instead.",
+                "input[1]",
+                "invalid_type",
+            ),
+        ),
+        (
+            {"role": "user", "content": "x", "phase": "final_answer"},
+            400,
+            invalid("Unknown parameter: 'input[1].phase'.", "input[1].phase", "unknown_parameter"),
+        ),
+        (
+            {"role": "user", "content": [{"type": "output_text", "text": "x"}]},
+            400,
+            invalid(
+                "Invalid value: 'output_text'. Supported values are: 'input_text', 'input_image', 'input_file', "
+                "'scoped_content', and 'input_audio'.",
+                "input[1].content[0]",
                 "invalid_value",
             ),
         ),
         (
+            {"role": "assistant", "content": [{"type": "input_text", "text": "x"}]},
+            400,
+            invalid(
+                "Invalid value: 'input_text'. Supported values are: 'output_text' and 'refusal'.",
+                "input[1].content[0]",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_text"}]},
+            400,
+            invalid(
+                "Missing required parameter: 'input[1].content[0].text'.",
+                "input[1].content[0].text",
+                "missing_required_parameter",
+            ),
+        ),
+        (
             {"type": "function_call", "call_id": "c", "arguments": "{}"},
+            400,
             invalid("Missing required parameter: 'input[1].name'.", "input[1].name", "missing_required_parameter"),
         ),
         (
-            {"type": "item_reference", "id": "msg_unknown"},
-            invalid("Item with id 'msg_unknown' not found."),
+            {"type": "function_call", "id": "call_1", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            400,
+            invalid(
+                "Invalid 'input[1].id': 'call_1'. Expected an ID that begins with 'fc'.", "input[1].id", "invalid_value"
+            ),
         ),
+        ({"type": "item_reference", "id": "msg_unknown"}, 404, invalid("Item with id 'msg_unknown' not found.", None)),
     ],
 )
 async def test_malformed_items_are_refused_with_openais_body(
-    upstream: OpenAIUpstream, http: aiohttp.ClientSession, item: dict[str, Any], expected: dict[str, Any]
+    upstream: OpenAIUpstream, item: Any, status: int, expected: dict[str, Any]
 ) -> None:
     body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, item]}
-    assert await post(http, upstream, body) == (400, expected)
+    assert await post(upstream, body) == (status, expected)
 
 
 async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstream, client: AsyncOpenAI) -> None:
@@ -295,15 +372,13 @@ async def test_known_item_kinds_are_accepted_and_counted(upstream: OpenAIUpstrea
     assert response.usage.input_tokens > 85  # the image alone costs 85
 
 
-async def test_an_input_over_the_window_is_refused_with_the_responses_overflow_body(
-    http: aiohttp.ClientSession,
-) -> None:
+async def test_an_input_over_the_window_is_refused_with_the_responses_overflow_body() -> None:
     async with OpenAIUpstream(context_window=300) as upstream:
         fits = {"model": MODEL, "input": "word " * 200}
-        assert (await post(http, upstream, fits))[0] == 200
-        status, body = await post(http, upstream, {**fits, "max_output_tokens": 200})
+        assert (await post(upstream, fits))[0] == 200
+        status, body = await post(upstream, {**fits, "max_output_tokens": 200})
         assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
-        status, body = await post(http, upstream, {**fits, "input": "word " * 400, "stream": True})
+        status, body = await post(upstream, {**fits, "input": "word " * 400, "stream": True})
         assert (status, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
 
 
@@ -342,9 +417,7 @@ async def test_cached_tokens_grow_with_a_stable_prefix_and_drop_when_an_early_it
     assert 0 < response.usage.input_tokens_details.cached_tokens < cached[1]
 
 
-async def test_previous_response_id_continues_a_stored_response(
-    client: AsyncOpenAI, upstream: OpenAIUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_previous_response_id_continues_a_stored_response(client: AsyncOpenAI, upstream: OpenAIUpstream) -> None:
     upstream.responses_responder = default_responses_responder
     first = await client.responses.create(model=MODEL, input="hello")
     second = await client.responses.create(model=MODEL, input="again", previous_response_id=first.id)
@@ -353,7 +426,7 @@ async def test_previous_response_id_continues_a_stored_response(
     assert first.usage is not None and second.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     unstored = await client.responses.create(model=MODEL, input="hello", store=False)
-    assert await post(http, upstream, {"model": MODEL, "input": "x", "previous_response_id": unstored.id}) == (
+    assert await post(upstream, {"model": MODEL, "input": "x", "previous_response_id": unstored.id}) == (
         400,
         invalid(
             f"Previous response with id '{unstored.id}' not found.",
@@ -406,16 +479,14 @@ async def test_the_compact_endpoint_returns_the_user_messages_and_one_compaction
     assert second.usage is not None and window.usage.input_tokens > second.usage.input_tokens
     upstream.responses_responder = default_responses_responder
     follow_up = {"role": "user", "content": "next"}
-    resumed = await client.responses.create(
-        model=MODEL, input=[*[i.model_dump(exclude_none=True) for i in window.output], follow_up], store=False
-    )
+    # The SDK types the listed user messages as output messages, whose parts it expects to be output_text.
+    compacted_window = [item.model_dump(exclude_none=True, warnings=False) for item in window.output]
+    resumed = await client.responses.create(model=MODEL, input=[*compacted_window, follow_up], store=False)
     assert resumed.output_text == "ok 3 items"  # the user message before the compaction item stays seen
     assert resumed.usage is not None and resumed.usage.input_tokens < window.usage.input_tokens
 
 
-async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_output(
-    http: aiohttp.ClientSession,
-) -> None:
+async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_output() -> None:
     seen: list[list[dict[str, Any]]] = []
 
     def record(request: dict[str, Any]) -> ResponsesReply:
@@ -429,8 +500,8 @@ async def test_truncation_auto_drops_the_oldest_items_never_a_call_without_its_o
         items.append({"type": "function_call_output", "call_id": f"call_{n}", "output": "found " * 40})
     async with OpenAIUpstream(context_window=400, responses_responder=record) as upstream:
         body = {"model": MODEL, "input": items}
-        assert await post(http, upstream, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
-        status, answer = await post(http, upstream, {**body, "truncation": "auto"})
+        assert await post(upstream, body) == (400, invalid(OVERFLOW_MESSAGE, code="context_length_exceeded"))
+        status, answer = await post(upstream, {**body, "truncation": "auto"})
         assert status == 200 and answer["truncation"] == "auto"
         assert answer["usage"]["input_tokens"] <= 400
         kept = seen[-1]
@@ -462,3 +533,189 @@ async def test_function_calls_the_responder_names_keep_their_call_ids(
     assert calls[0].call_id == "call_a" and calls[1].call_id.startswith("call_")
     arguments = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     assert arguments == ['{"q": "a"}', '{"q": "b"}']
+
+
+async def test_max_output_tokens_cuts_the_text_and_marks_the_response_incomplete(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = lambda request: ResponsesReply(text="word " * 100, reasoning=True)
+    response = await client.responses.create(model=MODEL, input="talk", max_output_tokens=50)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 50
+    events, streamed_response = await streamed_until(client, "response.incomplete", model=MODEL, input="talk")
+    assert streamed_response.status == "incomplete" and events[-1].type == "response.incomplete"
+
+
+async def streamed_until(client: AsyncOpenAI, last: str, **params: Any) -> tuple[list[Any], Response]:
+    events = [event async for event in await client.responses.create(stream=True, max_output_tokens=50, **params)]
+    assert events[-1].type == last
+    return events, events[-1].response
+
+
+async def test_the_input_tokens_endpoint_counts_what_create_would(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.responses_responder = default_responses_responder
+    params: dict[str, Any] = {"model": MODEL, "instructions": "be brief", "tools": TOOLS, "input": "count me"}
+    counted = await client.responses.input_tokens.count(**params)
+    response = await client.responses.create(**params)
+    assert counted.object == "response.input_tokens"
+    assert response.usage is not None and counted.input_tokens == response.usage.input_tokens
+
+
+def _user(size: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "ask " * size}]
+
+
+def _call(size: int, interrupted: bool, call_id: str) -> list[dict[str, Any]]:
+    """A call and its output, with a user message between them when `interrupted`."""
+    arguments = json.dumps({"q": "term " * size})
+    call = {"type": "function_call", "call_id": call_id, "name": "search", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": call_id, "output": "found " * size}
+    return [call, *(_user(3) if interrupted else []), output]
+
+
+conversation_items = st.lists(
+    st.one_of(
+        st.builds(_user, st.integers(1, 60)),
+        st.builds(_call, st.integers(1, 60), st.booleans(), st.uuids().map(lambda u: f"call_{u.hex[:12]}")),
+    ),
+    max_size=12,
+).map(lambda groups: [item for group in groups for item in group])
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=conversation_items, share=st.floats(0, 1))
+def test_truncation_keeps_the_newest_items_that_fit_never_a_call_without_its_output(
+    items: list[dict[str, Any]], share: float
+) -> None:
+    budget = int(share * len(prompt_sequence("be brief", TOOLS, items, "o200k_base")))
+    before = json.dumps(items)
+    kept = truncate_to_fit("be brief", TOOLS, items, "o200k_base", budget)
+    assert json.dumps(items) == before  # input never mutated
+    if kept:  # a tail of the items, less the outputs of the calls dropped before it
+        start = next(i for i, item in enumerate(items) if item is kept[0])
+        dropped = {item["call_id"] for item in items[:start] if item.get("type") == "function_call"}
+        assert kept == [item for item in items[start:] if item.get("call_id") not in dropped]
+    check_pairing(kept)
+    if kept:
+        assert len(prompt_sequence("be brief", TOOLS, kept, "o200k_base")) <= budget
+    if len(prompt_sequence("be brief", TOOLS, items, "o200k_base")) <= budget:
+        assert kept == items
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "expected"),
+    [
+        ({"model": None}, 400, invalid(*type_error("model", "a string", "an object"))),
+        ({"model": ""}, 400, invalid("The requested model '' does not exist.", "model", "model_not_found")),
+        ({"input": None}, 400, invalid(*type_error("input", "a string", "an object"))),
+        ({"zzz_unknown": 1}, 400, invalid("Unknown parameter: 'zzz_unknown'.", "zzz_unknown", "unknown_parameter")),
+        ({"stre": 1}, 400, invalid("Unknown parameter: 'stre'. Did you mean 'store' or 'stream'?", "stre", UNKNOWN)),
+        ({"strem": 1}, 400, invalid("Unknown parameter: 'strem'. Did you mean 'stream' or 'store'?", "strem", UNKNOWN)),
+        ({"modell": 1}, 400, invalid("Unknown parameter: 'modell'.", "modell", UNKNOWN)),
+        (
+            {"stream_options": {"include_usage": True}},
+            400,
+            invalid("Unknown parameter: 'stream_options.include_usage'.", "stream_options.include_usage", UNKNOWN),
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            400,
+            invalid(
+                "Unsupported parameter: 'messages'. In the Responses API, this parameter has moved to 'input'. "
+                "Try again with the new parameter. See the API documentation for more information: "
+                "https://platform.openai.com/docs/api-reference/responses/create.",
+                None,
+                "unsupported_parameter",
+            ),
+        ),
+        (
+            {"include": ["bogus.thing"]},
+            400,
+            invalid(
+                "Invalid value: 'bogus.thing'. Supported values are: 'file_search_call.results', "
+                "'web_search_call.results', 'web_search_call.action.sources', 'message.input_image.image_url', "
+                "'computer_call_output.output.image_url', 'code_interpreter_call.outputs', "
+                "'reasoning.encrypted_content', and 'message.output_text.logprobs'.",
+                "include[0]",
+                "invalid_value",
+            ),
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            400,
+            invalid("Missing required parameter: 'tools[0].name'.", "tools[0].name", "missing_required_parameter"),
+        ),
+        ({"tools": "x"}, 400, invalid(*type_error("tools", "an array of tools", "a string"))),
+        ({"store": "x"}, 400, invalid(*type_error("store", "a boolean", "a string"))),
+        (
+            {"max_output_tokens": 15},
+            400,
+            invalid(
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 15 instead.",
+                "max_output_tokens",
+                "integer_below_min_value",
+            ),
+        ),
+        (
+            {"truncation": "bogus"},
+            400,
+            invalid(
+                "Invalid value: 'bogus'. Supported values are: 'auto' and 'disabled'.", "truncation", "invalid_value"
+            ),
+        ),
+        (
+            {"input": []},
+            400,
+            invalid(
+                "One of \"input\" or \"previous_response_id\" or 'prompt' or 'conversation' must be provided.",
+                None,
+                "missing_required_parameter",
+            ),
+        ),
+        (
+            {"conversation": "conv_x", "previous_response_id": "resp_x"},
+            400,
+            invalid(
+                "Mutually exclusive parameters: ''. Ensure you are only providing one of: 'pre..._id' or "
+                "'conversation'.",
+                None,
+                "mutually_exclusive_parameters",
+            ),
+        ),
+        ({"conversation": "conv_x"}, 404, invalid("Conversation with id 'conv_x' not found.", None)),
+    ],
+)
+async def test_malformed_requests_are_refused_with_openais_body(
+    upstream: OpenAIUpstream, extra: dict[str, Any], status: int, expected: dict[str, Any]
+) -> None:
+    assert await post(upstream, {"model": MODEL, "input": "hi", **extra}) == (status, expected)
+
+
+async def test_a_request_without_input_is_refused_before_its_unknown_keys(upstream: OpenAIUpstream) -> None:
+    missing = invalid("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    assert await post(upstream, {"model": MODEL, "zzz": 1}) == (400, missing)
+
+
+async def test_a_conversation_keeps_its_items_across_responses(client: AsyncOpenAI, upstream: OpenAIUpstream) -> None:
+    upstream.responses_responder = default_responses_responder
+    conversation = await client.conversations.create(items=[{"role": "system", "content": "be brief"}])
+    assert conversation.id.startswith("conv_")
+    first = await client.responses.create(model=MODEL, input="hello", conversation=conversation.id)
+    second = await client.responses.create(model=MODEL, input="again", conversation={"id": conversation.id})
+    assert first.output_text == "ok 2 items" and second.output_text == "ok 4 items"
+    assert second.conversation is not None and second.conversation.id == conversation.id
+
+
+async def test_a_scripted_cut_breaks_a_responses_stream_before_its_completion(
+    client: AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
+    upstream.fail_next(cut_after_chunks=3)
+    seen: list[str] = []
+    with pytest.raises(openai.APIError):
+        async for event in await client.responses.create(model=MODEL, input="hi", stream=True):
+            seen.append(event.type)
+    assert seen == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert upstream.streams_started == 1 and upstream.streams_completed == 0

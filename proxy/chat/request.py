@@ -91,6 +91,11 @@ class ChatRequest:
         return model if isinstance(model, str) else None
 
     @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
+        return reserved(self.body, "max_completion_tokens", "max_tokens")
+
+    @property
     def overhead_fields(self) -> Mapping[str, Any]:
         """The fields the engine counts besides the messages (the tools): the body itself."""
         return self.body
@@ -117,6 +122,15 @@ class ChatRequest:
     def with_messages(self, messages: list[Message]) -> bytes:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
+
+
+def reserved(body: Mapping[str, Any], *fields: str) -> int:
+    """The first of `fields` that is a positive integer (a reply's token reservation), else 0."""
+    for name in fields:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def json_object(raw: bytes | str) -> dict[str, Any]:

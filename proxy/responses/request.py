@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object
+from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.engine.messages import Message
 from proxy.responses.items import Item, Units
 
@@ -53,15 +53,25 @@ class ResponsesRequest:
         return self.body.get("previous_response_id") is not None or self.body.get("conversation") is not None
 
     @property
-    def previous_response_id(self) -> str | None:
-        """The response this request continues, if it names one."""
+    def provider_chain(self) -> str | None:
+        """What names the history the provider keeps: `previous_response_id`, else the `conversation`'s id."""
         previous = self.body.get("previous_response_id")
-        return previous if isinstance(previous, str) else None
+        if isinstance(previous, str):
+            return "response:" + previous
+        conversation = self.body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        return "conversation:" + conversation if isinstance(conversation, str) else None
 
     @property
     def manages_context(self) -> bool:
         """Whether the client set context management of its own (`context_management`, `truncation: auto`)."""
         return bool(self.body.get("context_management")) or self.body.get("truncation") == "auto"
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_output_tokens`."""
+        return reserved(self.body, "max_output_tokens")
 
     @cached_property
     def overhead_fields(self) -> Mapping[str, Any]:

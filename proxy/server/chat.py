@@ -34,6 +34,7 @@ from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.relay import Transform, finish, pump, start_response, write
 from proxy.server.sse import StopReason, StreamObserver
+from proxy.server.stream_prelude import Prelude, read_prelude
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -165,20 +166,28 @@ async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> 
 
 
 async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan) -> web.StreamResponse:
-    """Forward the plan's body; on a non-2xx answer let `complete()` decide on one retry with a new plan."""
+    """Forward the plan's body; on a refusal let `complete()` decide on one retry with a new plan.
+
+    A refusal is a non-2xx answer, or a stream that opens with one (see `proxy.server.stream_prelude`).
+    """
     record = request[RECORD]
     sent = time.perf_counter()
     async with _send(request, target, plan.body) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
-            return await _relay_chat(request, response, plan)
-        error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
-        encoding = content_encoding(response.headers)
-        outcome = outcome_from_body(response.status, error if whole else None, encoding)
-        retry = await _complete(request, plan, outcome)
-        if retry is None:
-            return await _relay_buffered(request, response, plan, error)
+            prelude = await _prelude(request, response)
+            refused = prelude.refusal is not None
+            retry = await _complete(request, plan, ChatOutcome(400, error_body=prelude.refusal)) if refused else None
+            if retry is None:
+                return await _relay_chat(request, response, plan, prelude.data)
+        else:
+            error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
+            encoding = content_encoding(response.headers)
+            outcome = outcome_from_body(response.status, error if whole else None, encoding)
+            retry = await _complete(request, plan, outcome)
+            if retry is None:
+                return await _relay_buffered(request, response, plan, error)
     record.retried = True
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
@@ -186,6 +195,14 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         return await _relay_chat(request, response, retry)
+
+
+async def _prelude(request: web.Request, response: aiohttp.ClientResponse) -> Prelude:
+    """The opening events of an uncompressed stream, held back (nothing for any other answer)."""
+    if response.content_type != "text/event-stream" or content_encoding(response.headers) != "identity":
+        return Prelude(b"")
+    upstream = request.app[UPSTREAM]
+    return await read_prelude(lambda: upstream.read_chunk(response))
 
 
 async def _read_capped(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
@@ -212,8 +229,13 @@ async def _relay_buffered(
     return out
 
 
-async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan) -> web.StreamResponse:
-    """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`."""
+async def _relay_chat(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes = b""
+) -> web.StreamResponse:
+    """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
+
+    :param head: The answer's first bytes, already read (a stream's opening events).
+    """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     encoding = content_encoding(response.headers)
@@ -235,6 +257,9 @@ async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, pl
         collector = Collector(settings.max_body_bytes)
         transform = collector
     out = await start_response(request, response, extra_headers=plan.response_headers, drop_length=strip)
+    first = transform(head) if head and transform is not None else head
+    if first and not await write(request, out, first):
+        return out
     if not await pump(request, out, response, transform):
         return out
     if observer is not None:

@@ -179,3 +179,19 @@ async def test_an_sdk_agent_with_reasoning_streams_through_a_compacting_proxy(
     assert final.output_text.startswith("done")
     forwarded = json.dumps(upstream.responses_requests[-1]["input"])
     assert "to free up context" in forwarded, "the run was compacted"
+
+
+async def test_an_overflow_inside_the_stream_is_retried_before_the_client_sees_it(
+    upstream: OpenAIUpstream, proxies: LoopbackProxies
+) -> None:
+    upstream.context_window = 3000
+    upstream.responses_overflow_in_stream = True
+    proxy = await proxies.start()  # believes the model has 32,000 tokens
+    items = tool_history(steps=8, output_words=500)
+    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
+        raw = await client.responses.with_raw_response.create(model=MODEL, input=items, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+        events = [event.type async for event in raw.parse()]
+    assert raw.headers["X-Compaction"] == "compacted-after-overflow"
+    assert "error" not in events and events[-1] == "response.completed"
+    assert events[:2] == ["response.created", "response.in_progress"]
+    assert len(upstream.responses_requests) == 2

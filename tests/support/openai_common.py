@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +19,7 @@ from tests.support.openai_tokens import encode
 __all__ = [
     "OpenAIError",
     "invalid_type",
+    "invalid_value",
     "json_response",
     "missing_parameter",
     "parse_json_body",
@@ -64,6 +65,13 @@ def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
     return OpenAIError(
         f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param, code="invalid_type"
     )
+
+
+def invalid_value(value: str, supported: Sequence[str], param: str) -> OpenAIError:
+    """OpenAI's enum error, listing "'a' and 'b'" for two values, "'a', 'b', and 'c'" for more."""
+    quoted = [f"'{v}'" for v in supported]
+    listed = " and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+    return OpenAIError(f"Invalid value: '{value}'. Supported values are: {listed}.", param=param, code="invalid_value")
 
 
 def _json_type_name(value: object) -> str:

@@ -44,6 +44,7 @@ from proxy.engine.encodings import get_encoding
 from tests.support.openai_common import (
     OpenAIError,
     invalid_type,
+    invalid_value,
     json_response,
     missing_parameter,
     parse_json_body,
@@ -58,7 +59,7 @@ from tests.support.openai_tokens import (
     encoding_name_for_model,
     prompt_token_sequence,
 )
-from tests.support.responses_api import ResponsesResponder, response_object
+from tests.support.responses_api import ResponsesResponder, response_object, responses_tool_loop_responder
 from tests.support.responses_server import ResponsesService
 from tests.support.responses_stream import error_events, response_events, sse_frame
 
@@ -224,10 +225,7 @@ def _validate_message(index: int, message: object) -> None:
     if role is None:
         raise missing_parameter(f"{where}.role")
     if role not in VALID_ROLES:
-        supported = ", ".join(f"'{r}'" for r in VALID_ROLES[:-1]) + f", and '{VALID_ROLES[-1]}'"
-        raise OpenAIError(
-            f"Invalid value: '{role}'. Supported values are: {supported}.", param=f"{where}.role", code="invalid_value"
-        )
+        raise invalid_value(str(role), VALID_ROLES, f"{where}.role")
     content = message.get("content")
     if "content" not in message and role in ("system", "developer", "user", "tool"):
         raise missing_parameter(f"{where}.content")
@@ -532,9 +530,11 @@ class OpenAIUpstream:
         `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
         even when the fake runs in another process.
 
-    The Responses API (`POST /v1/responses` and `/v1/responses/compact`) is served by `ResponsesService` (see
-    `tests.support.responses_server` for its rules); `responses_requests` lists its parsed create bodies and
-    `responses_usages` the usage of each response it answered. `fail_next` and `misreport_usage_next` apply to it too.
+    The Responses API (`POST /v1/responses`, `/v1/responses/compact`, `/v1/responses/input_tokens` and
+    `/v1/conversations`) is served
+    by `responses_service` (see `tests.support.responses_server` for its rules); `responses_requests` lists its
+    parsed create bodies and `responses_usages` the usage of each response or compaction it answered. `fail_next`
+    and `misreport_usage_next` apply to it too.
 
     Observations besides `requests`: `streams_started`, `streams_completed` and `streams_aborted` count streamed
     answers begun, sent whole, and broken off because the client (the proxy) went away mid-stream; `abort_event`
@@ -708,6 +708,8 @@ class OpenAIUpstream:
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._chat_completions)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/responses/compact", self._responses_compact)
+        app.router.add_post("/v1/responses/input_tokens", self._responses_input_tokens)
+        app.router.add_post("/v1/conversations", self._create_conversation)
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model}", self._get_model)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -882,6 +884,14 @@ class OpenAIUpstream:
         self.responses_usages.append(compacted["usage"])
         return json_response(compacted, headers=self._response_headers())
 
+    async def _responses_input_tokens(self, request: web.Request) -> web.Response:
+        counted = self.responses_service.count(parse_json_body(await request.read()))
+        return json_response(counted, headers=self._response_headers())
+
+    async def _create_conversation(self, request: web.Request) -> web.Response:
+        created = self.responses_service.create_conversation(parse_json_body(await request.read()))
+        return json_response(created, headers=self._response_headers())
+
     def _aborted(self) -> None:
         self.streams_aborted += 1
         self.abort_event.set()
@@ -1018,7 +1028,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model-window", action="append", default=[], metavar="MODEL=TOKENS", help="per-model window (repeatable)"
     )
-    parser.add_argument("--tool-loop", metavar="TOOL", help="answer with tool_loop_responder(TOOL, --steps)")
+    parser.add_argument(
+        "--tool-loop",
+        metavar="TOOL",
+        help="answer with tool_loop_responder(TOOL, --steps), and responses_tool_loop_responder on /v1/responses",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--stream-chunk-delay", type=float, default=0.0, help="seconds between SSE chunks")
@@ -1029,6 +1043,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 async def _serve(args: argparse.Namespace) -> None:
     windows = {model: int(tokens) for model, tokens in (item.split("=", 1) for item in args.model_window)}
     responder = tool_loop_responder(args.tool_loop, args.steps, parallel=args.parallel) if args.tool_loop else None
+    responses_responder = (
+        responses_tool_loop_responder(args.tool_loop, args.steps, parallel=args.parallel) if args.tool_loop else None
+    )
     upstream = OpenAIUpstream(
         responder,
         context_window=args.context_window,
@@ -1037,6 +1054,7 @@ async def _serve(args: argparse.Namespace) -> None:
         port=args.port,
         stream_chunk_delay=args.stream_chunk_delay,
         stream_digests=args.stream_digests,
+        responses_responder=responses_responder,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

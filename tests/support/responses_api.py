@@ -6,6 +6,9 @@ and function calls. `build_output` turns the reply into output items with OpenAI
 `msg_...`, `fc_...`, `cmp_...`) and says, for each, what the reasoning rules must remember about it
 (`tests.support.responses_items.ItemOrigin`). `response_object` wraps them into the `response` object with usage.
 
+`max_output_tokens` cuts the text (never the reasoning or the calls) so the output fits, and then the response is
+"incomplete" with reason "max_output_tokens", as OpenAI reports a cut answer.
+
 Output tokens: a reasoning item costs `reasoning_tokens` (its hidden reasoning) plus its summary, a message its
 text, a function call its name and arguments. The reasoning item's `encrypted_content` (sent only when `include`
 asks for `reasoning.encrypted_content`) is built to count exactly `reasoning_tokens` when it is sent back as input.
@@ -17,11 +20,12 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.engine.encodings import get_encoding
 from tests.support.openai_common import tool_call_id
-from tests.support.openai_tokens import count_text
+from tests.support.openai_tokens import count_text, encode
 from tests.support.responses_items import ItemOrigin, item_shape, item_type
 from tests.support.responses_tokens import compaction_blob, opaque_blob
 
@@ -34,13 +38,13 @@ __all__ = [
     "compaction_item",
     "default_responses_responder",
     "fake_id",
+    "limit_reply",
     "response_object",
     "responses_tool_loop_responder",
     "responses_usage",
 ]
 
 DEFAULT_REASONING_TOKENS = 32
-_REASONING_MAGIC = b"fake-reasoning:"
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,9 @@ def responses_tool_loop_responder(
 
     Each step makes up to `parallel` calls (never more than `steps` in all since the latest user message the model
     sees), preceded by a reasoning item when `reasoning`. The final text defaults to "done: <n> tool calls".
-    Arguments default to `{"step": s, "call": k}`. Call ids derive only from the conversation, so a replayed request
-    gets the same ones.
+    Arguments default to `{"step": s, "call": k}`. Call ids derive only from the conversation (the latest user
+    message, and the first item seen, which after a compaction is the compaction item), so a replayed request gets
+    the same ones and a new window new ones.
     """
 
     def respond(request: dict[str, Any]) -> ResponsesReply:
@@ -103,7 +108,7 @@ def responses_tool_loop_responder(
             return ResponsesReply(text=text, reasoning=reasoning, reasoning_summary="Answering." if reasoning else "")
         step = answered + 1
         turn = sum(1 for item in items if _is_user_message(item))
-        anchor = _text(items[last_user]) if last_user >= 0 else ""
+        anchor = (_text(items[last_user]) if last_user >= 0 else "", items[0].get("id") if items else None)
         calls = tuple(
             FunctionCall(
                 name=tool_name,
@@ -153,10 +158,27 @@ def compaction_item(seed: str, tokens: int, *, keeps_user_messages: bool) -> dic
     }
 
 
+def limit_reply(reply: ResponsesReply, limit: int | None, encoding_name: str) -> tuple[ResponsesReply, bool]:
+    """Cut the reply's text so its output fits `limit` tokens; say whether anything was cut."""
+    if not limit or reply.text is None:
+        return reply, False
+    others = build_output(replace(reply, text=None), "", encrypted_reasoning=False, encoding_name=encoding_name)
+    tokens = encode(reply.text, encoding_name)
+    room = max(0, limit - others.output_tokens)
+    if len(tokens) <= room:
+        return reply, False
+    return replace(reply, text=get_encoding(encoding_name).decode(list(tokens[:room]))), True
+
+
 def build_output(
-    reply: ResponsesReply, response_id: str, *, encrypted_reasoning: bool, encoding_name: str
+    reply: ResponsesReply,
+    response_id: str,
+    *,
+    encrypted_reasoning: bool,
+    encoding_name: str,
+    incomplete: bool = False,
 ) -> IssuedOutput:
-    """Turn `reply` into output items with ids, in order: reasoning, message, function calls."""
+    """Turn `reply` into output items with ids, in order: reasoning, message (incomplete if cut), function calls."""
     items: list[dict[str, Any]] = []
     output_tokens = reasoning_tokens = 0
     if reply.reasoning:
@@ -164,13 +186,14 @@ def build_output(
         item: dict[str, Any] = {"id": fake_id("rs", response_id), "type": "reasoning", "summary": summary}
         if encrypted_reasoning:
             seed = f"{response_id}:reasoning"
-            item["encrypted_content"] = opaque_blob(_REASONING_MAGIC, seed, reply.reasoning_tokens)
+            item["encrypted_content"] = opaque_blob(f"fake-reasoning:{seed}", reply.reasoning_tokens)
         items.append(item)
         reasoning_tokens = reply.reasoning_tokens + count_text(reply.reasoning_summary, encoding_name)
         output_tokens += reasoning_tokens
     if reply.text is not None:
         part = {"type": "output_text", "annotations": [], "logprobs": [], "text": reply.text}
-        message = {"id": fake_id("msg", response_id), "type": "message", "status": "completed"}
+        status = "incomplete" if incomplete else "completed"
+        message = {"id": fake_id("msg", response_id), "type": "message", "status": status}
         items.append({**message, "role": "assistant", "content": [part]})
         output_tokens += count_text(reply.text, encoding_name)
     for k, call in enumerate(reply.function_calls):

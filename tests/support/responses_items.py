@@ -2,12 +2,20 @@
 
 What is checked, each with the error body OpenAI answers (status 400, `type: "invalid_request_error"`):
 
-- **Shape.** `input` is a string or an array of objects. Each item has a known `type` (a message may leave it out
-  and give only `role`); anything else is "Invalid value: 'x'. Supported values are: ..." (param `input[i]`,
-  code `invalid_value`). Messages need a valid `role` and a `content` string or array of known parts; function and
-  custom tool calls need `call_id`, `name` and `arguments`/`input`; their outputs need `call_id` and `output`;
-  reasoning items need `summary`; compaction items need `encrypted_content`. Other built-in tool items
-  (`web_search_call`, `computer_call`, `mcp_call`, ...) are accepted as they are.
+- **Shape**, worded as OpenAI's live API answers. Each item is an object ("Invalid type for 'input[i]': expected an
+  input item, but got ... instead.") with a known `type` (a message may leave it out and give only `role`); else
+  "Invalid value: 'x'. Supported values are: ..." (param `input[i]`, code `invalid_value`; an item with neither is
+  refused for its role, ''). Messages need a valid `role` (same param) and a `content` string or array of parts of a
+  known type (param `input[i].content[k].type`) that fits the role: input parts for user, system and developer
+  messages, output text and refusals for assistant ones (param `input[i].content[k]`). Function and custom tool
+  calls need `call_id`, `name` and `arguments`/`input`; their outputs need `call_id` and `output`; reasoning items
+  need `summary`; compaction items need `encrypted_content`. These items take only the members OpenAI documents for
+  them: "Unknown parameter: 'input[i].x'." (code `unknown_parameter`). Other built-in tool items (`web_search_call`,
+  `computer_call`, `mcp_call`, ...) are accepted as they are. An item `id` must begin with its
+  type's prefix (`fc` for function calls, `rs` reasoning, `msg` messages, `cmp` compaction): "Invalid
+  'input[i].id': '{id}'. Expected an ID that begins with 'fc'." (code `invalid_value`).
+- **Unique ids** (param `input`, code null): "Duplicate item found with id {id}. Remove duplicate items from your
+  input and try again.", also when an item repeats one of the stored response that `previous_response_id` names.
 - **Pairing** (param `input`, code null), as OpenAI words it:
   "No tool call found for function call output with call_id {call_id}." for an output before (or without) its call,
   "No tool output found for function call {call_id}." for a call with no output after it. Custom tool calls get
@@ -28,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
+from tests.support.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
 
 __all__ = [
     "CALL_OUTPUT_TYPES",
@@ -36,17 +44,45 @@ __all__ = [
     "ItemOrigin",
     "check_pairing",
     "check_reasoning",
+    "check_unique_ids",
     "item_shape",
     "item_type",
     "normalize_input",
     "validate_items",
 ]
 
-MESSAGE_ROLES = ("assistant", "developer", "system", "user")
-CONTENT_PART_TYPES = ("input_file", "input_image", "input_text", "output_text", "refusal")
+MESSAGE_ROLES = ("assistant", "system", "developer", "user")
+CONTENT_PART_TYPES = (
+    "input_text",
+    "input_image",
+    "input_audio",
+    "output_text",
+    "refusal",
+    "input_file",
+    "computer_screenshot",
+    "summary_text",
+    "encrypted_content",
+)
+_INPUT_PART_TYPES = ("input_text", "input_image", "input_file", "scoped_content", "input_audio")
+_OUTPUT_PART_TYPES = ("output_text", "refusal")
+
+_CALL_MEMBERS = frozenset({"type", "id", "call_id", "caller", "namespace"})
+_MEMBERS: dict[str, frozenset[str]] = {
+    "message": frozenset({"type", "role", "content", "id", "status"}),
+    "function_call": _CALL_MEMBERS | {"name", "arguments", "status", "async"},
+    "function_call_output": _CALL_MEMBERS | {"output", "status", "name"},
+    "custom_tool_call": _CALL_MEMBERS | {"name", "input", "async"},
+    "custom_tool_call_output": frozenset({"type", "id", "call_id", "output", "caller"}),
+    "reasoning": frozenset({"type", "id", "summary", "content", "encrypted_content", "status"}),
+    "compaction": frozenset({"type", "id", "encrypted_content", "created_by"}),
+    "item_reference": frozenset({"type", "id"}),
+}
+"""The members each item kind takes (the official SDK's input item params); assistant messages also take `phase`."""
 
 CALL_OUTPUT_TYPES = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 """Each client-run tool's output type, mapped to the call type it answers by `call_id`."""
+
+_ID_PREFIXES = {"function_call": "fc", "reasoning": "rs", "message": "msg", "compaction": "cmp"}
 
 _CALL_WORDS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
 
@@ -86,6 +122,13 @@ ITEM_TYPES = tuple(
             "mcp_call",
             "tool_search_call",
             "tool_search_output",
+            "additional_tools",
+            "agent_message",
+            "compaction_trigger",
+            "multi_agent_call",
+            "multi_agent_call_output",
+            "program",
+            "program_output",
         }
     )
 )
@@ -125,7 +168,7 @@ def normalize_input(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     if not isinstance(value, list):
-        raise invalid_type("input", "one of a string or array of objects", value)
+        raise invalid_type("input", "one of a string or array of input items", value)
     validate_items(value)
     return list(value)
 
@@ -135,27 +178,70 @@ def validate_items(items: Sequence[Any]) -> None:
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, dict):
-            raise invalid_type(where, "an object", item)
+            raise invalid_type(where, "an input item", item)
         kind = item_type(item)
-        if kind not in ITEM_TYPES:
-            raise _invalid_value(kind, ITEM_TYPES, f"{where}.type" if "type" in item else where)
+        if "type" in item and kind not in ITEM_TYPES:
+            raise invalid_value(kind, ITEM_TYPES, where)
+        if kind == "message" or "type" not in item:
+            _validate_role(where, item)
+        _validate_members(where, kind, item)
+        _validate_id(where, kind, item.get("id"))
         for field in _REQUIRED_STRINGS.get(kind, ()):
             if not isinstance(item.get(field), str):
                 raise missing_parameter(f"{where}.{field}")
         if kind == "message":
-            _validate_message(where, item)
+            _validate_content(where, item)
         elif kind in CALL_OUTPUT_TYPES and not isinstance(item.get("output"), str | list):
             raise missing_parameter(f"{where}.output")
         elif kind == "reasoning" and not isinstance(item.get("summary"), list):
             raise missing_parameter(f"{where}.summary")
 
 
-def _validate_message(where: str, message: Mapping[str, Any]) -> None:
+def _validate_role(where: str, message: Mapping[str, Any]) -> None:
     role = message.get("role")
-    if role is None:
-        raise missing_parameter(f"{where}.role")
     if role not in MESSAGE_ROLES:
-        raise _invalid_value(str(role), MESSAGE_ROLES, f"{where}.role")
+        raise invalid_value(role if isinstance(role, str) else "", MESSAGE_ROLES, where)
+
+
+def _validate_members(where: str, kind: str, item: Mapping[str, Any]) -> None:
+    known = _MEMBERS.get(kind)
+    if known is None:
+        return
+    if kind == "message" and item.get("role") == "assistant":
+        known = known | {"phase"}
+    for key in item:
+        if key not in known:
+            raise OpenAIError(f"Unknown parameter: '{where}.{key}'.", param=f"{where}.{key}", code="unknown_parameter")
+
+
+def _validate_id(where: str, kind: str, item_id: Any) -> None:
+    prefix = _ID_PREFIXES.get(kind)
+    if item_id is None or prefix is None:
+        return
+    if not isinstance(item_id, str) or not item_id.startswith(prefix):
+        raise OpenAIError(
+            f"Invalid '{where}.id': '{item_id}'. Expected an ID that begins with '{prefix}'.",
+            param=f"{where}.id",
+            code="invalid_value",
+        )
+
+
+def check_unique_ids(items: Sequence[Mapping[str, Any]]) -> None:
+    """No two items share an `id` (item references aside, whose `id` names another item)."""
+    seen: set[str] = set()
+    for item in items:
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or item_type(item) == "item_reference":
+            continue
+        if item_id in seen:
+            raise OpenAIError(
+                f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+                param="input",
+            )
+        seen.add(item_id)
+
+
+def _validate_content(where: str, message: Mapping[str, Any]) -> None:
     content = message.get("content")
     if content is None:
         raise missing_parameter(f"{where}.content")
@@ -163,20 +249,18 @@ def _validate_message(where: str, message: Mapping[str, Any]) -> None:
         return
     if not isinstance(content, list):
         raise invalid_type(f"{where}.content", "one of a string or array of objects", content)
+    fitting = _OUTPUT_PART_TYPES if message.get("role") == "assistant" else _INPUT_PART_TYPES
     for k, part in enumerate(content):
         if not isinstance(part, dict):
             raise invalid_type(f"{where}.content[{k}]", "an object", part)
         kind = part.get("type")
         if kind not in CONTENT_PART_TYPES:
-            raise _invalid_value(str(kind or ""), CONTENT_PART_TYPES, f"{where}.content[{k}].type")
+            raise invalid_value(str(kind or ""), CONTENT_PART_TYPES, f"{where}.content[{k}].type")
+        if kind not in fitting:
+            raise invalid_value(str(kind), fitting, f"{where}.content[{k}]")
         text_field = {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(str(kind))
         if text_field and not isinstance(part.get(text_field), str):
             raise missing_parameter(f"{where}.content[{k}].{text_field}")
-
-
-def _invalid_value(value: str, supported: Sequence[str], param: str) -> OpenAIError:
-    listed = ", ".join(f"'{v}'" for v in supported[:-1]) + f", and '{supported[-1]}'"
-    return OpenAIError(f"Invalid value: '{value}'. Supported values are: {listed}.", param=param, code="invalid_value")
 
 
 def check_pairing(items: Sequence[Mapping[str, Any]]) -> None:

@@ -3,10 +3,16 @@
 `ResponsesService` takes parsed bodies and returns `response` objects (or raises `OpenAIError`); `OpenAIUpstream`
 routes requests to it, records them and streams the answers (`tests.support.responses_stream`). A create request:
 
-1. is validated (`tests.support.responses_items`: shape, pairing and reasoning rules, with OpenAI's error bodies);
+1. is validated (`tests.support.responses_items`: shape, unique ids, pairing and reasoning rules, with OpenAI's
+   error bodies), and every `encrypted_content` must be one this fake issued, unaltered: "The encrypted content for
+   item {id} could not be verified. Reason: Encrypted content could not be decrypted or parsed." (param null, code
+   `invalid_encrypted_content`);
+   Request-level checks come first (`tests.support.responses_request`);
 2. continues a stored response when it names `previous_response_id`: that response's seen input and output come
-   first ("Previous response with id '{id}' not found." with code `previous_response_not_found` otherwise);
-   `item_reference` items are replaced by the stored item they name ("Item with id '{id}' not found." otherwise);
+   first ("Previous response with id '{id}' not found." with code `previous_response_not_found` otherwise); or a
+   conversation (`POST /v1/conversations`) when it names `conversation`: its items come first, and the input and
+   output are added to it ("Conversation with id '{id}' not found.", status 404, otherwise);
+   `item_reference` items are replaced by the stored item they name ("Item with id '{id}' not found.", 404);
 3. is counted over the items the model sees (`tests.support.responses_tokens`); over the window (less
    `max_output_tokens`) it is refused with OpenAI's overflow body ("Your input exceeds the context window of this
    model. Please adjust your input and try again.", param `input`, code `context_length_exceeded`), unless
@@ -17,6 +23,8 @@ routes requests to it, records them and streams the answers (`tests.support.resp
 5. is answered by the responder, with prompt caching by the prefix rule (`PromptCache`) for `cached_tokens`;
 6. is stored (bounded, oldest forgotten first) unless `store` is false. Ids of issued items are remembered either
    way (bounded too), since the reasoning rules apply to `store: false` conversations as well.
+
+`/v1/responses/input_tokens` answers what a create request would count, without answering it.
 
 `/v1/responses/compact` returns the compacted window: every user message seen, then one compaction item standing
 for the rest (which keeps those user messages seen when the window is sent back), with usage for the pass.
@@ -39,18 +47,25 @@ from tests.support.responses_api import (
     compaction_item,
     default_responses_responder,
     fake_id,
+    limit_reply,
     response_object,
     responses_usage,
 )
-from tests.support.responses_items import ItemOrigin, check_pairing, check_reasoning, item_type, normalize_input
-from tests.support.responses_tokens import prompt_sequence, truncate_to_fit, visible_items
+from tests.support.responses_items import (
+    ItemOrigin,
+    check_pairing,
+    check_reasoning,
+    check_unique_ids,
+    item_type,
+    normalize_input,
+)
+from tests.support.responses_request import check_not_empty, validate_create_request
+from tests.support.responses_tokens import opaque_header, prompt_sequence, truncate_to_fit, visible_items
 
 __all__ = ["COMPACTION_RATIO", "ResponsesService", "context_window_error"]
 
 COMPACTION_RATIO = 10
 """A compaction item costs 1/COMPACTION_RATIO of the input tokens it stands for (at least 1)."""
-
-MAX_OUTPUT_TOKENS_MINIMUM = 16
 
 
 def context_window_error() -> OpenAIError:
@@ -85,12 +100,14 @@ class ResponsesService:
         self._origins: OrderedDict[str, ItemOrigin] = OrderedDict()
         self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._stored: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._conversations: dict[str, list[dict[str, Any]]] = {}
         self._max_remembered = max_remembered
         self._max_stored = max_stored
         self._serial = itertools.count(1)
 
     def clear(self) -> None:
-        """Forget stored responses and issued ids."""
+        """Forget stored responses, conversations and issued ids."""
+        self._conversations.clear()
         self._origins.clear()
         self._items.clear()
         self._stored.clear()
@@ -101,11 +118,12 @@ class ResponsesService:
 
     def create(self, body: dict[str, Any], response_id: str, misreport: Mapping[str, int]) -> dict[str, Any]:
         """Answer a create request with a finished `response` object, or raise OpenAI's error for it."""
-        _validate_create(body)
+        validate_create_request(body)
         model = str(body["model"])
         encoding_name = encoding_name_for_model(model)
         instructions, tools = body.get("instructions"), body.get("tools") or []
         full = self._conversation(body)
+        check_not_empty(body)
         seen = visible_items(full)
         budget = self._window_for(model) - int(body.get("max_output_tokens") or 0)
         sequence = prompt_sequence(instructions, tools, seen, encoding_name)
@@ -116,28 +134,46 @@ class ResponsesService:
             raise context_window_error()
         cached = self._cache.cached_tokens(model, sequence)
         compacted: list[dict[str, Any]] = []
+        compaction_tokens = 0
         threshold = _compact_threshold(body)
         if threshold is not None and len(sequence) > threshold:
-            tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
-            compacted = [compaction_item(response_id, tokens, keeps_user_messages=False)]
+            compaction_tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
+            compacted = [compaction_item(response_id, compaction_tokens, keeps_user_messages=False)]
         model_view = compacted or [dict(item) for item in seen]
-        reply = self.responder({**body, "input": model_view})
+        limit = body.get("max_output_tokens")
+        reply, cut = limit_reply(self.responder({**body, "input": model_view}), limit, encoding_name)
         include = body.get("include") or []
         issued = build_output(
             reply,
             response_id,
             encrypted_reasoning="reasoning.encrypted_content" in include,
             encoding_name=encoding_name,
+            incomplete=cut,
         )
         output = [*compacted, *issued.items]
-        compaction_tokens = sum(len(prompt_sequence(None, [], [c], encoding_name)) for c in compacted)
         usage = responses_usage(
             len(sequence), cached, issued.output_tokens + compaction_tokens, issued.reasoning_tokens
         )
         self._remember(issued.origins, output if body.get("store", True) else [])
         if body.get("store", True):
             self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
-        return response_object(response_id, body, output, {**usage, **misreport})
+        conversation = _conversation_id(body)
+        if conversation is not None:
+            self._conversations[conversation] += [*normalize_input(body["input"]), *output]
+        status, reason = ("incomplete", "max_output_tokens") if cut else ("completed", None)
+        answer = response_object(
+            response_id, body, output, {**usage, **misreport}, status=status, incomplete_reason=reason
+        )
+        return {**answer, "conversation": {"id": conversation}} if conversation is not None else answer
+
+    def count(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer `/v1/responses/input_tokens`: what a create request with this body would count as input."""
+        validate_create_request(body)
+        seen = visible_items(self._conversation(body))
+        check_not_empty(body)
+        encoding_name = encoding_name_for_model(str(body["model"]))
+        sequence = prompt_sequence(body.get("instructions"), body.get("tools") or [], seen, encoding_name)
+        return {"object": "response.input_tokens", "input_tokens": len(sequence)}
 
     def compact(self, body: dict[str, Any]) -> dict[str, Any]:
         """Answer `/v1/responses/compact`: the user messages seen, then one compaction item for the rest."""
@@ -149,7 +185,7 @@ class ResponsesService:
         sequence = prompt_sequence(body.get("instructions"), [], seen, encoding_name)
         if len(sequence) > self._window_for(model):
             raise context_window_error()
-        users = [{**item, "type": "message"} for item in seen if _is_user_message(item)]
+        users = [_as_output_message(item) for item in seen if _is_user_message(item)]
         rest = len(sequence) - len(prompt_sequence(None, [], users, encoding_name))
         response_id = self.new_response_id()
         tokens = max(1, math.ceil(rest / COMPACTION_RATIO))
@@ -163,9 +199,22 @@ class ResponsesService:
             "usage": responses_usage(len(sequence), cached, tokens, 0),
         }
 
+    def create_conversation(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer `POST /v1/conversations`: a new conversation holding `items` (checked like `input`)."""
+        items = normalize_input(body.get("items") or [])
+        conversation_id = fake_id("conv", next(self._serial))
+        self._conversations[conversation_id] = items
+        created = {"id": conversation_id, "object": "conversation", "created_at": int(time.time())}
+        return {**created, "metadata": body.get("metadata") or {}}
+
     def _conversation(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The stored prefix (for `previous_response_id`) and the input, references resolved, rules checked."""
+        """The stored prefix (previous response or conversation) and the input, references resolved, rules checked."""
         items = [self._resolve(item) for item in normalize_input(body.get("input", []))]
+        conversation = _conversation_id(body)
+        if conversation is not None:
+            if conversation not in self._conversations:
+                raise OpenAIError(f"Conversation with id '{conversation}' not found.", status=404)
+            items = [*self._conversations[conversation], *items]
         previous = body.get("previous_response_id")
         if previous is not None:
             if not isinstance(previous, str):
@@ -177,8 +226,10 @@ class ResponsesService:
                     code="previous_response_not_found",
                 )
             items = [*self._stored[previous], *items]
+        check_unique_ids(items)
         check_pairing(items)
         check_reasoning(items, self._origins)
+        _check_encrypted_content(items)
         return items
 
     def _resolve(self, item: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +237,7 @@ class ResponsesService:
             return item
         stored = self._items.get(str(item["id"]))
         if stored is None:
-            raise OpenAIError(f"Item with id '{item['id']}' not found.", param="input")
+            raise OpenAIError(f"Item with id '{item['id']}' not found.", status=404)
         return stored
 
     def _remember(self, origins: Mapping[str, ItemOrigin], stored_items: list[dict[str, Any]]) -> None:
@@ -203,43 +254,41 @@ class ResponsesService:
             table.popitem(last=False)
 
 
+def _check_encrypted_content(items: list[dict[str, Any]]) -> None:
+    """Refuse `encrypted_content` this fake did not issue, or altered, as OpenAI refuses what it cannot decrypt."""
+    for item in items:
+        content = item.get("encrypted_content")
+        if item_type(item) not in ("reasoning", "compaction") or content is None:
+            continue
+        if not isinstance(content, str) or opaque_header(content) is None:
+            text = str(content)
+            named = f"for item {item['id']}" if isinstance(item.get("id"), str) else f"{text[:4]}...{text[-4:]}"
+            raise OpenAIError(
+                f"The encrypted content {named} could not be verified. Reason: Encrypted content could not be "
+                "decrypted or parsed.",
+                code="invalid_encrypted_content",
+            )
+
+
 def _is_user_message(item: Mapping[str, Any]) -> bool:
     return item_type(item) == "message" and item.get("role") == "user"
 
 
-def _validate_create(body: Mapping[str, Any]) -> None:
-    """The request parameters besides `input` (see responses_items for the items)."""
-    if not body.get("model"):
-        raise missing_parameter("model")
-    for param, expected, kinds in (
-        ("instructions", "a string", (str,)),
-        ("tools", "an array", (list,)),
-        ("include", "an array", (list,)),
-        ("context_management", "an array", (list,)),
-        ("store", "a boolean", (bool,)),
-        ("stream", "a boolean", (bool,)),
-    ):
-        value = body.get(param)
-        if value is not None and not isinstance(value, kinds):
-            raise invalid_type(param, expected, value)
-    limit = body.get("max_output_tokens")
-    if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            raise invalid_type("max_output_tokens", "an integer", limit)
-        if limit < MAX_OUTPUT_TOKENS_MINIMUM:
-            raise OpenAIError(
-                f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
-                f"{MAX_OUTPUT_TOKENS_MINIMUM}, but got {limit} instead.",
-                param="max_output_tokens",
-                code="integer_below_min_value",
-            )
-    truncation = body.get("truncation")
-    if truncation not in (None, "auto", "disabled"):
-        raise OpenAIError(
-            f"Invalid value: '{truncation}'. Supported values are: 'auto' and 'disabled'.",
-            param="truncation",
-            code="invalid_value",
-        )
+def _as_output_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A user message as `/compact` lists it: the long form, its text as `input_text` parts."""
+    content = message.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    return {"type": "message", "role": "user", "content": parts}
+
+
+def _conversation_id(body: Mapping[str, Any]) -> str | None:
+    """The id of the conversation a request names (a string, or an object with `id`), or None."""
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    if conversation is not None and not isinstance(conversation, str):
+        raise invalid_type("conversation", "a string", conversation)
+    return conversation
 
 
 def _compact_threshold(body: Mapping[str, Any]) -> int | None:

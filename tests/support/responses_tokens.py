@@ -24,6 +24,10 @@ Counting rules (the chat rules carried over item by item; OpenAI publishes none 
 Simplified: OpenAI withholds reasoning items of earlier turns from the model (`input_transformations`); the fake
 counts every reasoning item it is sent, which over-counts and so never hides an overflow.
 
+The opaque content this fake issues (`opaque_blob`) is self-verifying: a header naming what it is, a NUL byte, and
+bytes derived from the header, at least 4 per token it should cost. `opaque_header` reads the header back, or
+says the content was not issued here or was altered, which `ResponsesService` refuses as OpenAI does.
+
 As in openai_tokens, the request is rendered into a token *sequence* whose length is the count, with negative
 marker ids for hidden tokens, so prompt caching compares prefixes the same way.
 
@@ -51,6 +55,7 @@ __all__ = [
     "compaction_blob",
     "item_token_sequence",
     "opaque_blob",
+    "opaque_header",
     "opaque_token_count",
     "prompt_sequence",
     "truncate_to_fit",
@@ -60,7 +65,7 @@ __all__ = [
 _ITEM_MARKERS = (-21, -22, -23)
 _PRIMING_MARKERS = (-25, -26, -27)
 _OPAQUE_MARKER_BASE = -3_000_000_000
-_COMPACTION_MAGIC = b"fake-compaction:"
+_COMPACTION_HEADER = "fake-compaction:"
 COMPACTION_KEEPS_USER_MESSAGES = "w"
 """Kind byte of a compaction item from `/v1/responses/compact`: user messages before it stay seen."""
 _COMPACTION_COVERS_ALL = "s"
@@ -83,21 +88,33 @@ def _opaque_tokens(content: str) -> list[int]:
     return [_OPAQUE_MARKER_BASE - digest] * opaque_token_count(content)
 
 
-def opaque_blob(prefix: bytes, seed: str, tokens: int) -> str:
-    """Deterministic base64 content that counts as exactly `tokens` tokens and starts with `prefix`."""
-    size = max(4 * tokens, len(prefix))
-    return base64.b64encode(prefix + hashlib.shake_256(seed.encode()).digest(size - len(prefix))).decode()
+def opaque_blob(header: str, tokens: int) -> str:
+    """Deterministic base64 content of `tokens` tokens (more if `header` needs it) that `opaque_header` verifies.
+
+    It is `header`, a NUL byte, then bytes derived from both, so any change to it is detected.
+    """
+    head = header.encode() + b"\0"
+    size = max(4 * tokens, len(head))
+    return base64.b64encode(head + hashlib.shake_256(head).digest(size - len(head))).decode()
+
+
+def opaque_header(content: str) -> str | None:
+    """The header of opaque content this fake issued, or None if it did not issue it or it was altered."""
+    head, separator, body = _decoded(content).partition(b"\0")
+    if not separator or hashlib.shake_256(head + separator).digest(len(body)) != body:
+        return None
+    return head.decode(errors="replace")
 
 
 def compaction_blob(seed: str, tokens: int, *, keeps_user_messages: bool) -> str:
     """The `encrypted_content` of a compaction item this fake issues, marked with what it stands for."""
     kind = COMPACTION_KEEPS_USER_MESSAGES if keeps_user_messages else _COMPACTION_COVERS_ALL
-    return opaque_blob(_COMPACTION_MAGIC + kind.encode(), seed, tokens)
+    return opaque_blob(f"{_COMPACTION_HEADER}{kind}:{seed}", tokens)
 
 
 def _keeps_user_messages(compaction: Mapping[str, Any]) -> bool:
-    data = _decoded(str(compaction.get("encrypted_content") or ""))
-    return data.startswith(_COMPACTION_MAGIC + COMPACTION_KEEPS_USER_MESSAGES.encode())
+    header = opaque_header(str(compaction.get("encrypted_content") or "")) or ""
+    return header.startswith(_COMPACTION_HEADER + COMPACTION_KEEPS_USER_MESSAGES)
 
 
 def visible_items(items: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
