@@ -18,7 +18,7 @@ unchanged: the proxy must never fail a request that would have succeeded without
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -56,6 +56,8 @@ from proxy.engine import (
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
+from proxy.offload.offloading import Offloading
+from proxy.offload.tool import with_read_tool
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
@@ -125,6 +127,7 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
+        self.offloading = Offloading(settings, self.store)
         self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
         self.observing = Compacting(self.chain, None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
@@ -226,7 +229,9 @@ class ChatCompactionService:
             self._log_unknown_model(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
-            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
+            return await self._forward(
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+            )
 
         counter = counter_for_model(model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
@@ -240,7 +245,9 @@ class ChatCompactionService:
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
-        outcome = await compacting.outcome(measured, context, lambda work: self._work(exchange, work, whole=True))
+        staging = self.offloading.staging(headers)
+        strategies = self.offloading.chain(self.chain, staging)
+        outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
@@ -249,8 +256,11 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
             self.metrics.requests.labels("unchanged").inc()
-            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
+            return await self._forward(
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+            )
 
+        await self.offloading.persist(tenant, staging, self.metrics)
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
@@ -270,7 +280,7 @@ class ChatCompactionService:
         chain = await self._work(
             exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
         )
-        return await self._forward(chat.body, exchange, compacted, chain)
+        return await self._forward(chat.body, exchange, compacted, chain, result.compacted.meta)
 
     async def _view(self, exchange: _Exchange) -> View:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
@@ -278,13 +288,24 @@ class ChatCompactionService:
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
     async def _forward(
-        self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
+        self,
+        raw: bytes,
+        exchange: _Exchange,
+        messages: list[Message] | None,
+        chain: list[bytes] | None,
+        meta: Sequence[Mapping[str, Any]] | None = None,
     ) -> ForwardPlan:
         """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
 
         :param chain: The chain of what is sent, when already known; computed here otherwise.
+        :param meta: The metadata of `messages`: when they hold offloaded results, the read tool is offered.
         """
         request = exchange.request
+        api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
+        offer = await self.offloading.offered(exchange.tenant, api, meta, self.metrics) if messages else None
+        if offer is not None:
+            request = with_read_tool(request)
+            exchange.headers.update(offer[1])
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
@@ -303,6 +324,7 @@ class ChatCompactionService:
             stream=request.stream,
             strip_usage_chunk=ask_usage,
             context=exchange,
+            reads=offer[0] if offer else None,
         )
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
@@ -365,7 +387,7 @@ class ChatCompactionService:
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
-        return await self._forward(b"", retry, list(result.compacted.messages), None)
+        return await self._forward(b"", retry, list(result.compacted.messages), None, result.compacted.meta)
 
     async def _work(self, exchange: _Exchange, work: Callable[[], T], *, whole: bool = False) -> T:
         """CPU work for this request: off the event loop when it is large.

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Final
 
 import aiohttp
@@ -25,6 +26,7 @@ from yarl import URL
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
+from proxy.offload.answering import answer_reads
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
@@ -172,6 +174,10 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
+            if plan.reads is not None:
+                return await answer_reads(
+                    request, response, plan, send=partial(_send, request, target), relay=_relay_chat, complete=_complete
+                )
             return await _relay_chat(request, response, plan)
         error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
         encoding = content_encoding(response.headers)
@@ -212,8 +218,13 @@ async def _relay_buffered(
     return out
 
 
-async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan) -> web.StreamResponse:
-    """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`."""
+async def _relay_chat(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes = b""
+) -> web.StreamResponse:
+    """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
+
+    :param head: The answer's first bytes, already read from `response` (see `proxy.offload.answering`).
+    """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     encoding = content_encoding(response.headers)
@@ -235,7 +246,10 @@ async def _relay_chat(request: web.Request, response: aiohttp.ClientResponse, pl
         collector = Collector(settings.max_body_bytes)
         transform = collector
     out = await start_response(request, response, extra_headers=plan.response_headers, drop_length=strip)
-    if not await pump(request, out, response, transform):
+    relayed_head = transform(head) if head and transform is not None else head
+    if (relayed_head and not await write(request, out, relayed_head)) or not await pump(
+        request, out, response, transform
+    ):
         return out
     if observer is not None:
         tail = observer.finish()
