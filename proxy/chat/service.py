@@ -57,7 +57,6 @@ from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
 from proxy.offload.offloading import Offloading
-from proxy.offload.tool import with_read_tool
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
@@ -127,7 +126,7 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
-        self.offloading = Offloading(settings, self.store)
+        self.offloading = Offloading(settings, self.store, lambda: self.metrics)
         self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
         self.observing = Compacting(self.chain, None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
@@ -260,7 +259,7 @@ class ChatCompactionService:
                 chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
             )
 
-        await self.offloading.persist(tenant, staging, self.metrics)
+        await self.offloading.persist(tenant, staging)
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
@@ -300,12 +299,8 @@ class ChatCompactionService:
         :param chain: The chain of what is sent, when already known; computed here otherwise.
         :param meta: The metadata of `messages`: when they hold offloaded results, the read tool is offered.
         """
-        request = exchange.request
-        api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
-        offer = await self.offloading.offered(exchange.tenant, api, meta, self.metrics) if messages else None
-        if offer is not None:
-            request = with_read_tool(request)
-            exchange.headers.update(offer[1])
+        offered = meta if messages else None
+        request, reads = await self.offloading.offer(exchange.request, exchange.tenant, offered, exchange.headers)
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
@@ -324,7 +319,7 @@ class ChatCompactionService:
             stream=request.stream,
             strip_usage_chunk=ask_usage,
             context=exchange,
-            reads=offer[0] if offer else None,
+            reads=reads,
         )
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:

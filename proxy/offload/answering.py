@@ -19,13 +19,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan
+from proxy.offload.offloading import READS_HEADER
 from proxy.offload.reads import ReadBack
 from proxy.offload.rounds import (
     Reads,
@@ -43,9 +44,6 @@ from proxy.server.keys import SETTINGS, UPSTREAM
 from proxy.server.relay import finish, pump, start_response, write
 from proxy.server.reply import ReplyBuilder
 from proxy.server.sse import EventSplitter, StreamObserver, _rewrite_event, event_data
-
-READS_HEADER: Final = "X-Compaction-Reads"
-"""Response header: how many reads of offloaded results the proxy answered for this request."""
 
 Send = Callable[[bytes], contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]]
 Relay = Callable[[web.Request, aiohttp.ClientResponse, ForwardPlan, bytes], Awaitable[web.StreamResponse]]

@@ -8,17 +8,19 @@ is a state-store failure like any other: the request is forwarded unchanged).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.request import ChatRequest
 from proxy.config import Mode, Settings
 from proxy.engine import CompactionChain
 from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.offload.reads import ReadBack
-from proxy.offload.tool import POINTER, held_references
+from proxy.offload.tool import POINTER, held_references, with_read_tool
+from proxy.responses.request import ResponsesRequest
 from proxy.state import StateStore
 
 OFFLOAD_HEADER: Final = "x-compaction-offload"
@@ -26,6 +28,9 @@ OFFLOAD_HEADER: Final = "x-compaction-offload"
 
 OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 """Response header: how many offloaded results the forwarded conversation holds (and the read tool was offered)."""
+
+READS_HEADER: Final = "X-Compaction-Reads"
+"""Response header: how many reads of offloaded results the proxy answered for this request."""
 
 LOSSY: Final = frozenset({ToolResultPruning.name, "sliding_window", "summarization", "middle_out"})
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`)."""
@@ -36,12 +41,14 @@ class Offloading:
 
     :param settings: `offload`, `offload_read_rounds` and the mode.
     :param store: The state store offloaded texts are kept in.
+    :param metrics: The service's metrics now (they move to the app's registry once it exists).
     """
 
-    def __init__(self, settings: Settings, store: StateStore) -> None:
+    def __init__(self, settings: Settings, store: StateStore, metrics: Callable[[], CompactionMetrics]) -> None:
         self.enabled = settings.offload and settings.mode is Mode.ENFORCE
         self.rounds = settings.offload_read_rounds
         self.store = store
+        self.metrics = metrics
 
     def staging(self, headers: Mapping[str, str]) -> StagingOffloadStore | None:
         """Where this request's compaction offloads to; None when offloading is off (setting, mode or header)."""
@@ -59,27 +66,35 @@ class Offloading:
         strategies.insert(at, ToolResultOffload(staging, pointer=POINTER))
         return CompactionChain(strategies)
 
-    async def persist(self, tenant: bytes, staging: StagingOffloadStore | None, metrics: CompactionMetrics) -> None:
+    async def persist(self, tenant: bytes, staging: StagingOffloadStore | None) -> None:
         """Keep what the compaction offloaded, under the tenant, before the request that refers to it is forwarded."""
         pending = staging.pending() if staging is not None else {}
         if not pending:
             return
         await self.store.save_offloaded(tenant, pending)
+        metrics = self.metrics()
         metrics.offloaded_results.inc(len(pending))
         held = getattr(self.store, "offloaded_bytes", None)
         if isinstance(held, int):
             metrics.offload_bytes.set(held)
 
-    async def offered(
-        self, tenant: bytes, api: Api, meta: Sequence[Mapping[str, Any]] | None, metrics: CompactionMetrics
-    ) -> tuple[ReadBack, dict[str, str]] | None:
-        """The reads to answer and headers to add for messages with this metadata; None when they hold no offload.
+    async def offer(
+        self,
+        request: ChatRequest | ResponsesRequest,
+        tenant: bytes,
+        meta: Sequence[Mapping[str, Any]] | None,
+        headers: dict[str, str],
+    ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
+        """The request to forward with messages of this metadata, and the reads to answer for it.
 
-        The texts they refer to live on as long as the conversation: each request holding them refreshes them.
+        When the messages hold offloaded results, the request gets the read tool and `headers` say so; the texts they
+        refer to live on as long as the conversation: each request holding them refreshes them. Otherwise the request
+        is returned as it is, with no reads.
         """
         references = held_references(meta)
         if not references:
-            return None
+            return request, None
         await self.store.touch_offloaded(tenant, references)
-        headers = {OFFLOADED_HEADER: str(len(references)), "X-Compaction-Reads": "0"}
-        return ReadBack(tenant, self.store, api, self.rounds, metrics), headers
+        headers.update({OFFLOADED_HEADER: str(len(references)), READS_HEADER: "0"})
+        api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
+        return with_read_tool(request), ReadBack(tenant, self.store, api, self.rounds, self.metrics())

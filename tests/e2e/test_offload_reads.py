@@ -62,7 +62,9 @@ def tool_names(body: dict[str, Any]) -> list[str]:
     return [tool.get("name") or tool["function"]["name"] for tool in body.get("tools") or ()]
 
 
-async def test_a_non_streamed_read_is_answered_by_the_proxy(client: openai.AsyncOpenAI, upstream: OpenAIUpstream) -> None:
+async def test_a_non_streamed_read_is_answered_by_the_proxy(
+    client: openai.AsyncOpenAI, upstream: OpenAIUpstream
+) -> None:
     raw = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=conversation(), tools=CLIENT_TOOLS
     )
@@ -183,7 +185,11 @@ async def test_a_responses_read_is_answered_by_the_proxy(
     client: openai.AsyncOpenAI, upstream: OpenAIUpstream, stream: bool
 ) -> None:
     raw = await client.responses.with_raw_response.create(
-        model=MODEL, instructions="You are a build assistant.", input=response_items(), tools=RESPONSES_TOOLS, stream=stream
+        model=MODEL,
+        instructions="You are a build assistant.",
+        input=response_items(),
+        tools=RESPONSES_TOOLS,
+        stream=stream,
     )
     assert raw.headers["x-compaction-reads"] == "1"
     if stream:
