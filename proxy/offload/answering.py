@@ -7,7 +7,9 @@ relaying it would anyway):
 - Not a read round: the answer is relayed at once, held bytes first, as any other answer (`relay`).
 - A read round: it is read to its end, the reads are answered from the state store under the caller's tenant,
   and the upstream is asked again with the calls and their results appended (`rounds.asked_again`). At most
-  `ReadBack.rounds` rounds; the request after the last asks for an answer without tools.
+  `ReadBack.rounds` rounds; the request after the last asks for an answer without tools. When the upstream refuses
+  a request with what was read (what was offloaded may not fit the window again), the request before it is sent
+  once more without tools: the model answers from what it had, and the client never gets an error the read caused.
 
 The client then receives the final answer with the usage of every upstream call made for it added up, and
 `X-Compaction-Reads` saying how many reads were answered. What anchors the next request's estimate is the first
@@ -36,6 +38,7 @@ from proxy.offload.rounds import (
     stream_decision,
     summed,
     without_reads,
+    without_tools,
 )
 from proxy.responses.answers import FINAL_EVENTS, chat_usage
 from proxy.server.decoding import outcome_from_body
@@ -79,20 +82,26 @@ async def answer_reads(
 ) -> web.StreamResponse:
     """Relay the final answer to a request carrying the read tool, answering its read rounds on the way."""
     back: ReadBack = plan.reads
-    body, usages, served, sent = plan.body, [], 0, b""
+    body, usages, served, sent, final = plan.body, [], 0, b"", False
     async with contextlib.AsyncExitStack() as later:
         for round_ in range(back.rounds + 1):
-            held = await _hold(request, response, back.api, final=round_ == back.rounds)
+            held = await _hold(request, response, back.api, final=final or round_ == back.rounds)
             if held.reads is None:
                 break
             results = await back.results(held.reads)
-            served += len(results)
             usages.append(held.usage or {})
-            body = asked_again(body, back.api, held.reads, results, last=round_ + 1 == back.rounds)
-            response = await later.enter_async_context(send(body))
+            asked = asked_again(body, back.api, held.reads, results, last=round_ + 1 == back.rounds)
+            response = await later.enter_async_context(send(asked))
+            if not 200 <= response.status < 300:
+                # Too large with what was read (or refused): the model answers from what it had before the read.
+                asked, final = without_tools(body), True
+                response = await later.enter_async_context(send(asked))
+            else:
+                served += len(results)
             if not 200 <= response.status < 300:
                 held = Held(b"")
                 break
+            body = asked
         if not usages and not held.cleaned:
             return await relay(request, response, plan, held.head)
         headers = {**plan.response_headers, READS_HEADER: str(served)}

@@ -109,6 +109,11 @@ def asked_again(body: bytes, api: Api, reads: Reads, results: Sequence[str], *, 
     return orjson.dumps(fields)
 
 
+def without_tools(body: bytes) -> bytes:
+    """The forwarded request asking for an answer without tools (`tool_choice: none`), nothing else changed."""
+    return orjson.dumps({**orjson.loads(body), "tool_choice": "none"})
+
+
 def summed(usages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The usage of several upstream calls added up, field by field (nested details too)."""
     total: dict[str, Any] = {}

@@ -7,9 +7,11 @@ receives only the final answer, which quotes the secret marker the full text hol
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -18,7 +20,7 @@ from proxy.engine.strategies.offload import content_reference
 from proxy.offload.reads import NOT_HELD
 from proxy.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder
 
 SECRET = "SECRET-7731"
@@ -83,6 +85,53 @@ async def test_a_non_streamed_read_is_answered_by_the_proxy(
     assert completion.usage is not None
     assert completion.usage.prompt_tokens == sum(usage["prompt_tokens"] for usage in upstream.usages)
     assert completion.usage.total_tokens == sum(usage["total_tokens"] for usage in upstream.usages)
+    async with aiohttp.ClientSession() as http, http.get(str(client.base_url).removesuffix("/v1/") + "/metrics") as got:
+        metrics = await got.text()
+    assert 'compaction_proxy_offload_reads_total{result="served"} 1.0' in metrics
+    assert "compaction_proxy_offloaded_results_total 1.0" in metrics
+    held = re.search(r"^compaction_proxy_offload_bytes_held (\S+)$", metrics, re.MULTILINE)
+    assert held is not None and float(held.group(1)) >= len(LOG)
+
+
+async def test_read_rounds_are_bounded(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
+    def insistent(request: dict[str, Any]) -> Reply:
+        """Reads again after every read, until told to use no tools."""
+        if request.get("tool_choice") == "none":
+            return Reply(content="answered without reading more")
+        reference = content_reference(LOG)
+        return Reply(
+            tool_calls=(ToolCall(f"read-{len(request['messages'])}", READ_TOOL, f'{{"reference": "{reference}"}}'),)
+        )
+
+    upstream.responder = insistent
+    upstream.context_window = 16_384  # room for every read: the proxy still compacts for 4k
+    async with openai.AsyncOpenAI(base_url=await start_proxy(offload_read_rounds=2), api_key="k", max_retries=0) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=conversation(), tools=CLIENT_TOOLS
+        )
+    assert raw.parse().choices[0].message.content == "answered without reading more"
+    assert raw.headers["x-compaction-reads"] == "2"
+    assert [body.get("tool_choice") for body in chat_bodies(upstream)] == [None, None, "none"]
+
+
+async def test_a_read_that_does_not_fit_is_answered_without_it(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    upstream.responder = lambda request: (
+        Reply(content="answered from the preview")
+        if request.get("tool_choice") == "none"
+        else Reply(tool_calls=(ToolCall("read-0", READ_TOOL, f'{{"reference": "{content_reference(LOG)}"}}'),))
+    )
+    upstream.context_window = 2_000  # what was offloaded does not fit again
+    async with openai.AsyncOpenAI(base_url=await start_proxy(), api_key="k", max_retries=0) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=conversation(), tools=CLIENT_TOOLS
+        )
+    assert raw.parse().choices[0].message.content == "answered from the preview"
+    assert raw.headers["x-compaction-reads"] == "0"
+    first, refused, fallback = chat_bodies(upstream)
+    assert fallback == {**first, "tool_choice": "none"}
+    assert refused["messages"][-1]["content"] == LOG
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
