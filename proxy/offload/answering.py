@@ -40,13 +40,14 @@ from proxy.offload.rounds import (
     without_reads,
     without_tools,
 )
+from proxy.offload.streams import EditedStream, StreamEdits
 from proxy.responses.answers import FINAL_EVENTS, chat_usage
 from proxy.server.decoding import outcome_from_body
 from proxy.server.headers import content_encoding
 from proxy.server.keys import SETTINGS, UPSTREAM
 from proxy.server.relay import finish, pump, start_response, write
 from proxy.server.reply import ReplyBuilder
-from proxy.server.sse import EventSplitter, StreamObserver, _rewrite_event, event_data
+from proxy.server.sse import EventSplitter, StreamObserver, event_data
 
 Send = Callable[[bytes], contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]]
 Relay = Callable[[web.Request, aiohttp.ClientResponse, ForwardPlan, bytes], Awaitable[web.StreamResponse]]
@@ -112,7 +113,8 @@ async def answer_reads(
             await write(request, out, sent)
             await finish(request, out)
         elif answered and response.content_type == "text/event-stream":
-            await _relay_stream(request, out, response, held.head, _UsageSummer(usages, back.api, plan))
+            edited = EditedStream(StreamObserver(strip_usage=plan.strip_usage_chunk), StreamEdits(back.api, usages))
+            await _relay_stream(request, out, response, held.head, edited)
         elif await write(request, out, held.head) and await pump(request, out, response):
             await finish(request, out)
     if not usages:
@@ -229,38 +231,11 @@ def _with_usage(answer: dict[str, Any], earlier: list[Mapping[str, Any]]) -> byt
     return orjson.dumps(answer)
 
 
-class _UsageSummer:
-    """Rewrites the usage a final stream reports to the sum over every call, then strips what the proxy asked for."""
-
-    def __init__(self, earlier: list[Mapping[str, Any]], api: Api, plan: ForwardPlan) -> None:
-        self.earlier = earlier
-        self.api = api
-        self.splitter = EventSplitter()
-        self.observer = StreamObserver(strip_usage=plan.strip_usage_chunk)
-
-    def __call__(self, chunk: bytes) -> bytes:
-        return self.observer.feed(b"".join(self._event(event) for event in self.splitter.feed(chunk)))
-
-    def finish(self) -> bytes:
-        """What is held back at the end of the stream."""
-        return self.observer.feed(self.splitter.flush()) + self.observer.finish()
-
-    def _event(self, event: bytes) -> bytes:
-        chunk = _json(event_data(event) or b"")
-        if chunk is None:
-            return event
-        owner = chunk.get("response") if self.api is Api.RESPONSES and chunk.get("type") in FINAL_EVENTS else chunk
-        if not isinstance(owner, dict) or not isinstance(owner.get("usage"), Mapping):
-            return event
-        owner["usage"] = summed([*self.earlier, owner["usage"]])
-        return _rewrite_event(event, orjson.dumps(chunk))
-
-
 async def _relay_stream(
-    request: web.Request, out: web.StreamResponse, response: aiohttp.ClientResponse, head: bytes, summer: _UsageSummer
+    request: web.Request, out: web.StreamResponse, response: aiohttp.ClientResponse, head: bytes, edited: EditedStream
 ) -> None:
     """Relay the final stream, from what was held, with its usage summed."""
-    if not await write(request, out, summer(head)) or not await pump(request, out, response, summer):
+    if not await write(request, out, edited(head)) or not await pump(request, out, response, edited):
         return
-    if await write(request, out, summer.finish()):
+    if await write(request, out, edited.finish()):
         await finish(request, out)

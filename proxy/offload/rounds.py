@@ -11,7 +11,7 @@ The rule for an answer that calls tools is decided by its *first* call, the same
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,27 +66,28 @@ def _is_read_call(call: Any) -> bool:
 
 
 def without_reads(answer: dict[str, Any], api: Api) -> bool:
-    """Take the read calls out of a non-streamed answer (made after a client call); whether there were any."""
+    """Take the read calls (and, from a response object, the echoed read tool) out of an answer; whether any was."""
     if api is Api.RESPONSES:
-        output = answer.get("output")
-        if not isinstance(output, list):
-            return False
-        kept = [
-            item
-            for item in output
-            if not (isinstance(item, Mapping) and item.get("type") == "function_call" and _is_read(item))
-        ]
-        answer["output"] = kept
-        return len(kept) < len(output)
+        return _drop(answer, "output", _is_read_item) | _drop(answer, "tools", _is_read)
     removed = False
     for choice in answer.get("choices") or ():
         message = choice.get("message") if isinstance(choice, dict) else None
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        if isinstance(calls, list) and any(map(_is_read_call, calls)):
-            assert isinstance(message, dict)
-            message["tool_calls"] = [call for call in calls if not _is_read_call(call)]
-            removed = True
+        removed |= isinstance(message, dict) and _drop(message, "tool_calls", _is_read_call)
     return removed
+
+
+def _drop(owner: dict[str, Any], name: str, matches: Callable[[Any], bool]) -> bool:
+    """Remove the entries of the list `owner[name]` that match; whether there were any."""
+    entries = owner.get(name)
+    if not isinstance(entries, list) or not any(map(matches, entries)):
+        return False
+    owner[name] = [entry for entry in entries if not matches(entry)]
+    return True
+
+
+def _is_read_item(item: Any) -> bool:
+    """Whether a Responses output item is a call of the read tool."""
+    return isinstance(item, Mapping) and item.get("type") == "function_call" and _is_read(item)
 
 
 def asked_again(body: bytes, api: Api, reads: Reads, results: Sequence[str], *, last: bool) -> bytes:

@@ -27,6 +27,7 @@ from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Ref
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
 from proxy.offload.answering import answer_reads
+from proxy.offload.streams import EditedStream, StreamEdits
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
@@ -230,13 +231,15 @@ async def _relay_chat(
     encoding = content_encoding(response.headers)
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
     observer: StreamObserver | None = None
+    edited: EditedStream | None = None
     collector: Collector | None = None
     transform: Transform | None
     if streamed:
         strip = plan.strip_usage_chunk and encoding == "identity"
         observer = StreamObserver(strip_usage=strip)
         if encoding == "identity":
-            transform = observer.feed
+            edited = EditedStream(observer, StreamEdits(plan.reads.api)) if plan.reads is not None else None
+            transform = edited or observer.feed
         elif encoding in DECODABLE:
             transform = DecodingObserver(observer, encoding)
         else:
@@ -252,7 +255,7 @@ async def _relay_chat(
     ):
         return out
     if observer is not None:
-        tail = observer.finish()
+        tail = edited.finish() if edited is not None else observer.finish()
         if tail and not await write(request, out, tail):
             return out
         if observer.stripped_chunks:

@@ -22,6 +22,7 @@ from proxy.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder
+from tests.support.responses_api import FunctionCall, ResponsesReply
 
 SECRET = "SECRET-7731"
 LOG = "".join(f"step {i:03d}: compiled module m{i} in {i * 7 % 97} ms\n" for i in range(230)) + f"{SECRET} failed.\n"
@@ -249,9 +250,67 @@ async def test_a_responses_read_is_answered_by_the_proxy(
         response = raw.parse()
     assert [item.type for item in response.output] == ["message"]
     assert response.output_text == f"found {SECRET}"
+    assert READ_TOOL not in response.model_dump_json()
     first, second = upstream.responses_requests
     assert tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
     assert second["input"][: len(first["input"])] == first["input"]
     assert second["input"][-1] == {"type": "function_call_output", "call_id": "read-0", "output": LOG}
     assert response.usage is not None
     assert response.usage.input_tokens == sum(usage["input_tokens"] for usage in upstream.responses_usages)
+
+
+def read_call_arguments() -> str:
+    return orjson.dumps({"reference": content_reference(LOG)}).decode()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("first", ["client", "read"])
+async def test_reads_mixed_with_client_calls_never_reach_the_client(
+    client: openai.AsyncOpenAI, upstream: OpenAIUpstream, stream: bool, first: str
+) -> None:
+    def respond(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1]["role"] == "tool":  # the proxy answered the read
+            return reading_chat_responder(request)
+        calls = [ToolCall("call_9", "fetch_log"), ToolCall("read-0", READ_TOOL, read_call_arguments())]
+        return Reply(tool_calls=tuple(calls if first == "client" else reversed(calls)))
+
+    upstream.responder = respond
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=conversation(), tools=CLIENT_TOOLS, stream=stream
+    )
+    if stream:
+        deltas = [choice.delta for chunk in [c async for c in raw.parse()] for choice in chunk.choices]
+        names = [call.function.name for delta in deltas for call in delta.tool_calls or () if call.function.name]
+        content = "".join(delta.content or "" for delta in deltas)
+    else:
+        message = raw.parse().choices[0].message
+        names = [call.function.name for call in message.tool_calls or ()]
+        content = message.content or ""
+    if first == "client":  # relayed as the model made it, without its read
+        assert (names, content, raw.headers["x-compaction-reads"]) == (["fetch_log"], "", "0")
+    else:  # the read is answered and the model asked again: it answers (and may call the client tool again)
+        assert (names, content, raw.headers["x-compaction-reads"]) == ([], f"found {SECRET}", "1")
+        assert chat_bodies(upstream)[1]["messages"][-2]["tool_calls"][0]["function"]["name"] == READ_TOOL
+        assert len(chat_bodies(upstream)[1]["messages"][-2]["tool_calls"]) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_responses_read_after_a_client_call_never_reaches_the_client(
+    client: openai.AsyncOpenAI, upstream: OpenAIUpstream, stream: bool
+) -> None:
+    upstream.responses_responder = lambda _request: ResponsesReply(
+        function_calls=(FunctionCall("fetch_log", call_id="call_9"), FunctionCall(READ_TOOL, read_call_arguments()))
+    )
+    raw = await client.responses.with_raw_response.create(
+        model=MODEL, input=response_items(), tools=RESPONSES_TOOLS, stream=stream
+    )
+    if stream:
+        events = [event async for event in raw.parse()]
+        added = [event.item.name for event in events if event.type == "response.output_item.added"]
+        assert added == ["fetch_log"]
+        assert not any(READ_TOOL in event.model_dump_json() for event in events)
+        (response,) = [event.response for event in events if event.type == "response.completed"]
+    else:
+        response = raw.parse()
+    assert [(item.type, getattr(item, "name", None)) for item in response.output] == [("function_call", "fetch_log")]
+    assert READ_TOOL not in response.model_dump_json()
