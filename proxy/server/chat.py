@@ -26,8 +26,6 @@ from yarl import URL
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
-from proxy.offload.answering import answer_reads
-from proxy.offload.streams import EditedStream, StreamEdits
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
@@ -35,6 +33,8 @@ from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, answer
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
+from proxy.server.offload_reads import answer_reads
+from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.relay import Transform, finish, pump, start_response, write
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
@@ -224,7 +224,7 @@ async def _relay_chat(
 ) -> web.StreamResponse:
     """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
 
-    :param head: The answer's first bytes, already read from `response` (see `proxy.offload.answering`).
+    :param head: The answer's first bytes, already read from `response` (see `proxy.server.offload_reads`).
     """
     settings = request.app[SETTINGS]
     record = request[RECORD]

@@ -40,11 +40,11 @@ from proxy.offload.rounds import (
     without_reads,
     without_tools,
 )
-from proxy.offload.streams import EditedStream, StreamEdits
 from proxy.responses.answers import FINAL_EVENTS, chat_usage
 from proxy.server.decoding import outcome_from_body
 from proxy.server.headers import content_encoding
 from proxy.server.keys import SETTINGS, UPSTREAM
+from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.relay import finish, pump, start_response, write
 from proxy.server.reply import ReplyBuilder
 from proxy.server.sse import EventSplitter, StreamObserver, event_data
