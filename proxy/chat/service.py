@@ -56,7 +56,7 @@ from proxy.engine import (
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
-from proxy.offload.offloading import Offloading
+from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
@@ -85,6 +85,7 @@ class _Exchange:
     provider_state: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     turn: Turn = field(default_factory=Turn)
+    offload_off: bool = False
 
     @property
     def sent(self) -> Sent:
@@ -244,7 +245,8 @@ class ChatCompactionService:
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
-        staging = self.offloading.staging(headers)
+        exchange.offload_off = offload_off(headers)
+        staging = self.offloading.staging(exchange.offload_off)
         strategies = self.offloading.chain(self.chain, staging)
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
         exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
@@ -357,16 +359,20 @@ class ChatCompactionService:
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
 
+        staging = self.offloading.staging(exchange.offload_off)
+        strategies = self.offloading.chain(self.chain, staging)
+
         def compact() -> CompactionResult | None:
             target = int(
                 thresholds.target_tokens(round(scale * counter.overhead_tokens(request.overhead_fields))) / scale
             )
-            return self.chain.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+            return strategies.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
 
         result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
+        await self.offloading.persist(exchange.tenant, staging)
         await self.rewrites.remember(exchange.scope, view, result.plan)
         retry = _Exchange(
             exchange.scope,

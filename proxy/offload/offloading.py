@@ -36,6 +36,11 @@ LOSSY: Final = frozenset({ToolResultPruning.name, "sliding_window", "summarizati
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`)."""
 
 
+def offload_off(headers: Mapping[str, str]) -> bool:
+    """Whether the request's headers (lower-cased names) turn offloading off for it."""
+    return headers.get(OFFLOAD_HEADER, "").strip().lower() == "off"
+
+
 class Offloading:
     """Offloading for the proxy's requests.
 
@@ -50,11 +55,9 @@ class Offloading:
         self.store = store
         self.metrics = metrics
 
-    def staging(self, headers: Mapping[str, str]) -> StagingOffloadStore | None:
-        """Where this request's compaction offloads to; None when offloading is off (setting, mode or header)."""
-        if not self.enabled or headers.get(OFFLOAD_HEADER, "").strip().lower() == "off":
-            return None
-        return StagingOffloadStore()
+    def staging(self, off: bool) -> StagingOffloadStore | None:
+        """Where a request's compaction offloads to; None when offloading is off (setting, mode, or `off`)."""
+        return StagingOffloadStore() if self.enabled and not off else None
 
     @staticmethod
     def chain(base: CompactionChain, staging: StagingOffloadStore | None) -> CompactionChain:

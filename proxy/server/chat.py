@@ -175,11 +175,7 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
-            if plan.reads is not None:
-                return await answer_reads(
-                    request, response, plan, send=partial(_send, request, target), relay=_relay_chat, complete=_complete
-                )
-            return await _relay_chat(request, response, plan)
+            return await _relay_answer(request, target, response, plan)
         error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
         encoding = content_encoding(response.headers)
         outcome = outcome_from_body(response.status, error if whole else None, encoding)
@@ -192,7 +188,17 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     async with _send(request, target, retry.body) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
-        return await _relay_chat(request, response, retry)
+        return await _relay_answer(request, target, response, retry)
+
+
+async def _relay_answer(
+    request: web.Request, target: URL, response: aiohttp.ClientResponse, plan: ForwardPlan
+) -> web.StreamResponse:
+    """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
+    if plan.reads is None:
+        return await _relay_chat(request, response, plan)
+    send = partial(_send, request, target)
+    return await answer_reads(request, response, plan, send=send, relay=_relay_chat, complete=_complete)
 
 
 async def _read_capped(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:

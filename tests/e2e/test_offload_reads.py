@@ -314,3 +314,26 @@ async def test_a_responses_read_after_a_client_call_never_reaches_the_client(
         response = raw.parse()
     assert [(item.type, getattr(item, "name", None)) for item in response.output] == [("function_call", "fetch_log")]
     assert READ_TOOL not in response.model_dump_json()
+
+
+async def test_reads_are_answered_on_the_retry_after_an_overflow(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    upstream.responder = lambda request: (
+        Reply(content="answered from the preview")
+        if request.get("tool_choice") == "none"
+        else reading_chat_responder(request)
+    )
+    big = LOG * 2  # over the upstream's 4k window; the proxy believes the model has 16k
+    async with openai.AsyncOpenAI(
+        base_url=await start_proxy(context_windows={MODEL: 16_384}), api_key="k", max_retries=0
+    ) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=conversation(big), tools=CLIENT_TOOLS
+        )
+    message = raw.parse().choices[0].message
+    assert (message.content, message.tool_calls) == ("answered from the preview", None)
+    assert raw.headers["x-compaction"] == "compacted-after-overflow"
+    _overflowed, retried, refused, fallback = chat_bodies(upstream)
+    assert tool_names(retried)[-1] == READ_TOOL and refused["messages"][-1]["content"] == big
+    assert fallback == {**retried, "tool_choice": "none"}
