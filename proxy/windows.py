@@ -10,13 +10,16 @@ what operators, clients and errors said and above the table, which only guesses 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from proxy.chat.names import name_key
+from proxy.chat.names import name_key, shown
 from proxy.engine.bounded import BoundedCache
+
+logger = logging.getLogger("proxy.compaction")
 
 MAX_LEARNED: Final = 4096
 """(tenant, model) pairs whose learned window, and whose largest answered request, are remembered."""
@@ -161,3 +164,21 @@ class ContextWindows:
 def _key(tenant: bytes, model: str) -> bytes:
     """A fixed-size key for a tenant's model, whatever the length of the name the client chose."""
     return tenant + name_key(model)
+
+
+class UnknownModels:
+    """Says once per model (of a bounded many) that no window is known for it, so its requests go uncompacted."""
+
+    def __init__(self) -> None:
+        self._logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
+
+    def log(self, model: str | None) -> None:
+        """Log that `model` has no known window, unless that was said already."""
+        key = name_key(model)
+        if self._logged.get(key) is None:
+            self._logged.put(key, True)
+            logger.warning(
+                "No context window is known for model %r: its requests are forwarded uncompacted. Set "
+                "context_windows in the config, default_context_window, or send X-Context-Window.",
+                shown(model) or "(no model)",
+            )

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
     [
         ["-m", "bench.hook_vs_haystack", "--smoke"],
         ["-m", "bench.resend", "--tokens", "20000", "--repeat", "1"],
+        ["-m", "bench.exact_counts", "--tokens", "1000", "--turns", "2"],
     ],
-    ids=["hook_vs_haystack", "resend"],
+    ids=["hook_vs_haystack", "resend", "exact_counts"],
 )
 def test_bench_runs(args: list[str], tmp_path: Path) -> None:
     """The harness exits 0 (writing its results, where it has an option for it, under `tmp_path`)."""

@@ -8,6 +8,7 @@ from typing import Final
 
 from xxhash import xxh3_128_digest
 
+from proxy.chat.exchange import Api
 from proxy.chat.forwarded import requested_window
 from proxy.config import Settings
 
@@ -30,19 +31,23 @@ class Caller:
     scope: bytes
 
     @classmethod
-    def of(cls, headers: Mapping[str, str], settings: Settings) -> Caller:
-        """The caller of a request with these headers (lower-cased names)."""
+    def of(cls, headers: Mapping[str, str], settings: Settings, api: Api = Api.CHAT) -> Caller:
+        """The caller of a request with these headers (lower-cased names), in this wire format."""
         tenant = bytes.fromhex(settings.tenant_of(headers))
         requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        return cls(tenant, requested, warning, state_scope(tenant, requested))
+        return cls(tenant, requested, warning, state_scope(tenant, requested, api))
 
 
-def state_scope(tenant: bytes, requested_window: int | None) -> bytes:
-    """The state scope of a request: its tenant, or the tenant under a per-request window override.
+def state_scope(tenant: bytes, requested_window: int | None, api: Api = Api.CHAT) -> bytes:
+    """The state scope of a request: its tenant, under a per-request window override and its wire format.
 
     A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
-    request's override is never remembered for the conversation's later turns without it.
+    request's override is never remembered for the conversation's later turns without it. A Responses API
+    conversation has a scope of its own: its rewrites stand for items, which a chat completion's messages are not.
     """
-    if requested_window is None or requested_window <= 0:
-        return tenant
-    return xxh3_128_digest(tenant + b"\0x-context-window\0" + str(requested_window).encode())
+    scope = tenant
+    if requested_window is not None and requested_window > 0:
+        scope = xxh3_128_digest(scope + b"\0x-context-window\0" + str(requested_window).encode())
+    if api is not Api.CHAT:
+        scope = xxh3_128_digest(scope + b"\0api\0" + api.value.encode())
+    return scope

@@ -64,7 +64,9 @@ class Compacting:
     def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
         """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
         thresholds = measured.thresholds
-        ahead = Thresholds(thresholds.context_window, self.summary_start_at, thresholds.compact_to)
+        ahead = Thresholds(
+            thresholds.context_window, self.summary_start_at, thresholds.compact_to, thresholds.reserved_tokens
+        )
         if measured.decision.estimated_tokens < ahead.trigger_tokens:
             return
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)

@@ -13,7 +13,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.chat.request import ChatRequest
-from proxy.engine import Outcome
+from proxy.engine import Outcome, Thresholds
 from proxy.engine.messages import Message
 
 _USAGE_OPTION: Final = b',"stream_options":{"include_usage":true}}'
@@ -74,11 +74,12 @@ def requested_window(value: str | None) -> tuple[int | None, str | None]:
     return None, INVALID_WINDOW_WARNING
 
 
-def report_headers(outcome: Outcome, window: int, *, observed: bool = False) -> dict[str, str]:
+def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool = False) -> dict[str, str]:
     """Response headers telling the client what was decided.
 
     `X-Compaction-Tokens-Before` is always an integer; `X-Compaction-Tokens-Before-Bound: true` says it is an upper
-    bound (a request clearly under the trigger is sized by its bytes, not tokenized).
+    bound (a request clearly under the trigger is sized by its bytes, not tokenized). `X-Compaction-Reserved` gives the
+    reply's reservation when it, not `compact_at`, set the trigger of a compaction.
 
     :param observed: Observe mode: what compaction would have done is reported as `would-compact`, never `compacted`.
     """
@@ -86,7 +87,7 @@ def report_headers(outcome: Outcome, window: int, *, observed: bool = False) -> 
     compacted = "would-compact" if observed else "compacted"
     headers = {
         "X-Compaction": compacted if outcome.result else "unchanged",
-        "X-Compaction-Context-Window": str(window),
+        "X-Compaction-Context-Window": str(thresholds.context_window),
         "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
     }
     if decision.bounded:
@@ -94,4 +95,6 @@ def report_headers(outcome: Outcome, window: int, *, observed: bool = False) -> 
     if outcome.result:
         headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
         headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)
+        if thresholds.reservation_decides:
+            headers["X-Compaction-Reserved"] = str(thresholds.reserved_tokens)
     return headers

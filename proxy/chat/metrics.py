@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
+_ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 
 class CompactionMetrics:
@@ -43,7 +44,23 @@ class CompactionMetrics:
         self.estimate_error = Histogram(
             "compaction_proxy_estimate_error_ratio",
             "(estimated - reported) / reported prompt tokens, for requests the proxy estimated.",
-            buckets=(-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5),
+            buckets=_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.exact_counts = Counter(
+            "compaction_proxy_exact_counts",
+            "Chat requests by how the upstream's exact count of their prompt went: cached (known before), counted"
+            " (answered within exact_count_timeout), late (measured locally; the answer serves the next request),"
+            " failed (no counting endpoint answered), implausible (ignored: too far from the local count), reported"
+            " (not asked: a usage report covers all but a small tail).",
+            ["result"],
+            registry=registry,
+        )
+        self.local_count_error = Histogram(
+            "compaction_proxy_local_count_error_ratio",
+            "(calibrated local estimate - exact count) / exact count, for requests the upstream counted exactly:"
+            " what the estimate would have been off by without exact counting.",
+            buckets=_ERROR_BUCKETS,
             registry=registry,
         )
         self.retries = Counter(

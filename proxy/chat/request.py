@@ -91,6 +91,11 @@ class ChatRequest:
         return model if isinstance(model, str) else None
 
     @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
+        return reserved(self.body, "max_completion_tokens", "max_tokens")
+
+    @property
     def overhead_fields(self) -> Mapping[str, Any]:
         """The fields the engine counts besides the messages (the tools): the body itself."""
         return self.body
@@ -107,25 +112,52 @@ class ChatRequest:
         :raises InvalidChatRequest: If it is not JSON, not an object, or has no list of message objects.
         :raises RequestOverLimit: If it holds more messages or content parts than `limits` allow.
         """
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as error:
-            raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
-        if not isinstance(body, dict):
-            raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+        body = json_object(raw)
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidChatRequest("The request has no `messages` list.")
-        if limits is not None:
-            limits.check(messages)
-        for position, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise InvalidChatRequest(f"`messages[{position}]` must be an object, got {type(message).__name__}.")
+        checked_objects(messages, "messages", limits)
         return cls(body=body, messages=messages)
 
     def with_messages(self, messages: list[Message]) -> bytes:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
+
+
+def reserved(body: Mapping[str, Any], *fields: str) -> int:
+    """The first of `fields` that is a positive integer (a reply's token reservation), else 0."""
+    for name in fields:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def json_object(raw: bytes | str) -> dict[str, Any]:
+    """The request body parsed.
+
+    :raises InvalidChatRequest: If it is not JSON or not a JSON object.
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
+    if not isinstance(body, dict):
+        raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+    return body
+
+
+def checked_objects(entries: list[Any], field: str, limits: RequestLimits | None) -> None:
+    """Check the request's messages (or items) in `field`: within `limits`, and each an object.
+
+    :raises RequestOverLimit: If they exceed a limit.
+    :raises InvalidChatRequest: If one is not an object.
+    """
+    if limits is not None:
+        limits.check(entries)
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InvalidChatRequest(f"`{field}[{position}]` must be an object, got {type(entry).__name__}.")
 
 
 def deployment_name(path: str) -> str | None:

@@ -24,11 +24,12 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
 from proxy.chat.compacting import Compacting
+from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
-from proxy.chat.names import name_key, shown
+from proxy.chat.names import shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.request import (
@@ -53,14 +54,13 @@ from proxy.engine import (
     chain_by_names,
     counter_for_model,
 )
-from proxy.engine.bounded import BoundedCache
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
 from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
-from proxy.windows import MAX_LEARNED, ContextWindows, WindowSource
+from proxy.windows import ContextWindows, UnknownModels, WindowSource
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -118,6 +118,7 @@ class ChatCompactionService:
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.discovery = WindowDiscovery(settings, self.windows)
         self.metrics = CompactionMetrics()
+        self.exact = ExactCounts(settings, self.metrics)
         self.rewrites = RewriteMemory(
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
@@ -127,16 +128,16 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
-        self.offloading = Offloading(settings, self.store, lambda: self.metrics)
+        self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
         self.observing = Compacting(self.chain, None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
-        self._unknown_models_logged: BoundedCache[bytes, bool] = BoundedCache(MAX_LEARNED)
+        self.unknown_models = UnknownModels()
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
-        self.usage.metrics = self.metrics
+        self.usage.metrics = self.exact.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
 
@@ -145,6 +146,7 @@ class ChatCompactionService:
         if self.summaries is not None:
             await self.summaries.aclose()
         await self.discovery.aclose()
+        await self.exact.aclose()
         self.off_loop.close()
         await self.store.close()
 
@@ -159,7 +161,7 @@ class ChatCompactionService:
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        caller = Caller.of(headers, self.settings)
+        caller = Caller.of(headers, self.settings, chat.api)
         splices = self.splices if chat.api is Api.CHAT else None
         extension = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else None
         try:
@@ -226,7 +228,7 @@ class ChatCompactionService:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         view = exchange.turn.view = await self._view(exchange)
         if window is None:
-            self._log_unknown_model(model)
+            self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
             return await self._forward(
@@ -234,22 +236,24 @@ class ChatCompactionService:
             )
 
         counter = counter_for_model(model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
         anchor = await self.usage.anchor(scope, view.chain)
         calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
+        exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(
-            exchange, lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known)
+            exchange,
+            lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
         )
+        exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counted()
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
-        staging = self.offloading.staging(exchange.offload_off)
-        strategies = self.offloading.chain(self.chain, staging)
+        staging, strategies = self.offloading.for_request(exchange.offload_off)
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
-        exchange.headers.update(report_headers(outcome, window, observed=self.mode is Mode.OBSERVE))
+        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
@@ -331,8 +335,10 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
-                if outcome.response_id is not None:
-                    await self.provider_chains.learn(exchange.scope, outcome.response_id, outcome.usage)
+                if outcome.response_id is not None and isinstance(exchange.request, ResponsesRequest):
+                    await self.provider_chains.learn(
+                        exchange.scope, exchange.request, outcome.response_id, outcome.usage
+                    )
                 if exchange.provider_state:
                     return None
                 counter = counter_for_model(exchange.model)
@@ -348,25 +354,26 @@ class ChatCompactionService:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
-        window, learned = exchange.window, False
-        if overflow.window and self.windows.learn(exchange.model, overflow.window, exchange.tenant):
-            window, learned = overflow.window, True
-        if window is None:
-            return None
         request = exchange.request
         view = await self._view(exchange)
         counter = counter_for_model(exchange.model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
-
-        staging = self.offloading.staging(exchange.offload_off)
-        strategies = self.offloading.chain(self.chain, staging)
+        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+        overhead = counter.overhead_tokens(request.overhead_fields)
+        stated = overflow.window
+        if stated is None:
+            # An error that states no window (the Responses API's) still says the window is below what was sent.
+            stated = round(scale * (await self._work(exchange, transcript.total, whole=True) + overhead))
+        window, learned = exchange.window, False
+        if self.windows.learn(exchange.model, stated, exchange.tenant):
+            window, learned = stated, True
+        if window is None:
+            return None
+        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
+        staging, strategies = self.offloading.for_request(exchange.offload_off)
 
         def compact() -> CompactionResult | None:
-            target = int(
-                thresholds.target_tokens(round(scale * counter.overhead_tokens(request.overhead_fields))) / scale
-            )
-            return strategies.compact(Transcript(view.messages, counter, view.meta, keys=view.keys), target)
+            return strategies.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
 
         result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
@@ -399,16 +406,6 @@ class ChatCompactionService:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-    def _log_unknown_model(self, model: str | None) -> None:
-        key = name_key(model)
-        if self._unknown_models_logged.get(key) is None:
-            self._unknown_models_logged.put(key, True)
-            logger.warning(
-                "No context window is known for model %r: its requests are forwarded uncompacted. Set "
-                "context_windows in the config, default_context_window, or send X-Context-Window.",
-                shown(model) or "(no model)",
-            )
 
 
 def _chain_names(strategies: list[str]) -> list[str]:

@@ -14,6 +14,11 @@ DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
 WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
 """Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
 
+COUNT_PROBES: Final = ("llama_cpp_template", "vllm_tokenize", "responses_input_tokens")
+"""Every way the upstream can be asked for a request's exact token count (`proxy.discovery.tokenize`)."""
+DEFAULT_COUNT_PROBES: Final = COUNT_PROBES[:2]
+"""The ones asked by default: OpenAI's `responses_input_tokens` is a billed API call, so it is opt-in."""
+
 
 class CompactionSettings(BaseModel):
     """The trigger, the target, the chain and the windows."""
@@ -88,6 +93,27 @@ class CompactionSettings(BaseModel):
             " restarted with another context size is noticed within this time)."
         ),
     )
+    # Exact counting: asking the upstream for a request's token count under its own tokenizer and template.
+    count_probes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_COUNT_PROBES),
+        description=(
+            "Which endpoints of the upstream are asked for a chat request's exact prompt tokens:"
+            " `llama_cpp_template` (llama.cpp's `/apply-template` and `/tokenize`), `vllm_tokenize` (vLLM's and"
+            " SGLang's `/tokenize` with messages), `responses_input_tokens` (OpenAI's `/v1/responses/input_tokens`,"
+            " for the Responses API; opt-in). `[]` asks nothing. The first that answers is used from then on; one"
+            " that does not is asked again only after a back-off. Unset, the first two run, except against OpenAI's"
+            " own API (`api.openai.com`). From the environment: a JSON list or comma-separated names."
+        ),
+    )
+    exact_count_timeout: float = Field(
+        default=0.05,
+        ge=0,
+        description=(
+            "Seconds a request waits for the upstream's exact count of its prompt (asked only where no usage report"
+            " covers most of it); past that it is measured with the calibrated local count, and the answer, when it"
+            " comes, serves the conversation's next request."
+        ),
+    )
     conversation_header: str = Field(
         default="X-Conversation-Id",
         min_length=1,
@@ -158,11 +184,12 @@ class CompactionSettings(BaseModel):
     @field_validator("window_probes")
     @classmethod
     def _check_probes(cls, value: list[str]) -> list[str]:
-        names = [name.strip() for name in value]
-        unknown = sorted(set(names) - set(WINDOW_PROBES))
-        if unknown:
-            raise ValueError(f"unknown window probes {unknown}; known: {', '.join(WINDOW_PROBES)}")
-        return list(dict.fromkeys(names))
+        return _known_names(value, WINDOW_PROBES, "window probes")
+
+    @field_validator("count_probes")
+    @classmethod
+    def _check_count_probes(cls, value: list[str]) -> list[str]:
+        return _known_names(value, COUNT_PROBES, "count probes")
 
     @field_validator("context_windows")
     @classmethod
@@ -171,3 +198,12 @@ class CompactionSettings(BaseModel):
             if tokens <= 0:
                 raise ValueError(f"window of {model!r} must be a positive number of tokens")
         return value
+
+
+def _known_names(value: list[str], known: tuple[str, ...], what: str) -> list[str]:
+    """The names stripped and deduplicated, in order; `ValueError` naming any that is not in `known`."""
+    names = [name.strip() for name in value]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return list(dict.fromkeys(names))

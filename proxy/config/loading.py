@@ -61,7 +61,7 @@ def _split_mapping(raw: str) -> Any:
 
 def _from_text(field: str, raw: str) -> Any:
     """Turn one environment or flag string into what the model validates: lists and dicts parsed, empty means None."""
-    if field in ("strategies", "proxy_keys", "window_probes"):
+    if field in ("strategies", "proxy_keys", "window_probes", "count_probes"):
         return _split_list(raw)
     if field == "context_windows":
         return _split_mapping(raw)

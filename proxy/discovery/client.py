@@ -8,13 +8,14 @@ uncompressed and read up to a bound, so whatever the upstream does a probe costs
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
 import orjson
 
-from proxy.config import Settings
+from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.upstream_session import upstream_session
 
 PROBE_SECONDS: Final = 5.0
@@ -22,6 +23,19 @@ PROBE_SECONDS: Final = 5.0
 MAX_ANSWER_BYTES: Final = 4 * 2**20
 """The largest answer read (a model listing with many adapters is still far smaller); a larger one is ignored."""
 _REFUSALS: Final = (401, 403)
+
+
+async def cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait until they are done (at shutdown)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def credentials_of(headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's credential headers (from lower-cased `headers`), the only ones a probe may carry."""
+    return {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
 
 
 class CredentialsNeeded(Exception):

@@ -29,8 +29,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proxy.chat.names import name_key, shown
-from proxy.config import CREDENTIAL_HEADERS, Settings
-from proxy.discovery.client import CredentialsNeeded, ProbeClient
+from proxy.config import Settings
+from proxy.discovery.client import CredentialsNeeded, ProbeClient, cancel, credentials_of
 from proxy.discovery.probes import PROBES, Finding, Probe
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
@@ -76,15 +76,15 @@ class _Answer:
     locked: bool = False
 
 
-def probes_for(settings: Settings) -> list[str]:
-    """The probes to run: `window_probes`, except none by default against OpenAI's own API.
+def probes_for(settings: Settings, field: str = "window_probes") -> list[str]:
+    """The probes to run: `window_probes` (or `count_probes`), except none by default against OpenAI's own API.
 
     OpenAI's models are in the shipped table, and its API serves none of the probed endpoints: probing it would only
-    send each caller's credentials on requests they never made. Setting `window_probes` explicitly still wins.
+    send each caller's credentials on requests they never made. Setting the list explicitly still wins.
     """
-    if "window_probes" not in settings.model_fields_set and urlsplit(settings.upstream).hostname == OPENAI_HOST:
+    if field not in settings.model_fields_set and urlsplit(settings.upstream).hostname == OPENAI_HOST:
         return []
-    return list(settings.window_probes)
+    return list(getattr(settings, field))
 
 
 class WindowDiscovery:
@@ -124,10 +124,7 @@ class WindowDiscovery:
 
     async def aclose(self) -> None:
         """Stop the runs in flight and close the HTTP client."""
-        tasks = self.running()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel(self.running())
         await self.client.aclose()
 
     async def _discovered(self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool) -> int | None:
@@ -136,7 +133,7 @@ class WindowDiscovery:
         :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
             never awaited again.
         """
-        credentials = {name: headers[name] for name in CREDENTIAL_HEADERS if headers.get(name)}
+        credentials = credentials_of(headers)
         key, known = self._lookup(model, tenant, credentials)
         if known is None:
             started = key not in self._running

@@ -4,6 +4,10 @@ The estimate anchors on what the provider reported: its count for a prefix of th
 includes the system prompt, tool schemas and chat-template overhead as the provider sees them) plus a local count of
 the messages appended since. With no report, everything is counted locally. Compaction starts when the estimate
 reaches `compact_at` of the window and aims at `compact_to` of it, less what is not messages.
+
+A request that reserves room for its reply (`max_tokens`, `max_completion_tokens`, `max_output_tokens`) leaves only
+the rest of the window for its prompt, and providers reject a prompt that does not leave that room: the trigger is
+then the room itself when that is lower, and the target shrinks in proportion.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ class Thresholds:
         the tool results it triggers, which land on top of what was measured.
     :param compact_to: The fraction of the window compaction brings the conversation down to. Lower means compacting
         less often but losing more each time.
+    :param reserved_tokens: The tokens the request reserves for its reply; ignored unless less than the window.
     :raises ValueError: If `context_window` is not positive or the fractions are not `0 < compact_to < compact_at <= 1`.
     """
 
     context_window: int
     compact_at: float = 0.7
     compact_to: float = 0.4
+    reserved_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.context_window < 1:
@@ -42,13 +48,31 @@ class Thresholds:
             )
 
     @property
+    def room(self) -> int:
+        """What the prompt may fill: the window, less the reply's reservation when that leaves anything."""
+        reserved = self.reserved_tokens if 0 < self.reserved_tokens < self.context_window else 0
+        return self.context_window - reserved
+
+    @property
+    def reservation_decides(self) -> bool:
+        """Whether the reply's reservation, not `compact_at`, sets the trigger."""
+        return self.room < self.context_window * self.compact_at
+
+    @property
     def trigger_tokens(self) -> float:
-        """The estimate at which compaction starts."""
-        return self.context_window * self.compact_at
+        """The estimate at which compaction starts: `compact_at` of the window, or the room left by the reply."""
+        return self.room if self.reservation_decides else self.context_window * self.compact_at
+
+    @property
+    def target_total(self) -> float:
+        """What compaction aims the whole prompt at: `compact_to` of the window, scaled down with a lower trigger."""
+        if self.reservation_decides:
+            return self.room * self.compact_to / self.compact_at
+        return self.context_window * self.compact_to
 
     def target_tokens(self, overhead_tokens: int) -> int:
-        """The message budget compaction aims for: `compact_to` of the window less the non-message overhead."""
-        return max(int(self.context_window * self.compact_to) - overhead_tokens, 0)
+        """The message budget compaction aims for: the target less the non-message overhead."""
+        return max(int(self.target_total) - overhead_tokens, 0)
 
 
 @dataclass(frozen=True)
@@ -112,7 +136,9 @@ def decide(
     """
     bound = _upper_bound(transcript, overhead_tokens, anchor, scale)
     if bound < thresholds.trigger_tokens:
-        return Decision(estimated_tokens=bound, compact=False, bounded=True, scale=scale)
+        # An anchor covering every message is the estimate itself, not a bound.
+        covered = anchor is not None and anchor.tokens > 0 and anchor.covered >= len(transcript)
+        return Decision(estimated_tokens=bound, compact=False, bounded=not covered, scale=scale)
     estimated = estimate_tokens(transcript, overhead_tokens, anchor, scale)
     if estimated < thresholds.trigger_tokens:
         return Decision(estimated_tokens=estimated, compact=False, scale=scale)
@@ -121,7 +147,7 @@ def decide(
         overhead = estimated - round(scale * transcript.total())
     else:
         overhead = round(scale * overhead_tokens)
-    budget = thresholds.context_window * thresholds.compact_to - overhead
+    budget = thresholds.target_total - overhead
     return Decision(
         estimated_tokens=estimated,
         compact=True,

@@ -16,7 +16,10 @@ from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest
 from proxy.config import Mode, Settings
 from proxy.engine import CompactionChain
+from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload
+from proxy.engine.strategies.sliding_window import SlidingWindow
+from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.offload.reads import ReadBack
 from proxy.offload.tool import POINTER, held_references, with_read_tool
@@ -32,7 +35,7 @@ OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 READS_HEADER: Final = "X-Compaction-Reads"
 """Response header: how many reads of offloaded results the proxy answered for this request."""
 
-LOSSY: Final = frozenset({ToolResultPruning.name, "sliding_window", "summarization", "middle_out"})
+LOSSY: Final = frozenset({ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name})
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`)."""
 
 
@@ -46,28 +49,32 @@ class Offloading:
 
     :param settings: `offload`, `offload_read_rounds` and the mode.
     :param store: The state store offloaded texts are kept in.
+    :param base: The proxy's chain, which offloading joins.
     :param metrics: The service's metrics now (they move to the app's registry once it exists).
     """
 
-    def __init__(self, settings: Settings, store: StateStore, metrics: Callable[[], CompactionMetrics]) -> None:
+    def __init__(
+        self, settings: Settings, store: StateStore, base: CompactionChain, metrics: Callable[[], CompactionMetrics]
+    ) -> None:
         self.enabled = settings.offload and settings.mode is Mode.ENFORCE
         self.rounds = settings.offload_read_rounds
         self.store = store
+        self.base = base
         self.metrics = metrics
 
-    def staging(self, off: bool) -> StagingOffloadStore | None:
-        """Where a request's compaction offloads to; None when offloading is off (setting, mode, or `off`)."""
-        return StagingOffloadStore() if self.enabled and not off else None
+    def for_request(self, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
+        """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
-    @staticmethod
-    def chain(base: CompactionChain, staging: StagingOffloadStore | None) -> CompactionChain:
-        """`base` with offloading to `staging` before its first lossy strategy; `base` itself when off."""
-        if staging is None:
-            return base
-        strategies = list(base.strategies)
+        :param off: The request turned offloading off (`offload_off`); the setting and the mode can too: then there is
+            no staging store and the chain is the proxy's own.
+        """
+        if not self.enabled or off:
+            return None, self.base
+        staging = StagingOffloadStore()
+        strategies = list(self.base.strategies)
         at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
         strategies.insert(at, ToolResultOffload(staging, pointer=POINTER))
-        return CompactionChain(strategies)
+        return staging, CompactionChain(strategies)
 
     async def persist(self, tenant: bytes, staging: StagingOffloadStore | None) -> None:
         """Keep what the compaction offloaded, under the tenant, before the request that refers to it is forwarded."""

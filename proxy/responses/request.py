@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits
+from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.engine.messages import Message
 from proxy.responses.items import Item, Units
 
@@ -53,15 +53,25 @@ class ResponsesRequest:
         return self.body.get("previous_response_id") is not None or self.body.get("conversation") is not None
 
     @property
-    def previous_response_id(self) -> str | None:
-        """The response this request continues, if it names one."""
+    def provider_chain(self) -> str | None:
+        """What names the history the provider keeps: `previous_response_id`, else the `conversation`'s id."""
         previous = self.body.get("previous_response_id")
-        return previous if isinstance(previous, str) else None
+        if isinstance(previous, str):
+            return "response:" + previous
+        conversation = self.body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        return "conversation:" + conversation if isinstance(conversation, str) else None
 
     @property
     def manages_context(self) -> bool:
         """Whether the client set context management of its own (`context_management`, `truncation: auto`)."""
         return bool(self.body.get("context_management")) or self.body.get("truncation") == "auto"
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_output_tokens`."""
+        return reserved(self.body, "max_output_tokens")
 
     @cached_property
     def overhead_fields(self) -> Mapping[str, Any]:
@@ -78,12 +88,7 @@ class ResponsesRequest:
         :raises InvalidChatRequest: If it is not JSON, not an object, or its `input` is neither text nor items.
         :raises RequestOverLimit: If it holds more items or content parts than `limits` allow.
         """
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as error:
-            raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
-        if not isinstance(body, dict):
-            raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+        body = json_object(raw)
         given = body.get("input")
         if isinstance(given, str):
             items: list[Item] = [{"role": "user", "content": given}]
@@ -93,11 +98,7 @@ class ResponsesRequest:
             items = []
         else:
             raise InvalidChatRequest("The request's `input` must be a string or a list of items.")
-        if limits is not None:
-            limits.check(items)
-        for position, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise InvalidChatRequest(f"`input[{position}]` must be an object, got {type(item).__name__}.")
+        checked_objects(items, "input", limits)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidChatRequest("The request's `instructions` must be a string.")

@@ -3,10 +3,10 @@
 With `previous_response_id` (or `conversation`) a request carries only what is new; the history lives at the
 provider, out of the proxy's reach. The proxy forwards such a request as sent and says so (`X-Compaction:
 provider-state`). It still knows how big the chain is: every response's reported usage (input plus output) is kept
-against its id, so a request continuing response R is estimated as R's size plus its own new items. Once that passes
-`compact_at` of the window, and the client set no context management of its own, the proxy adds what the operator
-chose (`provider_state`): the provider's own compaction (`context_management` with `compact_threshold` at `compact_at`
-of the window) or `truncation: auto`.
+against its id (and its conversation's), so a request continuing response R is estimated as R's size plus its own
+new items. Once that passes `compact_at` of the window, and the client set no context management of its own, the
+proxy adds what the operator chose (`provider_state`): the provider's own compaction (`context_management` with
+`compact_threshold` at `compact_at` of the window) or `truncation: auto`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ ASKED: Final = {ProviderState.COMPACTION: "provider-compaction", ProviderState.T
 """`X-Compaction` when the proxy asked the provider to manage the context itself."""
 
 
-def response_key(response_id: str) -> bytes:
-    """The state key under which a response's size is kept (within the caller's scope)."""
-    return xxh3_128_digest(b"response\0" + response_id.encode("utf-8", "surrogatepass"))
+def chain_key(name: str) -> bytes:
+    """The state key under which the size of a provider-kept chain is kept (within the caller's scope).
+
+    :param name: `response:<id>` or `conversation:<id>` (see `ResponsesRequest.provider_chain`).
+    """
+    return xxh3_128_digest(b"provider-chain\0" + name.encode("utf-8", "surrogatepass"))
 
 
 class ProviderChains:
@@ -47,22 +50,30 @@ class ProviderChains:
         self.action = action
         self.compact_at = compact_at
 
-    async def learn(self, scope: bytes, response_id: str, usage: Mapping[str, Any] | None) -> None:
-        """Keep the size of the conversation through this response (its input and its output)."""
-        if not usage:
+    async def learn(
+        self, scope: bytes, request: ResponsesRequest, response_id: str, usage: Mapping[str, Any] | None
+    ) -> None:
+        """Keep the size of the conversation through this response (its input and its output).
+
+        It is kept for the response (a later `previous_response_id`) and, when the request named a `conversation`,
+        for the conversation.
+        """
+        total = usage.get("total_tokens") if usage else None
+        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
             return
-        total = usage.get("total_tokens")
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            await self.store.save_anchor(scope, response_key(response_id), total)
+        await self.store.save_anchor(scope, chain_key("response:" + response_id), total)
+        named = request.provider_chain
+        if named is not None and named.startswith("conversation:"):
+            await self.store.save_anchor(scope, chain_key(named), total)
 
     async def forwarded(
         self, raw: bytes, request: ResponsesRequest, scope: bytes, window: int | None, counter: TokenCounter
     ) -> tuple[bytes, str]:
         """The body to send for a provider-kept conversation, and its `X-Compaction` value."""
-        previous = request.previous_response_id
-        if self.action is ProviderState.OFF or request.manages_context or window is None or previous is None:
+        named = request.provider_chain
+        if self.action is ProviderState.OFF or request.manages_context or window is None or named is None:
             return raw, PROVIDER_STATE
-        found = await self.store.latest_anchor(scope, [response_key(previous)])
+        found = await self.store.latest_anchor(scope, [chain_key(named)])
         if found is None:
             return raw, PROVIDER_STATE
         trigger = int(self.compact_at * window)

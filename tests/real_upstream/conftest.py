@@ -206,9 +206,11 @@ class Proxies:
     async def start(self, **overrides: Any) -> tuple[str, ChatCompactionService]:
         """Start a proxy with these settings; returns its `/v1` base URL and its compaction service.
 
-        The proxy believes the model's window is the server's unless `context_windows` says otherwise.
+        The proxy believes the model's window is the server's unless `context_windows` says otherwise, and counts
+        locally (calibrated by usage reports) unless `count_probes` asks the server.
         """
-        settings = Settings(**{"upstream": self.upstream, "context_windows": {MODEL: N_CTX}, **overrides})
+        defaults = {"upstream": self.upstream, "context_windows": {MODEL: N_CTX}, "count_probes": []}
+        settings = Settings(**{**defaults, **overrides})
         service = ChatCompactionService(settings)
         server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
         await server.start_server()

@@ -68,7 +68,7 @@ async def make_proxy() -> AsyncIterator[MakeProxy]:
     servers: list[TestServer] = []
 
     async def start(upstream_url: str, chat: ChatCompaction | None = None, **overrides: Any) -> Proxy:
-        settings = Settings(upstream=upstream_url, **{"window_probes": [], **overrides})
+        settings = Settings(upstream=upstream_url, **{"window_probes": [], "count_probes": [], **overrides})
         app = create_app(settings, chat if chat is not None else ChatCompactionService(settings))
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()

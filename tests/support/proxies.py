@@ -29,12 +29,12 @@ class RunningProxy:
 class LoopbackProxies:
     """Starts proxies in front of one upstream, each with `defaults` under its own settings, and closes them all.
 
-    Window probes are off unless `defaults` or a proxy's settings turn them on, so the upstream sees only what the
-    test sends.
+    Window probes and exact counts are off unless `defaults` or a proxy's settings turn them on, so the upstream sees
+    only what the test sends.
     """
 
     def __init__(self, **defaults: Any) -> None:
-        self.defaults = {"window_probes": [], **defaults}
+        self.defaults = {"window_probes": [], "count_probes": [], **defaults}
         self._servers: list[TestServer] = []
 
     async def start(self, **settings: Any) -> RunningProxy:
