@@ -144,13 +144,17 @@ async def _inflated(body: bytes, coding: str, limit: int) -> bytes:
 
 
 def _send(
-    request: web.Request, target: URL, body: bytes
+    request: web.Request, target: URL, body: bytes, *, plain: bool = False
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
     """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
 
     The body is always sent without a content coding (an encoded one was decompressed before).
+
+    :param plain: Ask for an answer without a content coding: the proxy reads it (`proxy.server.offload_reads`).
     """
     headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
+    if plain:
+        headers["Accept-Encoding"] = "identity"
     return request.app[UPSTREAM].request(request.method, target, headers, body)
 
 
@@ -171,7 +175,7 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     """Forward the plan's body; on a non-2xx answer let `complete()` decide on one retry with a new plan."""
     record = request[RECORD]
     sent = time.perf_counter()
-    async with _send(request, target, plan.body) as response:
+    async with _send(request, target, plan.body, plain=plan.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
@@ -185,7 +189,7 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     record.retried = True
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
-    async with _send(request, target, retry.body) as response:
+    async with _send(request, target, retry.body, plain=retry.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         return await _relay_answer(request, target, response, retry)
@@ -197,7 +201,7 @@ async def _relay_answer(
     """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
     if plan.reads is None:
         return await _relay_chat(request, response, plan)
-    send = partial(_send, request, target)
+    send = partial(_send, request, target, plain=True)
     return await answer_reads(request, response, plan, send=send, relay=_relay_chat, complete=_complete)
 
 

@@ -79,6 +79,7 @@ async def test_a_non_streamed_read_is_answered_by_the_proxy(
     assert raw.headers["x-compaction-offloaded"] == "1"
     assert "tool_result_offloading" in raw.headers["x-compaction-strategies"]
     first, second = chat_bodies(upstream)
+    assert [request.headers["Accept-Encoding"] for request in upstream.requests] == ["identity", "identity"]
     assert tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
     assert LOG not in orjson.dumps(first).decode() and content_reference(LOG) in first["messages"][3]["content"]
     assert second["messages"][: len(first["messages"])] == first["messages"]
