@@ -132,10 +132,8 @@ async def _hold(request: web.Request, response: aiohttp.ClientResponse, api: Api
     if response.content_type == "text/event-stream":
         return await _hold_stream(request, response, api, final=final)
     limit = request.app[SETTINGS].max_body_bytes
-    head = await _read(request, response, limit)
-    if head is None:
-        return Held(b"")
-    parsed = _json(head)
+    head, whole = await _read(request, response, limit)
+    parsed = _json(head) if whole else None
     if parsed is None:
         return Held(head)
     reads = None if final else _reads(parsed, api)
@@ -159,16 +157,16 @@ def _reads(answer: Mapping[str, Any], api: Api) -> Reads | None:
     return chat_reads(message if isinstance(message, Mapping) else None)
 
 
-async def _read(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body, or None when it is larger than `limit` (nothing is then consumed past what was read)."""
+async def _read(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The body read until its end or past `limit` bytes, and whether it is whole (the rest is relayed after it)."""
     parts: list[bytes] = []
     size = 0
     while chunk := await request.app[UPSTREAM].read_chunk(response):
         parts.append(chunk)
         size += len(chunk)
         if size > limit:
-            return None
-    return b"".join(parts)
+            return b"".join(parts), False
+    return b"".join(parts), True
 
 
 async def _hold_stream(request: web.Request, response: aiohttp.ClientResponse, api: Api, *, final: bool) -> Held:

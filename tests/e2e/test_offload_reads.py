@@ -338,3 +338,15 @@ async def test_reads_are_answered_on_the_retry_after_an_overflow(
     _overflowed, retried, refused, fallback = chat_bodies(upstream)
     assert tool_names(retried)[-1] == READ_TOOL and refused["messages"][-1]["content"] == big
     assert fallback == {**retried, "tool_choice": "none"}
+
+
+async def test_an_answer_too_large_to_hold_is_relayed_whole(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
+    text = "word " * 6000
+    upstream.responder = lambda _request: Reply(content=text)
+    upstream.context_window = 16_384
+    async with openai.AsyncOpenAI(base_url=await start_proxy(max_body_bytes=20_000), api_key="k", max_retries=0) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=conversation(), tools=CLIENT_TOOLS
+        )
+    assert raw.headers["x-compaction-offloaded"] == "1"
+    assert raw.parse().choices[0].message.content == text
