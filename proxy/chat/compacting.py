@@ -33,10 +33,15 @@ class Compacting:
         self.summary_start_at = summary_start_at
 
     async def outcome(
-        self, measured: Measured, context: SummaryContext, work: Work[CompactionResult | None]
+        self,
+        measured: Measured,
+        context: SummaryContext,
+        work: Work[CompactionResult | None],
+        chain: CompactionChain | None = None,
     ) -> Outcome:
-        """Compact when the decision says so (see the module docstring)."""
+        """Compact when the decision says so (see the module docstring), with `chain` instead of the default one."""
         transcript, decision = measured.transcript, measured.decision
+        chain = chain or self.chain
         summaries = self.summaries
         if not decision.compact:
             if summaries is not None:
@@ -44,9 +49,9 @@ class Compacting:
             return Outcome(decision)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
-            return Outcome(decision, await work(lambda: self.chain.compact(transcript, decision.target_tokens)))
+            return Outcome(decision, await work(lambda: chain.compact(transcript, decision.target_tokens)))
         summarized = transcript.edited(summary)
-        rest = await work(lambda: self.chain.compact(summarized, decision.target_tokens))
+        rest = await work(lambda: chain.compact(summarized, decision.target_tokens))
         result = CompactionResult(
             plan=summary if rest is None else summary.then(rest.plan),
             compacted=summarized if rest is None else rest.compacted,

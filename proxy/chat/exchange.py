@@ -50,6 +50,8 @@ class ForwardPlan:
     :param strip_usage_chunk: The proxy asked the upstream for a usage chunk the client did not ask for, so the
         server must drop the usage-only final chunk from the stream it relays.
     :param context: Opaque state the compaction side needs back in `ChatOutcome`.
+    :param reads: The proxy's read tool was added: how the server answers the model's calls to it (a
+        `proxy.offload.reads.ReadBack`), or None.
     """
 
     body: bytes
@@ -57,6 +59,7 @@ class ForwardPlan:
     stream: bool = False
     strip_usage_chunk: bool = False
     context: Any = None
+    reads: Any = None
 
 
 @dataclass(frozen=True)

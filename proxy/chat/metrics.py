@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -96,6 +96,22 @@ class CompactionMetrics:
         self.implausible_usage = Counter(
             "compaction_proxy_implausible_usage_reports",
             "Provider usage reports ignored because they disagree with the local estimate beyond any tokenizer gap.",
+            registry=registry,
+        )
+        self.offloaded_results = Counter(
+            "compaction_proxy_offloaded_results",
+            "Tool results offloaded to the state store (each distinct text once per compaction that wrote it).",
+            registry=registry,
+        )
+        self.offload_bytes = Gauge(
+            "compaction_proxy_offload_bytes_held",
+            "UTF-8 bytes of offloaded results the in-memory state store holds (Redis reports its own memory).",
+            registry=registry,
+        )
+        self.offload_reads = Counter(
+            "compaction_proxy_offload_reads",
+            "Calls of the proxy's read tool it answered itself, by result: served, not_held.",
+            ["result"],
             registry=registry,
         )
         self.errors = Counter(

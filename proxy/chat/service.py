@@ -18,7 +18,7 @@ unchanged: the proxy must never fail a request that would have succeeded without
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -56,6 +56,7 @@ from proxy.engine import (
 )
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.failures import log_failure
+from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
@@ -84,6 +85,7 @@ class _Exchange:
     provider_state: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     turn: Turn = field(default_factory=Turn)
+    offload_off: bool = False
 
     @property
     def sent(self) -> Sent:
@@ -128,6 +130,7 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
+        self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
         self.observing = Compacting(self.chain, None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
@@ -230,7 +233,9 @@ class ChatCompactionService:
             self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
-            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
+            return await self._forward(
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+            )
 
         counter = counter_for_model(model)
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
@@ -247,7 +252,9 @@ class ChatCompactionService:
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
-        outcome = await compacting.outcome(measured, context, lambda work: self._work(exchange, work, whole=True))
+        exchange.offload_off = offload_off(headers)
+        staging, strategies = self.offloading.for_request(exchange.offload_off)
+        outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
         exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
@@ -256,8 +263,11 @@ class ChatCompactionService:
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
             self.metrics.requests.labels("unchanged").inc()
-            return await self._forward(chat.body, exchange, view.messages if view.changed else None, view.chain)
+            return await self._forward(
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+            )
 
+        await self.offloading.persist(tenant, staging)
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
@@ -277,7 +287,7 @@ class ChatCompactionService:
         chain = await self._work(
             exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
         )
-        return await self._forward(chat.body, exchange, compacted, chain)
+        return await self._forward(chat.body, exchange, compacted, chain, result.compacted.meta)
 
     async def _view(self, exchange: _Exchange) -> View:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
@@ -285,13 +295,20 @@ class ChatCompactionService:
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
 
     async def _forward(
-        self, raw: bytes, exchange: _Exchange, messages: list[Message] | None, chain: list[bytes] | None
+        self,
+        raw: bytes,
+        exchange: _Exchange,
+        messages: list[Message] | None,
+        chain: list[bytes] | None,
+        meta: Sequence[Mapping[str, Any]] | None = None,
     ) -> ForwardPlan:
         """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
 
         :param chain: The chain of what is sent, when already known; computed here otherwise.
+        :param meta: The metadata of `messages`: when they hold offloaded results, the read tool is offered.
         """
-        request = exchange.request
+        offered = meta if messages else None
+        request, reads = await self.offloading.offer(exchange.request, exchange.tenant, offered, exchange.headers)
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
@@ -310,6 +327,7 @@ class ChatCompactionService:
             stream=request.stream,
             strip_usage_chunk=ask_usage,
             context=exchange,
+            reads=reads,
         )
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
@@ -354,14 +372,16 @@ class ChatCompactionService:
         if window is None:
             return None
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
+        staging, strategies = self.offloading.for_request(exchange.offload_off)
 
         def compact() -> CompactionResult | None:
-            return self.chain.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
+            return strategies.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
 
         result = await self._work(exchange, compact, whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
+        await self.offloading.persist(exchange.tenant, staging)
         await self.rewrites.remember(exchange.scope, view, result.plan)
         retry = _Exchange(
             exchange.scope,
@@ -377,7 +397,7 @@ class ChatCompactionService:
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
-        return await self._forward(b"", retry, list(result.compacted.messages), None)
+        return await self._forward(b"", retry, list(result.compacted.messages), None, result.compacted.meta)
 
     async def _work(self, exchange: _Exchange, work: Callable[[], T], *, whole: bool = False) -> T:
         """CPU work for this request: off the event loop when it is large.

@@ -162,6 +162,23 @@ class CompactionSettings(BaseModel):
             " afresh from what the client sent (only useful to measure what the memory saves)."
         ),
     )
+    offload: bool = Field(
+        default=True,
+        description=(
+            "Offload older large tool results instead of pruning them: the proxy keeps the full text in its state"
+            " store, leaves a reference with a preview, and answers the model's calls to its read tool"
+            " (`compaction_proxy_read_result`) itself. Off (or `X-Compaction-Offload: off` on a request): plain"
+            " pruning."
+        ),
+    )
+    offload_read_rounds: int = Field(
+        default=4,
+        ge=1,
+        description=(
+            "Most rounds of reads the proxy answers for one request; the round after the last is asked with"
+            " `tool_choice: none`, so the model answers with what it has read."
+        ),
+    )
 
     @field_validator("strategies")
     @classmethod

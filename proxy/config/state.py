@@ -66,6 +66,14 @@ class StateSettings(BaseModel):
             " each conversation, plus the messages compaction created); the least recently used go first."
         ),
     )
+    state_offload_max_bytes: int = Field(
+        default=64 * 2**20,
+        gt=0,
+        description=(
+            "Bound, in bytes, on the offloaded tool results the in-memory store holds for the proxy's read tool"
+            " (`offload`); the least recently used go first."
+        ),
+    )
     tenant_key: SecretStr = Field(
         default_factory=_random_tenant_key,
         description=(

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Final
 
 import aiohttp
@@ -32,6 +33,8 @@ from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, answer
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
+from proxy.server.offload_reads import answer_reads
+from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.relay import Transform, finish, pump, start_response, write
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.stream_prelude import Prelude, read_prelude
@@ -142,13 +145,17 @@ async def _inflated(body: bytes, coding: str, limit: int) -> bytes:
 
 
 def _send(
-    request: web.Request, target: URL, body: bytes
+    request: web.Request, target: URL, body: bytes, *, plain: bool = False
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
     """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
 
     The body is always sent without a content coding (an encoded one was decompressed before).
+
+    :param plain: Ask for an answer without a content coding: the proxy reads it (`proxy.server.offload_reads`).
     """
     headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
+    if plain:
+        headers["Accept-Encoding"] = "identity"
     return request.app[UPSTREAM].request(request.method, target, headers, body)
 
 
@@ -172,15 +179,16 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     """
     record = request[RECORD]
     sent = time.perf_counter()
-    async with _send(request, target, plan.body) as response:
+    async with _send(request, target, plan.body, plain=plan.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
-            prelude = await _prelude(request, response)
+            # A plan offering the read tool holds its stream back itself (see `proxy.server.offload_reads`).
+            prelude = await _prelude(request, response) if plan.reads is None else Prelude(b"")
             refused = prelude.refusal is not None
             retry = await _complete(request, plan, ChatOutcome(400, error_body=prelude.refusal)) if refused else None
             if retry is None:
-                return await _relay_chat(request, response, plan, prelude.data)
+                return await _relay_answer(request, target, response, plan, prelude.data)
         else:
             error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
             encoding = content_encoding(response.headers)
@@ -191,10 +199,23 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     record.retried = True
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
-    async with _send(request, target, retry.body) as response:
+    async with _send(request, target, retry.body, plain=retry.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
-        return await _relay_chat(request, response, retry)
+        return await _relay_answer(request, target, response, retry)
+
+
+async def _relay_answer(
+    request: web.Request, target: URL, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes = b""
+) -> web.StreamResponse:
+    """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first.
+
+    :param head: The answer's first bytes, already read (a stream's opening events; never with the read tool).
+    """
+    if plan.reads is None:
+        return await _relay_chat(request, response, plan, head)
+    send = partial(_send, request, target, plain=True)
+    return await answer_reads(request, response, plan, send=send, relay=_relay_chat, complete=_complete)
 
 
 async def _prelude(request: web.Request, response: aiohttp.ClientResponse) -> Prelude:
@@ -234,20 +255,23 @@ async def _relay_chat(
 ) -> web.StreamResponse:
     """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
 
-    :param head: The answer's first bytes, already read (a stream's opening events).
+    :param head: The answer's first bytes, already read from `response` (a stream's opening events, see
+        `proxy.server.stream_prelude`; a held answer, see `proxy.server.offload_reads`).
     """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     encoding = content_encoding(response.headers)
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
     observer: StreamObserver | None = None
+    edited: EditedStream | None = None
     collector: Collector | None = None
     transform: Transform | None
     if streamed:
         strip = plan.strip_usage_chunk and encoding == "identity"
         observer = StreamObserver(strip_usage=strip)
         if encoding == "identity":
-            transform = observer.feed
+            edited = EditedStream(observer, StreamEdits(plan.reads.api)) if plan.reads is not None else None
+            transform = edited or observer.feed
         elif encoding in DECODABLE:
             transform = DecodingObserver(observer, encoding)
         else:
@@ -257,13 +281,13 @@ async def _relay_chat(
         collector = Collector(settings.max_body_bytes)
         transform = collector
     out = await start_response(request, response, extra_headers=plan.response_headers, drop_length=strip)
-    first = transform(head) if head and transform is not None else head
-    if first and not await write(request, out, first):
-        return out
-    if not await pump(request, out, response, transform):
+    relayed_head = transform(head) if head and transform is not None else head
+    if (relayed_head and not await write(request, out, relayed_head)) or not await pump(
+        request, out, response, transform
+    ):
         return out
     if observer is not None:
-        tail = observer.finish()
+        tail = edited.finish() if edited is not None else observer.finish()
         if tail and not await write(request, out, tail):
             return out
         if observer.stripped_chunks:

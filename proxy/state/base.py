@@ -4,6 +4,8 @@
   hash, so the next request extending it is rewritten the same way.
 - An *anchor*: the provider-reported token count for a prefix of what was sent upstream, keyed by its chain hash,
   so the next request extending it is estimated as anchor plus its new messages.
+- An *offloaded result*: the full text of a tool result the `tool_result_offloading` strategy replaced with a
+  reference, keyed by that reference (a content hash), so the model can read it back through the proxy's read tool.
 
 Every key is scoped by the caller's tenant (a keyed hash of its credential): one caller can never find, read or
 overwrite another's records, even for byte-identical conversations.
@@ -11,7 +13,7 @@ overwrite another's records, even for byte-identical conversations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from proxy.engine.plan import EditPlan
@@ -34,6 +36,18 @@ class StateStore(Protocol):
 
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
         """Remember the provider's token count for the sent prefix whose chain ends in `chain_key`."""
+        ...
+
+    async def save_offloaded(self, tenant: bytes, contents: Mapping[str, str]) -> None:
+        """Keep each content under its reference for the tenant, as long as a conversation lives (refreshed)."""
+        ...
+
+    async def offloaded(self, tenant: bytes, reference: str) -> str | None:
+        """The content the tenant offloaded under `reference`, or None (another tenant's, expired, never stored)."""
+        ...
+
+    async def touch_offloaded(self, tenant: bytes, references: Sequence[str]) -> None:
+        """Restart the time to live of these contents: their conversation is still going on."""
         ...
 
     async def close(self) -> None:

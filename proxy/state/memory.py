@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Generic, TypeVar
 
 import orjson
@@ -23,6 +23,9 @@ RECORD_OVERHEAD: Final = 200
 
 DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
 """What the rewrites of an in-memory store hold at most unless told otherwise."""
+
+DEFAULT_OFFLOAD_BYTES: Final = 64 * 1024 * 1024
+"""What the offloaded results of an in-memory store hold at most unless told otherwise."""
 
 PLAN_ENTRY_BYTES: Final = 64
 """Bytes one entry of a plan costs (a `Kept` index object and its slot in the plan's tuple)."""
@@ -63,6 +66,12 @@ class _ExpiringLRU(Generic[V]):
     def cost(self) -> int:
         """What the entries held now cost, as charged."""
         return self._bytes
+
+    def touch(self, key: bytes) -> None:
+        """Restart the time to live of the entry under `key`, if it is held."""
+        value = self.get(key)
+        if value is not None:
+            self.put(key, value)
 
     def get(self, key: bytes) -> V | None:
         entry = self._entries.get(key)
@@ -109,6 +118,8 @@ class MemoryStore:
     :param ttl_seconds: How long a record lives after it was last written.
     :param max_bytes: What the rewrites may hold in all (see `plan_bytes`); the least recently used go first, and a
         single rewrite larger than this is not kept. Anchors are small and bounded by `max_entries`.
+    :param offload_max_bytes: What offloaded results may hold in all (UTF-8 bytes plus `RECORD_OVERHEAD` each); the
+        least recently used go first.
     """
 
     def __init__(
@@ -117,10 +128,18 @@ class MemoryStore:
         ttl_seconds: float = 86_400,
         clock: Callable[[], float] = time.monotonic,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        offload_max_bytes: int = DEFAULT_OFFLOAD_BYTES,
     ) -> None:
         self.rewrites: _ExpiringLRU[EditPlan] = _ExpiringLRU(max_entries, ttl_seconds, clock, max_bytes, plan_bytes)
         self.anchors: _ExpiringLRU[int] = _ExpiringLRU(
             max_entries, ttl_seconds, clock, max_entries * RECORD_OVERHEAD, lambda _tokens: RECORD_OVERHEAD
+        )
+        self.offloads: _ExpiringLRU[str] = _ExpiringLRU(
+            max_entries,
+            ttl_seconds,
+            clock,
+            offload_max_bytes,
+            lambda text: RECORD_OVERHEAD + len(text.encode("utf-8", "surrogatepass")),
         )
 
     async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
@@ -138,6 +157,25 @@ class MemoryStore:
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
         """Store an anchor."""
         self.anchors.put(tenant + chain_key, tokens)
+
+    async def save_offloaded(self, tenant: bytes, contents: Mapping[str, str]) -> None:
+        """Store offloaded results."""
+        for reference, content in contents.items():
+            self.offloads.put(tenant + reference.encode(), content)
+
+    async def offloaded(self, tenant: bytes, reference: str) -> str | None:
+        """An offloaded result of the tenant."""
+        return self.offloads.get(tenant + reference.encode())
+
+    async def touch_offloaded(self, tenant: bytes, references: Sequence[str]) -> None:
+        """Keep offloaded results alive."""
+        for reference in references:
+            self.offloads.touch(tenant + reference.encode())
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """What the offloaded results held now cost, as charged against `offload_max_bytes`."""
+        return self.offloads.cost
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -22,6 +22,7 @@ def open_store(settings: Settings) -> StateStore:
             max_entries=settings.state_max_conversations,
             ttl_seconds=settings.state_ttl_seconds,
             max_bytes=settings.state_max_bytes,
+            offload_max_bytes=settings.state_offload_max_bytes,
         )
     if url.startswith(("redis://", "rediss://", "unix://")):
         try:

@@ -21,14 +21,16 @@ caller's tenant, lookups find the longest stored prefix of a conversation), with
 - **Failing fast.** Timeouts are short and a refused connection is retried once without backoff, so a Redis that is
   down costs a request milliseconds; the service treats the store's error as its own and forwards unchanged.
 
-Keys are `<prefix>r:<tenant hex>:<chain hex>` (rewrites) and `<prefix>a:<tenant hex>:<chain hex>` (anchors); values
-are `codec.encode_plan` bytes and decimal token counts. Neither keys nor values are ever logged.
+Keys are `<prefix>r:<tenant hex>:<chain hex>` (rewrites), `<prefix>a:<tenant hex>:<chain hex>` (anchors) and
+`<prefix>o:<tenant hex>:<reference>` (offloaded results); values are `codec.encode_plan` bytes, decimal token counts
+and UTF-8 text. Neither keys nor values are ever logged. Offloaded results are written and refreshed in one
+pipelined round trip per request, and live as long as the rest: `ttl_seconds` after their last write or refresh.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -163,6 +165,33 @@ class RedisStore:
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
         """Store an anchor (the provider's count for exactly that prefix: the last write is as good as any)."""
         await self._redis.set(self.anchor_key(tenant, chain_key), str(tokens), px=self._ttl_ms)
+
+    def offload_key(self, tenant: bytes, reference: str) -> str:
+        """The key of a tenant's offloaded result."""
+        return f"{self._prefix}o:{tenant.hex()}:{reference}"
+
+    async def save_offloaded(self, tenant: bytes, contents: Mapping[str, str]) -> None:
+        """Store offloaded results (one pipelined round trip)."""
+        if not contents:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for reference, content in contents.items():
+                pipe.set(self.offload_key(tenant, reference), content.encode("utf-8", "surrogatepass"), px=self._ttl_ms)
+            await pipe.execute()
+
+    async def offloaded(self, tenant: bytes, reference: str) -> str | None:
+        """An offloaded result of the tenant, or None."""
+        value: Any = await self._redis.get(self.offload_key(tenant, reference))
+        return None if value is None else bytes(value).decode("utf-8", "surrogatepass")
+
+    async def touch_offloaded(self, tenant: bytes, references: Sequence[str]) -> None:
+        """Restart the TTL of offloaded results (one pipelined round trip)."""
+        if not references:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for reference in references:
+                pipe.pexpire(self.offload_key(tenant, reference), self._ttl_ms)
+            await pipe.execute()
 
     async def ping(self) -> bool:
         """Whether Redis answers a PING now, within the store's timeout (the proxy is not ready while it does not)."""

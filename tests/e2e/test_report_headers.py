@@ -64,5 +64,12 @@ def test_the_readme_documents_every_value_and_header() -> None:
         answered.update(re.findall(r'"X-Compaction": "([a-z-]+)"', source.read_text()))
     documented = readme[readme.index("- **What was done.**") : readme.index("- **Observability.**")]
     assert answered <= set(re.findall(r"^    - `([a-z-]+)`:", documented, re.MULTILINE)), documented
-    for header in ("X-Compaction-Tokens-Before-Bound", "X-Compaction-Warning", "X-Compaction-Tokens-After"):
+    for header in (
+        "X-Compaction-Tokens-Before-Bound",
+        "X-Compaction-Warning",
+        "X-Compaction-Tokens-After",
+        "X-Compaction-Offloaded",
+        "X-Compaction-Reads",
+        "X-Compaction-Offload: off",
+    ):
         assert f"`{header}" in readme

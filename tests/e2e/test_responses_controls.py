@@ -154,7 +154,8 @@ async def test_an_sdk_agent_with_reasoning_streams_through_a_compacting_proxy(
     upstream: OpenAIUpstream, proxies: LoopbackProxies
 ) -> None:
     upstream.responses_responder = responses_tool_loop_responder("read_file", steps=6)
-    proxy = await proxies.start(context_windows={MODEL: 3000})
+    # Pruning's placeholder is what this run checks (offloading's pointers, with their preview, fill a 3k window).
+    proxy = await proxies.start(context_windows={MODEL: 3000}, offload=False)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
         items: list[dict[str, Any]] = [{"role": "user", "content": "Review the module."}]
         # Until the model answers (at most 10 turns): how many it takes depends on what the chain keeps at 3,000 tokens.

@@ -87,7 +87,8 @@ def normalized(message: dict[str, Any]) -> dict[str, Any]:
 async def test_proxy_and_hook_send_the_same_messages() -> None:
     """Every request, in order, carries the same messages whichever side compacted."""
     async with OpenAIUpstream(stepping_responder(STEPS), context_window=WINDOW) as via_proxy_upstream:
-        settings = Settings(upstream=via_proxy_upstream.base_url, context_windows={MODEL: WINDOW})
+        # The hook offloads only when given a store (`ToolResultOffloadCompactor`): compare with the proxy's off.
+        settings = Settings(upstream=via_proxy_upstream.base_url, context_windows={MODEL: WINDOW}, offload=False)
         server = TestServer(create_app(settings, ChatCompactionService(settings)), host="127.0.0.1", port=0)
         await server.start_server()
         try:

@@ -1,0 +1,75 @@
+"""The proxy's read tool: its definition in both wire formats, and what a request holding offloaded results gets.
+
+The tool is added to a forwarded request only when its conversation holds offloaded results, after the client's own
+tools, so the request's prefix (tools come first in what the provider caches) is the same on every turn that holds
+them. Whether a conversation holds them is read from the compaction metadata of the messages forwarded, which
+rewrite memory replays turn after turn: the same messages always get the same tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from proxy.chat.request import ChatRequest
+from proxy.engine.strategies.offload import offloaded_references
+from proxy.responses.request import ResponsesRequest
+
+READ_TOOL: Final = "compaction_proxy_read_result"
+"""The name of the proxy's read tool; the model calls it with `{"reference": ...}`."""
+
+POINTER: Final = (
+    "Tool result offloaded ({characters} characters) under reference '{reference}'. To read it in full, call "
+    f"{READ_TOOL} with this reference. Preview: {{preview}}"
+)
+"""What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool."""
+
+_DESCRIPTION: Final = (
+    "Read the full text of an earlier tool result that was offloaded to save context. Pass the reference quoted in "
+    "its placeholder."
+)
+_PARAMETERS: Final = {
+    "type": "object",
+    "properties": {"reference": {"type": "string", "description": "The reference quoted in the placeholder."}},
+    "required": ["reference"],
+    "additionalProperties": False,
+}
+CHAT_TOOL: Final = {
+    "type": "function",
+    "function": {"name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS},
+}
+RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS}
+
+_REFERENCE: Final = re.compile(r"offloaded-[0-9a-f]{32}")
+"""What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
+
+
+def held_references(meta: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """The references of the offloaded results among messages with this metadata, in order, each once."""
+    if not meta:
+        return []
+    return list(dict.fromkeys(reference for entry in meta if entry for reference in offloaded_references(entry)))
+
+
+def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:
+    """The request with the read tool after its own tools (its other fields, and its messages, as they were)."""
+    tool = RESPONSES_TOOL if isinstance(request, ResponsesRequest) else CHAT_TOOL
+    tools: Any = request.body.get("tools")
+    body = {**request.body, "tools": [*(tools if isinstance(tools, list) else []), tool]}
+    return dataclasses.replace(request, body=body)
+
+
+def reference_of(arguments: Any) -> str | None:
+    """The reference a read call names in its JSON arguments, when it is one the proxy could have made."""
+    if not isinstance(arguments, str) or len(arguments) > 1024:
+        return None
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    reference = parsed.get("reference") if isinstance(parsed, dict) else None
+    return reference if isinstance(reference, str) and _REFERENCE.fullmatch(reference) else None

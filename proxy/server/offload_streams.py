@@ -1,0 +1,129 @@
+"""Edits to a relayed stream answering a request that carried the read tool: no read call shows, usage is the sum.
+
+A stream whose first call is a client tool is relayed from there on, so a read call the model makes after it can no
+longer be answered; it is taken out of what the client sees (chat: its `tool_calls` deltas; Responses: every event
+of its output item, and the item in the final response), as a non-streamed answer's would be. After read rounds,
+the usage the final stream reports becomes the sum over every upstream call made for the request.
+
+Only events that can hold a call or, when summing, a usage are parsed; every other event is relayed byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from proxy.chat.exchange import Api
+from proxy.offload.rounds import summed, without_reads
+from proxy.offload.tool import READ_TOOL
+from proxy.responses.answers import FINAL_EVENTS
+from proxy.server.sse import EventSplitter, StreamObserver, _rewrite_event, event_data
+
+_READ_TOOL_BYTES: Final = READ_TOOL.encode()
+
+
+class StreamEdits:
+    """Takes read calls out of a stream and sums its usage with `earlier` usages (see the module docstring).
+
+    :param api: The stream's wire format.
+    :param earlier: The usages of the upstream calls made before this one for the same request.
+    """
+
+    def __init__(self, api: Api, earlier: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.api = api
+        self.earlier = list(earlier)
+        self.hidden: set[Any] = set()
+        self.splitter = EventSplitter()
+
+    def __call__(self, chunk: bytes) -> bytes:
+        """The bytes to relay for `chunk`: whole events, edited (a partial event waits for its end)."""
+        return b"".join(self._event(event) for event in self.splitter.feed(chunk))
+
+    def flush(self) -> bytes:
+        """What is held back at the end (an unterminated last event), unedited."""
+        return self.splitter.flush()
+
+    def _event(self, event: bytes) -> bytes:
+        named = _READ_TOOL_BYTES in event
+        follows = self.hidden and (b'"tool_calls"' in event or b'"output_index"' in event)
+        if not named and not follows and not (self.earlier and b'"usage"' in event):
+            return event
+        try:
+            chunk = orjson.loads(event_data(event) or b"")
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(chunk, dict):
+            return event
+        hide = self._hide_responses if self.api is Api.RESPONSES else self._hide_chat
+        edited = hide(chunk)
+        if edited is None:
+            return b""
+        if self._sum(chunk) or edited:
+            return _rewrite_event(event, orjson.dumps(chunk))
+        return event
+
+    def _hide_chat(self, chunk: dict[str, Any]) -> bool:
+        """Drop the read calls' deltas; whether any was dropped."""
+        dropped = False
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            if not isinstance(calls, list):
+                continue
+            assert isinstance(delta, dict)
+            kept = [call for call in calls if not self._hidden_call(choice.get("index"), call)]
+            if len(kept) < len(calls):
+                dropped = True
+                if kept:
+                    delta["tool_calls"] = kept
+                else:
+                    del delta["tool_calls"]
+        return dropped
+
+    def _hidden_call(self, choice: Any, call: Any) -> bool:
+        if not isinstance(call, dict):
+            return False
+        key = (choice, call.get("index"))
+        function = call.get("function")
+        if isinstance(function, dict) and function.get("name") == READ_TOOL:
+            self.hidden.add(key)
+        return key in self.hidden
+
+    def _hide_responses(self, chunk: dict[str, Any]) -> bool | None:
+        """Drop a read call's events (None: the whole event), and the read tool and calls from a response object."""
+        item = chunk.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == READ_TOOL:
+            self.hidden.add(chunk.get("output_index"))
+        if "output_index" in chunk and chunk["output_index"] in self.hidden:
+            return None
+        response = chunk.get("response")
+        return isinstance(response, dict) and without_reads(response, Api.RESPONSES)
+
+    def _sum(self, chunk: dict[str, Any]) -> bool:
+        """Replace the usage the chunk reports with the sum over every call; whether it reports one."""
+        if not self.earlier:
+            return False
+        final = self.api is Api.RESPONSES and chunk.get("type") in FINAL_EVENTS
+        owner = chunk.get("response") if final else chunk
+        if not isinstance(owner, dict) or not isinstance(owner.get("usage"), Mapping):
+            return False
+        owner["usage"] = summed([*self.earlier, owner["usage"]])
+        return True
+
+
+class EditedStream:
+    """A `StreamObserver` fed with what `StreamEdits` made of the upstream's bytes: the relay's transform."""
+
+    def __init__(self, observer: StreamObserver, edits: StreamEdits) -> None:
+        self.observer = observer
+        self.edits = edits
+
+    def __call__(self, chunk: bytes) -> bytes:
+        """The bytes to relay for `chunk`."""
+        return self.observer.feed(self.edits(chunk))
+
+    def finish(self) -> bytes:
+        """The stream ended: what is still to relay."""
+        return self.observer.feed(self.edits.flush()) + self.observer.finish()
