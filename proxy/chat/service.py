@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from proxy.chat.caller import Caller
@@ -32,6 +31,7 @@ from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import shown
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
+from proxy.chat.prepared import Prepared
 from proxy.chat.request import (
     ChatRequest,
     InvalidChatRequest,
@@ -42,7 +42,7 @@ from proxy.chat.request import (
 from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
 from proxy.chat.summaries import Summaries, SummaryContext
-from proxy.chat.usage import Estimate, Sent, UsageReports
+from proxy.chat.usage import Estimate, UsageReports
 from proxy.config import Mode, Settings
 from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
@@ -67,30 +67,6 @@ logger = logging.getLogger("proxy.compaction")
 COMPACTION_HEADER: Final = "x-compaction"
 
 T = TypeVar("T")
-
-
-@dataclass
-class _Exchange:
-    """What `prepare` learned about a request, handed back to `complete` through `ForwardPlan.context`."""
-
-    scope: bytes
-    tenant: bytes
-    request: ChatRequest | ResponsesRequest
-    model: str | None
-    window: int | None
-    size: int
-    chain: list[bytes] = field(default_factory=list)
-    estimate: Estimate | None = None
-    retried: bool = False
-    provider_state: bool = False
-    headers: dict[str, str] = field(default_factory=dict)
-    turn: Turn = field(default_factory=Turn)
-    offload_off: bool = False
-
-    @property
-    def sent(self) -> Sent:
-        """What was forwarded, as the usage report needs it."""
-        return Sent(self.scope, self.tenant, self.model, self.chain, self.estimate)
 
 
 class ChatCompactionService:
@@ -183,7 +159,7 @@ class ChatCompactionService:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        if splices is not None and isinstance(exchange := plan.context, _Exchange):
+        if splices is not None and isinstance(exchange := plan.context, Prepared):
             assert isinstance(exchange.request, ChatRequest)
             await splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
         return plan
@@ -199,7 +175,7 @@ class ChatCompactionService:
         model = request.model
         resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = _Exchange(caller.scope, caller.tenant, request, model, window, len(chat.body), provider_state=True)
+        exchange = Prepared(caller.scope, caller.tenant, request, model, window, len(chat.body), provider_state=True)
         counter = counter_for_model(model)
         body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
         self.metrics.requests.labels("provider_state").inc()
@@ -223,7 +199,7 @@ class ChatCompactionService:
         model = request.model or deployment_name(chat.path)
         resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = _Exchange(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
+        exchange = Prepared(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
@@ -289,7 +265,7 @@ class ChatCompactionService:
         )
         return await self._forward(chat.body, exchange, compacted, chain, result.compacted.meta)
 
-    async def _view(self, exchange: _Exchange) -> View:
+    async def _view(self, exchange: Prepared) -> View:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
         messages, size = exchange.request.messages, exchange.size
         return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
@@ -297,7 +273,7 @@ class ChatCompactionService:
     async def _forward(
         self,
         raw: bytes,
-        exchange: _Exchange,
+        exchange: Prepared,
         messages: list[Message] | None,
         chain: list[bytes] | None,
         meta: Sequence[Mapping[str, Any]] | None = None,
@@ -333,7 +309,7 @@ class ChatCompactionService:
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
         exchange = plan.context
-        if not isinstance(exchange, _Exchange):
+        if not isinstance(exchange, Prepared):
             return None
         try:
             if 200 <= outcome.status < 300:
@@ -352,7 +328,7 @@ class ChatCompactionService:
             self.metrics.errors.inc()
             return None
 
-    async def _retry_after_overflow(self, exchange: _Exchange, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def _retry_after_overflow(self, exchange: Prepared, outcome: ChatOutcome) -> ForwardPlan | None:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
@@ -383,7 +359,7 @@ class ChatCompactionService:
             return None
         await self.offloading.persist(exchange.tenant, staging)
         await self.rewrites.remember(exchange.scope, view, result.plan)
-        retry = _Exchange(
+        retry = Prepared(
             exchange.scope,
             exchange.tenant,
             request,
@@ -399,7 +375,7 @@ class ChatCompactionService:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         return await self._forward(b"", retry, list(result.compacted.messages), None, result.compacted.meta)
 
-    async def _work(self, exchange: _Exchange, work: Callable[[], T], *, whole: bool = False) -> T:
+    async def _work(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T:
         """CPU work for this request: off the event loop when it is large.
 
         :param whole: The work is proportional to the whole request, not only to what it added to a known one.

@@ -1,0 +1,49 @@
+"""What the compaction side learned while preparing a request, handed back with the upstream's answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.chat.request import ChatRequest
+from proxy.chat.splice import Turn
+from proxy.chat.usage import Estimate, Sent
+from proxy.responses.request import ResponsesRequest
+
+
+@dataclass
+class Prepared:
+    """What `prepare` learned about a request, handed back to `complete` through `ForwardPlan.context`.
+
+    :param scope: The state scope (tenant, window override, wire format).
+    :param tenant: The caller's tenant.
+    :param request: The parsed request.
+    :param model: The model asked for (or the Azure deployment).
+    :param window: The window the decision used, if one was known.
+    :param size: The request body's size in bytes.
+    :param chain: The hash chain of the messages sent upstream.
+    :param estimate: The proxy's estimate of what was sent.
+    :param retried: This is the compacted retry after a context overflow.
+    :param provider_state: The history lives at the provider (see `proxy.responses.stateful`).
+    :param headers: The report headers for the client.
+    :param turn: What the byte-level shortcut knows of the request (see `proxy.chat.splice`).
+    :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
+    """
+
+    scope: bytes
+    tenant: bytes
+    request: ChatRequest | ResponsesRequest
+    model: str | None
+    window: int | None
+    size: int
+    chain: list[bytes] = field(default_factory=list)
+    estimate: Estimate | None = None
+    retried: bool = False
+    provider_state: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    turn: Turn = field(default_factory=Turn)
+    offload_off: bool = False
+
+    @property
+    def sent(self) -> Sent:
+        """What was forwarded, as the usage report needs it."""
+        return Sent(self.scope, self.tenant, self.model, self.chain, self.estimate)
