@@ -77,7 +77,9 @@ def running() -> Iterator[Running]:
     loop = asyncio.new_event_loop()
     upstream = OpenAIUpstream(context_window=1_000_000)
     loop.run_until_complete(upstream.start())
-    proxy_settings = Settings(upstream=upstream.base_url, context_windows={MODEL: WINDOW}, window_probes=[], count_probes=[])
+    proxy_settings = Settings(
+        upstream=upstream.base_url, context_windows={MODEL: WINDOW}, window_probes=[], count_probes=[]
+    )
     server = TestServer(create_app(proxy_settings, ChatCompactionService(proxy_settings)), host="127.0.0.1", port=0)
     loop.run_until_complete(server.start_server())
 
