@@ -28,6 +28,10 @@ from typing import Any
 
 from proxy.engine import DEFAULT_CHAIN, CompactionChain, Thresholds, TiktokenCounter, Transcript, chain_by_names
 from proxy.engine.compaction import compact_if_needed
+from proxy.engine.strategies.offload import MemoryOffloadStore, ToolResultOffload, content_reference
+
+OFFLOAD_ROW = "new default + offload (kept, or offloaded and readable back)"
+"""The proxy's chain with `offload` on: offloading before the first lossy step, content reachable through the store."""
 
 OLD_DEFAULT = ("provider_compaction", "tool_result_pruning", "sliding_window", "middle_out")
 """The default chain before the lossless strategies (`provider_compaction` acts only on Responses API checkpoints)."""
@@ -48,6 +52,7 @@ CHAINS: dict[str, tuple[Sequence[str], Sequence[str]]] = {
     "json_minify, duplicate_results + old default": (_before_loss("json_minify", "duplicate_results"), ()),
     "new default": (DEFAULT_CHAIN, ()),
     "new default + superseded_tools read_file, list_orders": (DEFAULT_CHAIN, ("read_file", "list_orders")),
+    OFFLOAD_ROW: (DEFAULT_CHAIN, ()),
 }
 """Row label: (strategy names, `superseded_tools`)."""
 
@@ -201,15 +206,27 @@ class Score:
     latest_task_whole: bool
 
 
-def score(messages: list[dict[str, Any]], chain: CompactionChain, window: int = WINDOW) -> Score:
-    """Compact `messages` as the proxy would and measure what survived."""
+def score(
+    messages: list[dict[str, Any]],
+    chain: CompactionChain,
+    window: int = WINDOW,
+    store: MemoryOffloadStore | None = None,
+) -> Score:
+    """Compact `messages` as the proxy would and measure what survived.
+
+    :param store: Where the chain offloads: a result it holds counts as kept, since the model can read it back.
+    """
     counter = TiktokenCounter()
     transcript_ = Transcript(messages, counter)
     outcome = compact_if_needed(transcript_, Thresholds(window, COMPACT_AT, COMPACT_TO), chain, 0)
     output = messages if outcome.result is None else outcome.result.plan.apply_messages(messages)
     present = {json.dumps(_data(_text(message))) for message in output if message["role"] == "tool"}
     distinct = {_text(message): json.dumps(_data(_text(message))) for message in messages if message["role"] == "tool"}
-    kept = [text for text, data in distinct.items() if data in present]
+    kept = [
+        text
+        for text, data in distinct.items()
+        if data in present or (store is not None and store.get(content_reference(text)) == text)
+    ]
     users = [index for index, message in enumerate(messages) if message["role"] == "user"]
     task = users[-1]
     survivors = {id(message) for message in output}
@@ -234,7 +251,10 @@ def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
     rows = []
     for label, (names, superseded) in CHAINS.items():
         chain = chain_by_names(names, superseded_tools=superseded)
-        scores = [score(messages, chain, window) for messages in transcripts]
+        scores = []
+        for messages in transcripts:
+            offloading, store = _offloading(chain) if label == OFFLOAD_ROW else (chain, None)
+            scores.append(score(messages, offloading, window, store))
         total = {
             field: sum(getattr(s, field) for s in scores) for field in asdict(scores[0]) if field != "latest_task_whole"
         }
@@ -250,6 +270,15 @@ def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
         )
     settings = {"window": window, "compact_at": COMPACT_AT, "compact_to": COMPACT_TO, "seeds": list(seeds)}
     return {"settings": settings, "rows": rows}
+
+
+def _offloading(chain: CompactionChain) -> tuple[CompactionChain, MemoryOffloadStore]:
+    """`chain` with offloading before its first lossy step, as the proxy runs it, and the store it offloads to."""
+    store = MemoryOffloadStore()
+    strategies = list(chain.strategies)
+    at = next((i for i, strategy in enumerate(strategies) if strategy.name == "tool_result_pruning"), len(strategies))
+    strategies.insert(at, ToolResultOffload(store))
+    return CompactionChain(strategies), store
 
 
 def render(results: dict[str, Any]) -> list[str]:
