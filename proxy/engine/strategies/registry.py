@@ -25,16 +25,10 @@ STRATEGY_NAMES = (
     Summarization.name,
     MiddleOut.name,
 )
-DEFAULT_CHAIN = (
-    ProviderCompaction.name,
-    DuplicateResults.name,
-    SupersededResults.name,
-    JsonMinify.name,
-    ToolResultPruning.name,
-    SlidingWindow.name,
-    MiddleOut.name,
-)
-"""Lossless steps first, then loss: `superseded_results` does nothing until tools are named for it."""
+"""Every strategy, in the order a chain runs them."""
+DEFAULT_CHAIN = tuple(name for name in STRATEGY_NAMES if name != Summarization.name)
+"""Every strategy but summarization (it needs an LLM): lossless steps first, then loss. `superseded_results` does
+nothing until tools are named for it."""
 
 
 def strategy_by_name(
