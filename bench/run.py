@@ -8,11 +8,14 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
 - `bench.bare_relay`: the floor, an aiohttp relay with no parsing, in front of the same upstream;
 - `proxy.cli serve`: the proxy, as deployed, in front of the same upstream, with a window large enough that nothing
   compacts (`X-Context-Window` on the "compacting" rows makes every request compact, then replay its rewrite);
-- `bench.loadgen`: the load generator, one process per measured cell.
+- LiteLLM's proxy, when installed in a virtual environment of its own (`bench.litellm_peer`);
+- `bench.loadgen`: the load generator, one process per measured cell. Each cell runs three rounds over the targets in
+  rotated order and reports medians (LiteLLM, ten times slower, one round).
 
-Then: resident memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with
-rewrite memory on and off (`bench.long_run`), the re-sent 400k-token conversation (`bench.resend`) and our hook
-against Haystack's (`bench.hook_vs_haystack`), each in its own process.
+Then: a 400k-token conversation re-sent over sockets through the proxy and the relay (`bench.resend_wire`), resident
+memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with rewrite memory on
+and off (`bench.long_run`), the re-sent conversation's decision alone (`bench.resend`) and our hook against
+Haystack's (`bench.hook_vs_haystack`), each in its own process.
 
 `--quick` runs a few seconds' worth of everything (CI smoke test): its figures are not worth quoting.
 """
@@ -53,6 +56,7 @@ class Plan:
     concurrencies: list[int]
     requests: dict[str, dict[int, int]]
     max_seconds: float
+    rounds: int
     memory_in_flight: list[int]
     memory_delay_seconds: float
     long_run_tasks: int
@@ -72,6 +76,7 @@ FULL = Plan(
         "very large": {1: 60, 64: 192, 256: 256},
     },
     max_seconds=10.0,
+    rounds=3,
     memory_in_flight=[1, 8, 32],
     memory_delay_seconds=3.0,
     long_run_tasks=10,
@@ -87,6 +92,7 @@ QUICK = Plan(
     concurrencies=[4],
     requests={"small": {1: 20, 4: 40}, "very large": {1: 5, 4: 8}},
     max_seconds=1.0,
+    rounds=1,
     memory_in_flight=[2],
     memory_delay_seconds=0.3,
     long_run_tasks=1,
@@ -144,11 +150,11 @@ def latency_rows(plan: Plan, payloads: dict[str, Payload], procs: dict[str, Serv
             count = plan.requests[name][concurrency]
             load = Load(concurrency, count, warmup=max(concurrency, min(50, count // 10)), max_seconds=plan.max_seconds)
             write_progress(f"latency: {name} ({payload.size} B), concurrency {concurrency}, {count} requests", log)
-            results += run_cell(targets, payload, load)
+            results += run_cell(targets, payload, load, plan.rounds, once=frozenset({LITELLM}))
         if name != "very large":
             load = Load(1, plan.requests[name][1], warmup=10, max_seconds=plan.max_seconds, stream=True)
             write_progress(f"latency: {name}, streamed, sequential", log)
-            results += run_cell(targets[:3], payload, load)
+            results += run_cell(targets[:3], payload, load, plan.rounds)
     return results
 
 
