@@ -8,6 +8,7 @@ the difference of the percentiles (proxied p50 minus direct p50, and so on).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -91,9 +92,37 @@ def run_load(target: Target, payload: Payload, load: Load, headers: dict[str, st
     return summary
 
 
-def run_cell(targets: list[Target], payload: Payload, load: Load) -> list[dict[str, Any]]:
-    """Run the same load against every target in turn."""
-    return [run_load(target, payload, load) for target in targets]
+MEDIAN_FIELDS = ("rps", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "ttfb_p50_ms", "ttfb_p99_ms")
+"""Figures of a cell taken as the median over its rounds; the rest are the first round's."""
+
+
+def run_cell(
+    targets: list[Target], payload: Payload, load: Load, rounds: int = 1, once: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """Run the same load against every target in turn, `rounds` times, each round in a rotated order.
+
+    Each target's figures are the medians over its rounds, so a noisy neighbour on the shared machine moves a cell
+    only if it lasts through most of them.
+
+    :param once: Targets measured in the first round only (a peer far slower than the rest).
+    """
+    runs: dict[str, list[dict[str, Any]]] = {target.name: [] for target in targets}
+    for round_ in range(rounds):
+        shift = round_ % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            if round_ == 0 or target.name not in once:
+                runs[target.name].append(run_load(target, payload, load))
+    return [_median_summary(runs[target.name]) for target in targets]
+
+
+def _median_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = {**summaries[0], "rounds": len(summaries)}
+    for name in MEDIAN_FIELDS:
+        merged[name] = statistics.median(summary[name] for summary in summaries)
+    problems = [summary["problem"] for summary in summaries if "problem" in summary]
+    if problems:
+        merged["problem"] = "; ".join(problems)
+    return merged
 
 
 def write_progress(line: str, log: Path | None = None) -> None:

@@ -2,7 +2,10 @@
 
 For each N a fresh relay process (the proxy, or the bare relay for comparison) is started, its idle VmRSS read, then
 N copies of the very large body are sent at once with `X-Bench-Delay` so the upstream holds them all; VmRSS is
-sampled every 20 ms until the answers are back, and the peak kept. Per in-flight request = (peak - idle) / N.
+sampled every 20 ms until the answers are back, and the peak kept. Per in-flight request = (peak - warm) / N, where
+warm is after one small request. VmRSS is read once more after the answers: what stays is what the process keeps
+between requests (the proxy remembers each conversation's last request, bounded by `prefix_memory_bytes`) plus
+freed memory the allocator has not given back.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class MemoryRow:
     idle_mib: float
     warm_mib: float
     peak_mib: float
+    after_mib: float
     per_request_mib: float
     body_mib: float
 
@@ -81,12 +85,15 @@ def measure(
         load = Load(concurrency=in_flight, requests=in_flight, warmup=0, max_seconds=60.0)
         target = Target(relay, server.url, {"X-Bench-Delay": str(delay_seconds)})
         peak = _peak_during(server.pid, lambda: run_load(target, payload, load))
+        time.sleep(0.5)
+        after = rss_kib(server.pid)
     return MemoryRow(
         relay=relay,
         in_flight=in_flight,
         idle_mib=idle / 1024,
         warm_mib=warm / 1024,
         peak_mib=peak / 1024,
+        after_mib=after / 1024,
         per_request_mib=(peak - warm) / 1024 / in_flight,
         body_mib=payload.size / 1024 / 1024,
     )

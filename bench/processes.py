@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,10 +39,16 @@ class Server:
     """A server child process: `with Server(name, args) as server: server.url`.
 
     :param name: What the process is, for error messages and the log file name.
-    :param args: Arguments after `python` (e.g. `["-m", "bench.instant_upstream", "--port", "0"]`).
+    :param args: Arguments after `python` (e.g. `["-m", "bench.instant_upstream", "--port", "0"]`); the whole command
+        when `url` is given.
     :param log_dir: Where its stdout and stderr go (one `<name>.log` file).
     :param env: Extra environment variables.
     :param url_on_stderr: The URL is in a JSON `listening` log line on stderr (the proxy), not printed on stdout.
+    :param url: The URL, known in advance (a server of someone else's that announces it its own way); the server is
+        ready once `url + health_path` answers 200.
+    :param health_path: See `url`.
+    :param start_timeout: Seconds the server may take to be ready.
+    :param client_headers: Headers every request to it must carry (a key of its own).
     """
 
     def __init__(
@@ -52,14 +59,21 @@ class Server:
         *,
         env: Mapping[str, str] | None = None,
         url_on_stderr: bool = False,
+        url: str = "",
+        health_path: str = "/",
+        start_timeout: float = START_TIMEOUT,
+        client_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
-        self.args = [sys.executable, *args]
+        self.args = [*args] if url else [sys.executable, *args]
         self.log_path = log_dir / f"{name}.log"
         self.env = {**os.environ, **(env or {})}
         self.url_on_stderr = url_on_stderr
         self.process: subprocess.Popen[bytes] | None = None
-        self.url = ""
+        self.url = url
+        self.health_path = health_path
+        self.start_timeout = start_timeout
+        self.client_headers = dict(client_headers or {})
         self._log: IO[bytes] | None = None
 
     def __enter__(self) -> Self:
@@ -84,14 +98,30 @@ class Server:
             self.args, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
         )
         try:
-            self.url = self._wait_for_url()
+            self.url = self._wait_for_health() if self.url else self._wait_for_url()
         except BaseException:
             self.stop()
             raise
 
+    def _wait_for_health(self) -> str:
+        assert self.process is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + self.health_path, timeout=2) as answer:
+                    if answer.status == 200:
+                        return self.url
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                text = self.log_path.read_text(errors="replace")
+                raise ServerFailed(f"{self.name} exited with {self.process.returncode}: {text[-2000:]}")
+            time.sleep(0.2)
+        raise ServerFailed(f"{self.name} was not ready within {self.start_timeout:.0f} s")
+
     def _wait_for_url(self) -> str:
         assert self.process is not None
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
             for line in text.splitlines():
@@ -101,7 +131,7 @@ class Server:
             if self.process.poll() is not None:
                 raise ServerFailed(f"{self.name} exited with {self.process.returncode}: {text[-2000:]}")
             time.sleep(0.05)
-        raise ServerFailed(f"{self.name} did not announce a URL within {START_TIMEOUT:.0f} s")
+        raise ServerFailed(f"{self.name} did not announce a URL within {self.start_timeout:.0f} s")
 
     def _url_in(self, line: str) -> str | None:
         if not self.url_on_stderr:

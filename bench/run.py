@@ -8,11 +8,14 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
 - `bench.bare_relay`: the floor, an aiohttp relay with no parsing, in front of the same upstream;
 - `proxy.cli serve`: the proxy, as deployed, in front of the same upstream, with a window large enough that nothing
   compacts (`X-Context-Window` on the "compacting" rows makes every request compact, then replay its rewrite);
-- `bench.loadgen`: the load generator, one process per measured cell.
+- LiteLLM's proxy, when installed in a virtual environment of its own (`bench.litellm_peer`);
+- `bench.loadgen`: the load generator, one process per measured cell. Each cell runs three rounds over the targets in
+  rotated order and reports medians (LiteLLM, ten times slower, one round).
 
-Then: resident memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with
-rewrite memory on and off (`bench.long_run`), the re-sent 400k-token conversation (`bench.resend`) and our hook
-against Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each chain keeps of realistic agent
+Then: a 400k-token conversation re-sent over sockets through the proxy and the relay (`bench.resend_wire`), resident
+memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with rewrite memory on
+and off (`bench.long_run`), the re-sent conversation's decision alone (`bench.resend`) and our hook against
+Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each chain keeps of realistic agent
 transcripts (`bench.retention`, no sockets).
 
 `--quick` runs a few seconds' worth of everything (CI smoke test): its figures are not worth quoting.
@@ -34,12 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import long_run, memory, retention
+from bench import litellm_peer, long_run, memory, retention
 from bench.latency import Load, Target, run_cell, write_progress
 from bench.payloads import Payload, build
 from bench.processes import ROOT, Server
+from bench.report import render
 
 RESULTS = Path(__file__).parent / "results" / "bench.json"
+LITELLM = "LiteLLM"
 NO_COMPACTION_WINDOW = 4_000_000
 """`--default-context-window` of the proxy: no payload comes near 70% of it."""
 
@@ -52,12 +57,14 @@ class Plan:
     concurrencies: list[int]
     requests: dict[str, dict[int, int]]
     max_seconds: float
+    rounds: int
     memory_in_flight: list[int]
     memory_delay_seconds: float
     long_run_tasks: int
     long_run_steps: int
     resend_tokens: int
     resend_repeat: int
+    resend_turns: int
     hook_args: list[str]
     retention: tuple[list[int], int]
 
@@ -71,12 +78,14 @@ FULL = Plan(
         "very large": {1: 60, 64: 192, 256: 256},
     },
     max_seconds=10.0,
+    rounds=3,
     memory_in_flight=[1, 8, 32],
     memory_delay_seconds=3.0,
     long_run_tasks=10,
     long_run_steps=20,
     resend_tokens=400_000,
     resend_repeat=3,
+    resend_turns=40,
     hook_args=[],
     retention=(list(retention.SEEDS), retention.WINDOW),
 )
@@ -86,28 +95,22 @@ QUICK = Plan(
     concurrencies=[4],
     requests={"small": {1: 20, 4: 40}, "very large": {1: 5, 4: 8}},
     max_seconds=1.0,
+    rounds=1,
     memory_in_flight=[2],
     memory_delay_seconds=0.3,
     long_run_tasks=1,
     long_run_steps=3,
     resend_tokens=20_000,
     resend_repeat=1,
+    resend_turns=3,
     hook_args=["--smoke"],
     retention=retention.SMOKE,
 )
 
 
-def _ms(value: float) -> str:
-    return f"{value:.2f} ms"
-
-
-def _ratio(value: float) -> str:
-    return f"{value:.2f}x"
-
-
 @contextmanager
-def servers(workdir: Path, bytes_per_token: float) -> Iterator[dict[str, Server]]:
-    """The instant upstream, the bare relay and the proxy, running; stopped on exit."""
+def servers(workdir: Path, bytes_per_token: float, *, litellm: Path | None = None) -> Iterator[dict[str, Server]]:
+    """The instant upstream, the bare relay, the proxy and (when `litellm` is given) LiteLLM; stopped on exit."""
     with ExitStack() as stack:
         upstream = stack.enter_context(
             Server(
@@ -120,7 +123,10 @@ def servers(workdir: Path, bytes_per_token: float) -> Iterator[dict[str, Server]
             Server("bare-relay", ["-m", "bench.bare_relay", "--port", "0", "--upstream", upstream.url], workdir)
         )
         proxy = stack.enter_context(start_proxy(workdir, upstream.url, "proxy"))
-        yield {"upstream": upstream, "relay": relay, "proxy": proxy}
+        procs = {"upstream": upstream, "relay": relay, "proxy": proxy}
+        if litellm is not None:
+            procs["litellm"] = stack.enter_context(litellm_peer.start_litellm(litellm, workdir, upstream.url))
+        yield procs
 
 
 def start_proxy(workdir: Path, upstream: str, name: str) -> Server:
@@ -131,7 +137,8 @@ def start_proxy(workdir: Path, upstream: str, name: str) -> Server:
 
 
 def latency_rows(plan: Plan, payloads: dict[str, Payload], procs: dict[str, Server], log: Path) -> list[dict[str, Any]]:
-    """Every latency cell: direct, bare relay, proxy, and proxy compacting, for each size and concurrency."""
+    """Every latency cell: direct, bare relay, proxy, proxy compacting and LiteLLM (when running), for each size and
+    concurrency; the streamed rows without LiteLLM (the instant upstream streams on a header LiteLLM does not pass)."""
     results: list[dict[str, Any]] = []
     for name, payload in payloads.items():
         compact_window = int(payload.tokens / 0.75)
@@ -141,15 +148,17 @@ def latency_rows(plan: Plan, payloads: dict[str, Payload], procs: dict[str, Serv
             Target("proxy", procs["proxy"].url),
             Target("proxy, compacting", procs["proxy"].url, {"X-Context-Window": str(compact_window)}),
         ]
+        if "litellm" in procs:
+            targets.append(Target(LITELLM, procs["litellm"].url, procs["litellm"].client_headers))
         for concurrency in plan.concurrencies:
             count = plan.requests[name][concurrency]
             load = Load(concurrency, count, warmup=max(concurrency, min(50, count // 10)), max_seconds=plan.max_seconds)
             write_progress(f"latency: {name} ({payload.size} B), concurrency {concurrency}, {count} requests", log)
-            results += run_cell(targets, payload, load)
+            results += run_cell(targets, payload, load, plan.rounds, once=frozenset({LITELLM}))
         if name != "very large":
             load = Load(1, plan.requests[name][1], warmup=10, max_seconds=plan.max_seconds, stream=True)
             write_progress(f"latency: {name}, streamed, sequential", log)
-            results += run_cell(targets[:3], payload, load)
+            results += run_cell(targets[:3], payload, load, plan.rounds)
     return results
 
 
@@ -179,6 +188,7 @@ def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "proxy_rps": proxy["rps"],
             "proxy_vs_relay_p50": proxy[f"{key}p50_ms"] / relay[f"{key}p50_ms"] if relay[f"{key}p50_ms"] else 0.0,
             "relay_vs_proxy_rps": relay["rps"] / proxy["rps"] if proxy["rps"] else 0.0,
+            "proxy_vs_relay_rps": proxy["rps"] / relay["rps"] if relay["rps"] else 0.0,
             "problems": [cell["problem"] for cell in by_target.values() if "problem" in cell],
         }
         if compacting is not None:
@@ -186,6 +196,10 @@ def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["compacting_added_p99_ms"] = compacting["p99_ms"] - direct["p99_ms"]
             row["compacting_rps"] = compacting["rps"]
             row["compacting_decisions"] = compacting["x_compaction"]
+        if (litellm := by_target.get(LITELLM)) is not None:
+            row["litellm_p50_ms"] = litellm["p50_ms"]
+            row["litellm_rps"] = litellm["rps"]
+            row["proxy_vs_litellm_rps"] = proxy["rps"] / litellm["rps"] if litellm["rps"] else float("inf")
         rows.append(row)
     return rows
 
@@ -209,105 +223,20 @@ def resend(plan: Plan) -> dict[str, Any]:
     return figures
 
 
+def resend_wire(plan: Plan, procs: dict[str, Server]) -> dict[str, Any]:
+    """`bench.resend_wire` against the running relay and proxy: a re-sent conversation through both."""
+    args = ["-m", "bench.resend_wire", "--relay", procs["relay"].url, "--proxy", procs["proxy"].url]
+    out = run_module([*args, "--tokens", str(plan.resend_tokens), "--turns", str(plan.resend_turns)], 900)
+    figures: dict[str, Any] = json.loads(out)
+    return figures
+
+
 def hook_vs_haystack(plan: Plan, workdir: Path) -> dict[str, Any]:
     """`bench.hook_vs_haystack` in its own process; its JSON results."""
     output = workdir / "hook_vs_haystack.json"
     run_module(["-m", "bench.hook_vs_haystack", *plan.hook_args, "--output", str(output)], 1800)
     figures: dict[str, Any] = json.loads(output.read_text())
     return figures
-
-
-def render(results: dict[str, Any]) -> str:
-    """The markdown report."""
-    lines: list[str] = []
-    machine = results["machine"]
-    lines.append(
-        f"Machine: {machine['cores']} cores ({machine['cpu']}), Python {machine['python']}, {machine['system']}; "
-        f"command `{results['command']}`; total {results['seconds']:.0f} s."
-    )
-    lines.append("")
-    lines.append("### Added latency over direct calls to an instant loopback upstream")
-    lines.append("")
-    lines.append(
-        "| request | concurrency | direct p50 / p99 | bare relay added p50 / p99 | proxy added p50 / p99 "
-        "| proxy compacting added p50 / p99 | req/s direct / relay / proxy / compacting | proxy vs relay (p50, req/s) |"
-    )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in results["latency"]:
-        label = (
-            f"{row['payload']} ({row['body_bytes'] / 1024:.0f} KiB){', streamed: time to first byte' * row['stream']}"
-        )
-        compacting = (
-            f"{_ms(row['compacting_added_p50_ms'])} / {_ms(row['compacting_added_p99_ms'])}"
-            if "compacting_added_p50_ms" in row
-            else "-"
-        )
-        compacting_rps = f" / {row['compacting_rps']:.0f}" if "compacting_rps" in row else ""
-        lines.append(
-            f"| {label} | {row['concurrency']} | {_ms(row['direct_p50_ms'])} / {_ms(row['direct_p99_ms'])} "
-            f"| {_ms(row['relay_added_p50_ms'])} / {_ms(row['relay_added_p99_ms'])} "
-            f"| {_ms(row['proxy_added_p50_ms'])} / {_ms(row['proxy_added_p99_ms'])} | {compacting} "
-            f"| {row['direct_rps']:.0f} / {row['relay_rps']:.0f} / {row['proxy_rps']:.0f}{compacting_rps} req/s "
-            f"| {_ratio(row['proxy_vs_relay_p50'])} latency, {_ratio(row['relay_vs_proxy_rps'])} fewer req/s |"
-        )
-    problems = [problem for row in results["latency"] for problem in row["problems"]]
-    if problems:
-        lines.append("")
-        lines.append(f"Problems: {'; '.join(problems)}")
-    lines.append("")
-    lines.append("### Resident memory (VmRSS) while very large requests wait on a slow upstream")
-    lines.append("")
-    lines.append(
-        "| process | in flight | body | idle at start | after one small request | peak | per in-flight request |"
-    )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in results["memory"]:
-        lines.append(
-            f"| {row['relay']} | {row['in_flight']} | {row['body_mib']:.2f} MiB | {row['idle_mib']:.1f} MiB "
-            f"| {row['warm_mib']:.1f} MiB "
-            f"| {row['peak_mib']:.1f} MiB | {row['per_request_mib']:.2f} MiB |"
-        )
-    lines.append("")
-    lines.append(f"### Long tool-using run through the proxy ({long_run.WINDOW}-token window)")
-    lines.append("")
-    lines.append(
-        "| rewrite memory | turns | compacted turns | mean identical prefix share "
-        "| turns extending the previous prompt | prompt tokens forwarded | of which cached | largest prompt |"
-    )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in results["long_run"]:
-        lines.append(
-            f"| {'on' if row['rewrite_memory'] else 'off'} | {row['turns']} | {row['compacted_turns']} "
-            f"| {row['mean_identical_prefix_share'] * 100:.1f} % | {row['turns_fully_extending_previous']} "
-            f"| {row['prompt_tokens_forwarded']} tokens | {row['cached_share'] * 100:.1f} % "
-            f"| {row['max_prompt_tokens']} tokens |"
-        )
-    lines.append("")
-    lines.append("### Compaction decision on a large conversation (`bench.resend`, no sockets)")
-    lines.append("")
-    figures = results["resend"]
-    lines.append("| conversation | body | cold decision | re-sent + 2 messages | re-sent / cold |")
-    lines.append("| --- | ---: | ---: | ---: | ---: |")
-    lines.append(
-        f"| {figures['tokens']} tokens, {figures['messages']} messages | {figures['body_bytes'] / 1024 / 1024:.2f} MiB "
-        f"| {_ms(figures['cold_ms'])} | {_ms(figures['resend_ms'])} | {figures['resend_fraction'] * 100:.1f} % |"
-    )
-    lines.append("")
-    hook = results["hook_vs_haystack"]
-    settings = hook["settings"]
-    lines.append(
-        f"### Our hook vs Haystack's `CompactionHook` (`bench.hook_vs_haystack`: {settings['steps']} steps, "
-        f"{settings['window']}-token window, CPU time)"
-    )
-    lines.append("")
-    lines.append("| compactor / counter / usage | ours per call | Haystack per call | Haystack / ours |")
-    lines.append("| --- | ---: | ---: | ---: |")
-    for row in hook["rows"]:
-        ours, theirs = row["ours"]["ms_per_call"], row["haystack"]["ms_per_call"]
-        label = f"{row['compactor']} / {row['counter']} / {'usage' if row['usage'] else 'no usage'}"
-        speedup = theirs / ours if ours else float("inf")
-        lines.append(f"| {label} | {_ms(ours)} | {_ms(theirs)} | {_ratio(speedup)} |")
-    return "\n".join([*lines, "", *retention.render(results["retention"])])
 
 
 def machine() -> dict[str, Any]:
@@ -350,10 +279,17 @@ def main(argv: list[str] | None = None) -> int:
             name: {"tokens": p.tokens, "bytes": p.size, "messages": p.messages} for name, p in payloads.items()
         }
         bytes_per_token = payloads[max(payloads, key=lambda n: payloads[n].tokens)].bytes_per_token
-        with servers(workdir, bytes_per_token) as procs:
+        litellm = litellm_peer.command()
+        results["litellm"] = None if litellm is None else str(litellm)
+        if litellm is None:
+            results["litellm_note"] = litellm_peer.absent_note()
+            write_progress(results["litellm_note"], log)
+        with servers(workdir, bytes_per_token, litellm=litellm) as procs:
             results["idle_rss_mib"] = {name: server.rss_kib() / 1024 for name, server in procs.items()}
             results["latency_cells"] = latency_rows(plan, payloads, procs, log)
             results["latency"] = summarize_latency(results["latency_cells"])
+            write_progress("re-sent conversation through the proxy and the relay", log)
+            results["resend_wire"] = resend_wire(plan, procs)
             upstream_url = procs["upstream"].url
             write_progress("memory", log)
             very_large = payloads["very large"]

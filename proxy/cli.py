@@ -68,15 +68,18 @@ def add_serve(subparsers: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Load settings, build the compaction side, serve until signalled."""
+    """Load settings, build the compaction side, serve until signalled (in `workers` processes when more than 1)."""
     try:
         settings = settings_from_args(args)
         chat = build_chat_compaction(settings)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     from proxy.server.main import serve
+    from proxy.server.workers import serve_workers
 
     try:
+        if settings.workers > 1:
+            return serve_workers(settings, chat)
         serve(settings, chat)
     except OSError as exc:
         return fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", status=1)

@@ -24,6 +24,9 @@ logger = logging.getLogger("proxy.compaction")
 MAX_LEARNED: Final = 4096
 """(tenant, model) pairs whose learned window, and whose largest answered request, are remembered."""
 
+MAX_CACHED_NAME: Final = 256
+"""Longest model name whose table windows are remembered (see `ContextWindows`)."""
+
 KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
     # OpenAI
     "gpt-5": 400_000,
@@ -116,6 +119,7 @@ class ContextWindows:
         self.default = default
         self._learned: BoundedCache[bytes, int] = BoundedCache(max_learned)
         self._fits: BoundedCache[bytes, int] = BoundedCache(max_learned)
+        self._tables: BoundedCache[str, tuple[int | None, int | None]] = BoundedCache(max_learned)
 
     def resolve_window(
         self, model: str | None, requested: int | None = None, tenant: bytes = b"", discovered: int | None = None
@@ -129,13 +133,27 @@ class ContextWindows:
         learned = self._learned.get(_key(tenant, model)) if model else None
         if learned is not None:
             return Window(learned, WindowSource.LEARNED)
+        configured, shipped = self._in_tables(model)
         candidates = (
-            (table_window(model, self.configured), WindowSource.CONFIGURED),
+            (configured, WindowSource.CONFIGURED),
             (discovered, WindowSource.DISCOVERED),
-            (table_window(model), WindowSource.TABLE),
+            (shipped, WindowSource.TABLE),
             (self.default, WindowSource.DEFAULT),
         )
         return next((Window(tokens, source) for tokens, source in candidates if tokens), None)
+
+    def _in_tables(self, model: str | None) -> tuple[int | None, int | None]:
+        """The configured and the shipped window of `model`: each table is walked once per model name, not per request.
+
+        Only names up to `MAX_CACHED_NAME` characters are remembered, so a client's huge model names cost no memory.
+        """
+        if not model or len(model) > MAX_CACHED_NAME:
+            return table_window(model, self.configured), table_window(model)
+        found = self._tables.get(model)
+        if found is None:
+            found = (table_window(model, self.configured), table_window(model))
+            self._tables.put(model, found)
+        return found
 
     def learn(self, model: str | None, window: int, tenant: bytes = b"") -> bool:
         """Remember a window an overflow error stated, for this tenant only.

@@ -33,7 +33,8 @@ def test_bench_runs(args: list[str], tmp_path: Path) -> None:
 
 
 def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
-    """`python -m bench --quick` runs every part (servers, load, memory, long run, resend, hook) and reports."""
+    """`python -m bench --quick` runs every part (servers, LiteLLM when installed, load, memory, the re-sent
+    conversation over sockets and without, long run, hook) and reports."""
     output = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
@@ -50,6 +51,9 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert all(not row["problems"] for row in results["latency"]), results["latency"]
     assert [row["rewrite_memory"] for row in results["long_run"]] == [True, False]
     assert results["resend"]["resend_ms"] > 0
+    assert results["resend_wire"]["x_compaction"] == {"unchanged": results["resend_wire"]["turns"]}
+    assert "### Targets (issue 13) in this run" in done.stdout
+    assert ("### Against LiteLLM's proxy" in done.stdout) == (results["litellm"] is not None)
     assert results["hook_vs_haystack"]["rows"]
     assert "### What each chain keeps" in done.stdout
     assert {row["chain"] for row in results["retention"]["rows"]} == set(retention.CHAINS)

@@ -77,6 +77,16 @@ class ClientSettings(BaseModel):
             " Never logged."
         ),
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Processes serving the port, each a full proxy (the kernel spreads connections over them with"
+            " SO_REUSEPORT), to use more than one core. More than 1 needs a shared state_url (Redis): state kept in"
+            " each process's memory would split a conversation's state between them. `/metrics` is per process."
+            " Applies to `compaction-proxy serve`."
+        ),
+    )
     shutdown_grace_seconds: float = Field(
         default=30.0,
         ge=0,

@@ -33,6 +33,15 @@ class Settings(StateSettings, SummarySettings, CompactionSettings, ClientSetting
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_workers(self) -> Settings:
+        if self.workers > 1 and self.state_url.startswith("memory://"):
+            raise ValueError(
+                f"workers ({self.workers}) needs a shared state_url: with memory:// each process would keep its own"
+                " share of every conversation's state. Set state_url to a Redis (redis://host:6379/0), or workers to 1"
+            )
+        return self
+
     @property
     def summary_start_at(self) -> float:
         """The fraction of the window at which a summary starts being written ahead of time."""

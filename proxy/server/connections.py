@@ -84,13 +84,16 @@ class CappedListener:
         self._refused = 0
         self._clear_check: asyncio.TimerHandle | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         """Start listening on `host`:`port`.
 
+        :param reuse_port: Share the port with other processes listening with `SO_REUSEPORT` (the workers).
         :raises OSError: The address could not be bound.
         """
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self._connection, host, port, backlog=LISTEN_BACKLOG)
+        self._listener = await loop.create_server(
+            self._connection, host, port, backlog=LISTEN_BACKLOG, reuse_port=reuse_port or None
+        )
 
     @property
     def addresses(self) -> list[str]:

@@ -142,10 +142,28 @@ class ConnectionLogger(logging.LoggerAdapter[logging.Logger]):
         )
 
 
-def configure_logging(settings: Settings) -> None:
-    """Send all logging (the proxy's, aiohttp's, the compaction side's) to stderr in the configured format."""
+class _WorkerField(logging.Filter):
+    """Adds the worker's number to every record, so the lines of several workers on one stderr can be told apart."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Set `record.worker`; never drops a record."""
+        record.worker = self.worker
+        return True
+
+
+def configure_logging(settings: Settings, worker: int | None = None) -> None:
+    """Send all logging (the proxy's, aiohttp's, the compaction side's) to stderr in the configured format.
+
+    :param worker: The worker this process is (`workers` > 1): every line then carries it as `worker`.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format is LogFormat.JSON else TextFormatter())
+    if worker is not None:
+        handler.addFilter(_WorkerField(worker))
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from aiohttp import web
@@ -19,15 +20,16 @@ from proxy.server.readiness import unready_reason
 log = logging.getLogger(SERVER_LOGGER)
 
 
-def serve(settings: Settings, chat: ChatCompaction | None = None) -> None:
+def serve(settings: Settings, chat: ChatCompaction | None = None, *, worker: int | None = None) -> None:
     """Run the proxy in the foreground until SIGTERM/SIGINT; return once shut down.
 
     On the signal the proxy reports not-ready, stops accepting connections, gives in-flight requests and streams up to
     `shutdown_grace_seconds` to finish, cancels what is left, closes the upstream client and returns.
 
+    :param worker: Which of `settings.workers` processes this is (see `proxy.server.workers`); None for the only one.
     :raises OSError: The address could not be bound.
     """
-    configure_logging(settings)
+    configure_logging(settings, worker)
     asyncio.run(serve_async(settings, chat))
 
 
@@ -47,7 +49,7 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await listener.start(settings.host, settings.port)
+        await listener.start(settings.host, settings.port, reuse_port=settings.workers > 1)
         log.info(
             "listening",
             extra={
@@ -56,6 +58,7 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
                     "upstream": settings.upstream,
                     "mode": settings.mode.value,
                     "max_connections": listener.limit,
+                    "pid": os.getpid(),
                 }
             },
         )

@@ -515,6 +515,27 @@ def test_chart_config_values_reach_the_config_file(helm: ModuleType, tmp_path: P
 
 
 @pytest.mark.parametrize(
+    ("values", "workers"),
+    [
+        ({}, "2"),
+        ({"gateway": {"resources": {"limits": {"cpu": "4"}}}}, "4"),
+        ({"gateway": {"resources": {"limits": {"cpu": 3}}}}, "3"),
+        ({"gateway": {"resources": {"limits": {"cpu": "2.5"}}}}, "2"),
+        ({"gateway": {"resources": {"limits": {"cpu": "1500m"}}}}, "1"),
+        ({"gateway": {"resources": {"limits": {"cpu": "500m"}}}}, "1"),
+        ({"gateway": {"workers": 3}}, "3"),
+        ({"redis": {"enabled": False}}, "1"),
+        ({"redis": {"enabled": False, "url": "redis://r:6379/0"}, "gateway": {"workers": 5}}, "5"),
+    ],
+    ids=["default-2-cpus", "4-cpus", "3-cpus-number", "2.5-cpus", "1500m", "500m", "explicit", "memory-state", "url"],
+)
+def test_chart_sets_workers_from_the_cpu_limit(helm: ModuleType, values: dict[str, Any], workers: str) -> None:
+    gateway = by_kind(rendered_docs(helm, values), "Deployment")["demo-compaction-proxy"]
+    [container] = gateway["spec"]["template"]["spec"]["containers"]
+    assert env_value(container, ENV_PREFIX + "WORKERS") == workers
+
+
+@pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"gateway": {"enabled": False}}, "enable gateway.enabled, sidecar.enabled, or both"),
@@ -524,8 +545,18 @@ def test_chart_config_values_reach_the_config_file(helm: ModuleType, tmp_path: P
         ({"replicaCont": 2}, "replicaCont"),
         ({"mode": "on"}, "enforce"),
         ({"config": {"compact_at": 1.5}}, "compact_at"),
+        ({"redis": {"enabled": False}, "gateway": {"workers": 2}}, "gateway.workers > 1 needs shared state"),
     ],
-    ids=["nothing-enabled", "sidecar-without-agent", "two-redis", "url-and-secret", "typo", "bad-mode", "bad-config"],
+    ids=[
+        "nothing-enabled",
+        "sidecar-without-agent",
+        "two-redis",
+        "url-and-secret",
+        "typo",
+        "bad-mode",
+        "bad-config",
+        "workers-without-redis",
+    ],
 )
 def test_chart_rejects_bad_values(helm: ModuleType, values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=re.escape(message)):

@@ -88,6 +88,9 @@ Checks of value combinations that the schema cannot express.
 {{- if and .Values.redis.url .Values.redis.existingUrlSecret.name }}
 {{- fail "compaction-proxy: set redis.url or redis.existingUrlSecret, not both" }}
 {{- end }}
+{{- if and (gt (int .Values.gateway.workers) 1) (not (include "compaction-proxy.sharedState" .)) }}
+{{- fail "compaction-proxy: gateway.workers > 1 needs shared state (redis.enabled, redis.url or redis.existingUrlSecret): each worker would keep its own part of every conversation" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -107,6 +110,35 @@ The state URL env var of a gateway replica.
 {{- else }}
   value: "memory://"
 {{- end }}
+{{- end }}
+
+{{/*
+Whether the gateway's state is shared (a Redis, bundled or external): only then may a pod run several workers.
+*/}}
+{{- define "compaction-proxy.sharedState" -}}
+{{- if or .Values.redis.enabled .Values.redis.url .Values.redis.existingUrlSecret.name }}true{{ end }}
+{{- end }}
+
+{{/*
+Proxy processes per gateway pod (--workers): gateway.workers, or when 0 one per whole core of the CPU limit
+("2" -> 2, "1500m" -> 1, "500m" or none -> 1); always 1 without shared state.
+*/}}
+{{- define "compaction-proxy.workers" -}}
+{{- $gateway := .Values.gateway -}}
+{{- if not (include "compaction-proxy.sharedState" .) -}}
+1
+{{- else if $gateway.workers -}}
+{{- $gateway.workers -}}
+{{- else -}}
+{{- $cpu := toString (dig "limits" "cpu" "1" ($gateway.resources | default dict)) -}}
+{{- $cores := 1 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $cores = div (atoi (trimSuffix "m" $cpu)) 1000 -}}
+{{- else -}}
+{{- $cores = floor (float64 $cpu) | int -}}
+{{- end -}}
+{{- max 1 $cores -}}
+{{- end -}}
 {{- end }}
 
 {{/*
@@ -143,6 +175,8 @@ The pod must have the volumes of "compaction-proxy.volumes".
       value: "memory://"
     {{- else }}
     {{- include "compaction-proxy.stateUrlEnv" $root | nindent 4 }}
+    - name: COMPACTION_PROXY_WORKERS
+      value: {{ include "compaction-proxy.workers" $root | quote }}
     {{- end }}
     - name: COMPACTION_PROXY_TENANT_KEY
       valueFrom:
