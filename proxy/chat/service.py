@@ -141,7 +141,7 @@ class ChatCompactionService:
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         caller = Caller.of(headers, self.settings, chat.api)
         splices = self.splices if chat.api is Api.CHAT else None
-        extension = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else None
+        extension, ends = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else (None, None)
         try:
             request = extension.request if extension else await self._parse(chat.body, chat.api)
         except InvalidChatRequest:
@@ -161,7 +161,9 @@ class ChatCompactionService:
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
         if splices is not None and isinstance(exchange := plan.context, Prepared):
             assert isinstance(exchange.request, ChatRequest)
-            await splices.remember(caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop)
+            await splices.remember(
+                caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop, openings=ends
+            )
         return plan
 
     async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest:

@@ -170,21 +170,31 @@ class Splices:
         self.on_failure = on_failure
         self._recent: RecentByOpening[LastRequest] = RecentByOpening(DEFAULT_MAX_CONVERSATIONS, max_bytes)
 
-    async def recognize(self, scope: bytes, raw: bytes, off_loop: OffLoop) -> Extension | None:
-        """The request as a remembered one plus new messages, when its bytes say so; None to parse it in full."""
+    async def recognize(
+        self, scope: bytes, raw: bytes, off_loop: OffLoop
+    ) -> tuple[Extension | None, tuple[int, ...] | None]:
+        """The request as a remembered one plus new messages, when its bytes say so (None to parse it in full).
+
+        :returns: That, and where the body's first messages end (`opening_ends`), for `remember` to reuse.
+        """
+        openings = None
         try:
-            matched = self.match(scope, raw)
+            openings = opening_ends(raw)
+            matched = self.match(scope, raw, openings)
             if matched is None:
-                return None
+                return None, openings
             previous, inserted = matched
-            return await off_loop.run(len(inserted), lambda: self.extension(previous, inserted))
+            return await off_loop.run(len(inserted), lambda: self.extension(previous, inserted)), openings
         except Exception as error:
             self._failed("Recognizing a re-sent conversation failed; it is parsed in full.", error)
-            return None
+            return None, openings
 
-    def match(self, scope: bytes, raw: bytes) -> tuple[LastRequest, bytes] | None:
-        """The remembered request `raw` extends and the bytes it inserts, comparing bytes only."""
-        for end in reversed(opening_ends(raw)):
+    def match(self, scope: bytes, raw: bytes, openings: tuple[int, ...]) -> tuple[LastRequest, bytes] | None:
+        """The remembered request `raw` extends and the bytes it inserts, comparing bytes only.
+
+        :param openings: Where the body's first messages end (`opening_ends(raw)`).
+        """
+        for end in reversed(openings):
             for previous in self._recent.candidates(_opening(scope, raw, end)):
                 inserted = previous.inserted(raw)
                 if inserted is not None:
@@ -211,13 +221,24 @@ class Splices:
             request = ChatRequest({**request.body, "messages": messages}, messages)
         return Extension(previous, request, previous.end + len(inserted), parts)
 
-    async def remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn, off_loop: OffLoop) -> None:
+    async def remember(
+        self,
+        scope: bytes,
+        raw: bytes,
+        request: ChatRequest,
+        turn: Turn,
+        off_loop: OffLoop,
+        *,
+        openings: tuple[int, ...] | None = None,
+    ) -> None:
         """Remember the request for the conversation's next turn.
 
         A body seen for the first time is proven (`messages_end`) off the event loop when it is large.
+
+        :param openings: `opening_ends(raw)`, when `recognize` found it already.
         """
         try:
-            await off_loop.run(turn.new_bytes(len(raw)), lambda: self._remember(scope, raw, request, turn))
+            await off_loop.run(turn.new_bytes(len(raw)), lambda: self._remember(scope, raw, request, turn, openings))
         except Exception as error:
             self._failed("Remembering a request failed; the conversation's next one is parsed in full.", error)
 
@@ -225,7 +246,9 @@ class Splices:
         log_failure(logger, message, error)
         self.on_failure()
 
-    def _remember(self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn) -> None:
+    def _remember(
+        self, scope: bytes, raw: bytes, request: ChatRequest, turn: Turn, openings: tuple[int, ...] | None
+    ) -> None:
         cost = 2 * len(raw) + BYTES_PER_MESSAGE * len(request.messages)
         if turn.forwarded is not None:
             cost += len(turn.forwarded.body)
@@ -233,7 +256,7 @@ class Splices:
             return
         extension = turn.extension
         end = extension.end if extension else messages_end(raw, request.body)
-        openings = opening_ends(raw)
+        openings = opening_ends(raw) if openings is None else openings
         if end is None or not openings:
             return
         parts = extension.content_parts if extension else content_parts(request.messages)

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from proxy.chat.off_loop import OffLoop
-from proxy.chat.raw_messages import appended_messages, messages_end
+from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.chat.request import ChatRequest, RequestLimits
 from proxy.chat.splice import Splices, Turn
 
@@ -35,7 +35,7 @@ async def remembered(raw: bytes) -> Splices:
 
 
 def recognized(splices: Splices, raw: bytes) -> ChatRequest | None:
-    matched = splices.match(SCOPE, raw)
+    matched = splices.match(SCOPE, raw, opening_ends(raw))
     extension = splices.extension(*matched) if matched else None
     return extension.request if extension else None
 
@@ -143,4 +143,4 @@ def test_new_messages_are_held_to_the_parsers_depth_limit_as_in_a_whole_body(dep
 )
 async def test_bytes_that_are_not_a_chat_body_are_not_recognized_and_raise_nothing(raw: bytes) -> None:
     splices = await remembered(orjson.dumps({"model": "m", "messages": TRICKY}))
-    assert splices.match(SCOPE, raw) is None
+    assert splices.match(SCOPE, raw, opening_ends(raw)) is None
