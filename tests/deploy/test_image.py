@@ -73,10 +73,15 @@ async def test_chat_completion_reaches_the_upstream_with_the_clients_authorizati
             )
         assert completion.choices[0].message.content
         # Besides the completion, the proxy asks a self-hosted-looking upstream for the model's window (discovery):
-        # those probes carry no credential, since this upstream does not ask for one.
+        # those probes carry no credential, since this upstream does not ask for one. Exact counts of the request
+        # (`/tokenize`, `/apply-template`) go to the same upstream as the request, with the same credential.
         [request] = [request for request in upstream.requests if request.path == "/v1/chat/completions"]
         assert request.headers["Authorization"] == f"Bearer {CLIENT_KEY}"
-        probes = [request for request in upstream.requests if request.path != "/v1/chat/completions"]
+        counts = [request for request in upstream.requests if request.path in ("/tokenize", "/apply-template")]
+        assert all(count.headers["Authorization"] == f"Bearer {CLIENT_KEY}" for count in counts)
+        probes = [
+            request for request in upstream.requests if request not in counts and request.path != "/v1/chat/completions"
+        ]
         assert all("Authorization" not in probe.headers for probe in probes)
 
 
