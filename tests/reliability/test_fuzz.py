@@ -51,9 +51,13 @@ class Running:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.port}/v1/chat/completions"
 
-    def post(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    def post(
+        self, body: bytes, headers: dict[str, str] | None = None, path: str = "/chat/completions"
+    ) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.server.port}/v1{path}"
+
         async def send() -> tuple[int, bytes]:
-            async with self.http.post(self.url, data=body, headers=headers or {}) as response:
+            async with self.http.post(url, data=body, headers=headers or {}) as response:
                 return response.status, await response.read()
 
         return self.loop.run_until_complete(send())
@@ -160,6 +164,48 @@ chat_bodies = st.fixed_dictionaries(
 )
 
 
+item_types = st.sampled_from(
+    [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "compaction",
+        "web_search_call",
+        "item_reference",
+        "",
+        "mystery",
+    ]
+)
+items = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.one_of(item_types, json_values),
+        "role": st.one_of(roles, json_values),
+        "content": st.one_of(st.text(max_size=2000), st.lists(content_parts, max_size=4), json_values),
+        "call_id": st.one_of(st.sampled_from(["c1", "c2"]), json_values),
+        "name": st.one_of(st.text(max_size=10), json_values),
+        "arguments": st.one_of(st.text(max_size=50), json_values),
+        "output": st.one_of(st.text(max_size=2000), json_values),
+        "summary": json_values,
+        "encrypted_content": st.one_of(st.text(max_size=200), json_values),
+    },
+)
+responses_bodies = st.fixed_dictionaries(
+    {"input": st.one_of(st.lists(items, max_size=12), st.text(max_size=3000), json_values)},
+    optional={
+        "model": st.one_of(st.just(MODEL), json_values),
+        "instructions": st.one_of(st.text(max_size=500), json_values),
+        "stream": st.one_of(st.booleans(), json_values),
+        "previous_response_id": st.one_of(st.text(max_size=10), json_values),
+        "tools": json_values,
+        "max_output_tokens": st.one_of(st.integers(min_value=-(10**30), max_value=10**30), json_values),
+    },
+)
+
+
 def _encode(document: Any) -> bytes:
     return json.dumps(document).encode()  # Python's json: big integers and all, as a client might send them
 
@@ -243,6 +289,34 @@ def test_hostile_chat_bodies_are_forwarded_or_refused_never_a_500(running: Runni
     status, answer = running.post(body, {"Content-Type": "application/json"})
     running.tried += 1
     _acceptable(running, body, status, answer, before)
+    new_errors = running.errors[errors_before:]
+    assert not new_errors, [(r.name, r.getMessage(), r.exc_info and r.exc_info[0]) for r in new_errors]
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(body=st.one_of(responses_bodies.map(_encode), st.binary(max_size=200)))
+def test_hostile_responses_bodies_are_forwarded_or_refused_never_a_500(running: Running, body: bytes) -> None:
+    before = len(running.upstream.requests)
+    errors_before = len(running.errors)
+    status, answer = running.post(body, {"Content-Type": "application/json"}, path="/responses")
+    running.tried += 1
+    assert status in (200, 400, 404, 413), (status, answer[:300])
+    if status != 200:
+        error = json.loads(answer)["error"]
+        assert isinstance(error["message"], str) and "type" in error
+    new = running.upstream.requests[before:]
+    assert len(new) <= 2, "forwarded once, or retried once after an overflow"
+    if new and new[0].body != body:
+        # Only a request the proxy could parse is changed, and only its input and instructions.
+        original, rewritten = orjson.loads(body), orjson.loads(new[0].body)
+        assert {k: v for k, v in rewritten.items() if k not in ("input", "instructions")} == {
+            k: v for k, v in original.items() if k not in ("input", "instructions")
+        }
     new_errors = running.errors[errors_before:]
     assert not new_errors, [(r.name, r.getMessage(), r.exc_info and r.exc_info[0]) for r in new_errors]
 
