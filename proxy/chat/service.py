@@ -231,7 +231,7 @@ class ChatCompactionService:
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
-        staging, strategies = self.offloading.for_request(exchange.offload_off)
+        staging, strategies = self.offloading.for_request(exchange.offload_off or not measured.decision.compact)
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
         exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)

@@ -65,8 +65,8 @@ class Offloading:
     def for_request(self, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
-        :param off: The request turned offloading off (`offload_off`); the setting and the mode can too: then there is
-            no staging store and the chain is the proxy's own.
+        :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
+            The setting and the mode can turn it off too. Then there is no staging store and the chain is the proxy's.
         """
         if not self.enabled or off:
             return None, self.base
