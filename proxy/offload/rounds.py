@@ -70,10 +70,16 @@ def without_reads(answer: dict[str, Any], api: Api) -> bool:
     if api is Api.RESPONSES:
         return _drop(answer, "output", _is_read_item) | _drop(answer, "tools", _is_read)
     removed = False
-    for choice in answer.get("choices") or ():
-        message = choice.get("message") if isinstance(choice, dict) else None
+    for choice in choices_of(answer):
+        message = choice.get("message")
         removed |= isinstance(message, dict) and _drop(message, "tool_calls", _is_read_call)
     return removed
+
+
+def choices_of(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The well-formed entries of a completion's (or chunk's) `choices`: none when it is not a list."""
+    choices = chunk.get("choices")
+    return [choice for choice in choices if isinstance(choice, dict)] if isinstance(choices, list) else []
 
 
 def _drop(owner: dict[str, Any], name: str, matches: Callable[[Any], bool]) -> bool:
@@ -138,16 +144,17 @@ def stream_decision(chunk: Mapping[str, Any], api: Api) -> bool | None:
     nothing. A stream that ends undecided is the client's.
     """
     if api is Api.RESPONSES:
-        if chunk.get("type") in {"response.completed", "response.incomplete", "response.failed", "error"}:
+        kind = chunk.get("type")
+        if isinstance(kind, str) and kind in {"response.completed", "response.incomplete", "response.failed", "error"}:
             return False
-        item = chunk.get("item") if chunk.get("type") == "response.output_item.added" else None
+        item = chunk.get("item") if kind == "response.output_item.added" else None
         if not isinstance(item, Mapping):
             return None
         if item.get("type") == "function_call":
             return _is_read(item)
         return False if item.get("type") == "message" else None
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") if isinstance(choice, Mapping) else None
+    for choice in choices_of(chunk):
+        delta = choice.get("delta")
         if not isinstance(delta, Mapping):
             continue
         calls = delta.get("tool_calls")

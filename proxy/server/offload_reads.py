@@ -34,6 +34,7 @@ from proxy.offload.rounds import (
     Reads,
     asked_again,
     chat_reads,
+    choices_of,
     responses_reads,
     stream_decision,
     summed,
@@ -199,16 +200,16 @@ def _collect(
 ) -> tuple[Mapping[str, Any] | None, list[Mapping[str, Any]] | None]:
     """Fold one event of a read round into what it reports: the reply (chat), output items (Responses), usage."""
     if api is Api.RESPONSES:
-        response = chunk.get("response")
-        if chunk.get("type") in FINAL_EVENTS and isinstance(response, Mapping):
+        response, kind = chunk.get("response"), chunk.get("type")
+        if isinstance(kind, str) and kind in FINAL_EVENTS and isinstance(response, Mapping):
             items = response.get("output")
             output = [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
             usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else usage
         return usage, output
     if isinstance(chunk.get("usage"), Mapping):
         usage = chunk["usage"]
-    for choice in chunk.get("choices") or ():
-        if isinstance(choice, Mapping) and choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
+    for choice in choices_of(chunk):
+        if choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
             reply.add(choice["delta"])
     return usage, output
 

@@ -16,10 +16,10 @@ from typing import Any, Final
 import orjson
 
 from proxy.chat.exchange import Api
-from proxy.offload.rounds import summed, without_reads
+from proxy.offload.rounds import choices_of, summed, without_reads
 from proxy.offload.tool import READ_TOOL
 from proxy.responses.answers import FINAL_EVENTS
-from proxy.server.sse import EventSplitter, StreamObserver, _rewrite_event, event_data
+from proxy.server.sse import EventSplitter, StreamObserver, event_data, rewrite_event
 
 _READ_TOOL_BYTES: Final = READ_TOOL.encode()
 
@@ -57,18 +57,21 @@ class StreamEdits:
         if not isinstance(chunk, dict):
             return event
         hide = self._hide_responses if self.api is Api.RESPONSES else self._hide_chat
-        edited = hide(chunk)
-        if edited is None:
-            return b""
-        if self._sum(chunk) or edited:
-            return _rewrite_event(event, orjson.dumps(chunk))
+        try:
+            edited = hide(chunk)
+            if edited is None:
+                return b""
+            if self._sum(chunk) or edited:
+                return rewrite_event(event, orjson.dumps(chunk))
+        except Exception:  # an event of a shape no upstream should send: relayed as it came, as any inspection does
+            return event
         return event
 
     def _hide_chat(self, chunk: dict[str, Any]) -> bool:
         """Drop the read calls' deltas; whether any was dropped."""
         dropped = False
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
+        for choice in choices_of(chunk):
+            delta = choice.get("delta")
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
             if not isinstance(calls, list):
                 continue

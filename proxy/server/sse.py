@@ -130,7 +130,7 @@ def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
     return orjson.dumps(expected)
 
 
-def _rewrite_event(event: bytes, data: bytes) -> bytes:
+def rewrite_event(event: bytes, data: bytes) -> bytes:
     """Return the event with its data line(s) replaced by one `data: <data>` line, other lines kept as they were."""
     parts = _LINE_END.split(event)
     terminator = _LINE_END.search(event)
@@ -241,5 +241,5 @@ class StreamObserver:
         if chunk["usage"] is None:
             data = event_data(event)
             assert data is not None  # _inspect parsed it
-            return _rewrite_event(event, _without_usage_null(data, chunk))
+            return rewrite_event(event, _without_usage_null(data, chunk))
         return event

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.chat.exchange import Api
-from proxy.offload.rounds import asked_again, chat_reads, summed
+from proxy.offload.rounds import asked_again, chat_reads, stream_decision, summed, without_reads
 from proxy.offload.tool import READ_TOOL
 from proxy.server.offload_streams import StreamEdits
 
@@ -89,3 +89,34 @@ def test_reads_after_a_client_call_are_taken_out_however_the_stream_is_cut(cuts:
     relayed = _relayed(StreamEdits(Api.CHAT), MIXED, cuts)
     assert READ_TOOL.encode() not in relayed and b'"reference"' not in relayed
     assert relayed.count(b'"index":0') == 6  # the four chunks' choice, and the client call's two deltas
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=12,
+)
+hostile_events = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.one_of(st.sampled_from(["response.output_item.added", "response.completed", "error"]), json_values),
+        "choices": st.one_of(
+            st.lists(st.fixed_dictionaries({}, optional={"delta": json_values, "index": json_values}), max_size=2),
+            json_values,
+        ),
+        "item": st.one_of(st.just({"type": "function_call", "name": READ_TOOL}), json_values),
+        "output_index": json_values,
+        "response": json_values,
+        "usage": json_values,
+    },
+)
+
+
+@given(events=st.lists(hostile_events, max_size=6), api=st.sampled_from(list(Api)))
+def test_whatever_an_upstream_streams_deciding_and_editing_never_raise(events: list[dict[str, Any]], api: Api) -> None:
+    """A hostile or broken upstream's events are decided on or relayed, never an exception in the relay."""
+    edits = StreamEdits(api, [{"prompt_tokens": 1}])
+    for event in events:
+        stream_decision(event, api)
+        edits(b"data: " + orjson.dumps(event) + b"\n\n")
+    without_reads({"choices": events, "output": events, "tools": events}, api)
