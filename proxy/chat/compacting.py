@@ -20,15 +20,13 @@ Work = Callable[[Callable[[], T]], Awaitable[T]]
 
 
 class Compacting:
-    """The proxy's compaction step: its chain, and the summaries that go before it.
+    """The proxy's compaction step: the summaries that go before the request's chain.
 
-    :param chain: The strategies, in order.
     :param summaries: The summaries, when `summarization` is configured and the mode acts on decisions.
     :param summary_start_at: The fraction of the window from which a summary is written ahead (`precompact_at`).
     """
 
-    def __init__(self, chain: CompactionChain, summaries: Summaries | None, summary_start_at: float) -> None:
-        self.chain = chain
+    def __init__(self, summaries: Summaries | None, summary_start_at: float) -> None:
         self.summaries = summaries
         self.summary_start_at = summary_start_at
 
@@ -37,11 +35,10 @@ class Compacting:
         measured: Measured,
         context: SummaryContext,
         work: Work[CompactionResult | None],
-        chain: CompactionChain | None = None,
+        chain: CompactionChain,
     ) -> Outcome:
-        """Compact when the decision says so (see the module docstring), with `chain` instead of the default one."""
+        """Compact with `chain` when the decision says so (see the module docstring)."""
         transcript, decision = measured.transcript, measured.decision
-        chain = chain or self.chain
         summaries = self.summaries
         if not decision.compact:
             if summaries is not None:

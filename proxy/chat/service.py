@@ -107,8 +107,8 @@ class ChatCompactionService:
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
-        self.compacting = Compacting(self.chain, self.summaries, settings.summary_start_at)
-        self.observing = Compacting(self.chain, None, settings.summary_start_at)
+        self.compacting = Compacting(self.summaries, settings.summary_start_at)
+        self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
         self.unknown_models = UnknownModels()
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.chat.request import ChatRequest
-from proxy.engine.strategies.offload import offloaded_references
+from proxy.engine.strategies.offload import REFERENCE_PREFIX, offloaded_references
 from proxy.responses.request import ResponsesRequest
 
 READ_TOOL: Final = "compaction_proxy_read_result"
@@ -44,7 +44,7 @@ CHAT_TOOL: Final = {
 }
 RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS}
 
-_REFERENCE: Final = re.compile(r"offloaded-[0-9a-f]{32}")
+_REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
 
 
