@@ -120,11 +120,11 @@ class ExactCounts:
         :param size: The request body's size in bytes: a body over `MAX_COUNTED_BYTES` is not counted.
         :param usage: The usage report anchoring the view's longest reported prefix, if any.
         """
-        if isinstance(request, ResponsesRequest):
-            return await self._responses_anchor(request, view, tenant, headers)
-        if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
-            return None
         try:
+            if isinstance(request, ResponsesRequest):
+                return await self._responses_anchor(request, view, tenant, headers)
+            if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
+                return None
             fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
             scope = tenant + name_key(model) + xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
             key = scope + view.chain[-1]
