@@ -109,7 +109,7 @@ async def main(tokens: int, repeat: int) -> dict[str, Any]:
     for round_ in range(repeat):
         for service, times in (
             (ChatCompactionService(settings), spliced),
-            (ChatCompactionService(settings, splice=False), full),
+            (ChatCompactionService(settings, splice_from=None), full),
         ):
             counter_for_model(MODEL)._cache.clear()
             times.append(await turns(service, history, round_))

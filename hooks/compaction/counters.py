@@ -164,9 +164,9 @@ class HaystackCounterAdapter(EngineCounter):
             original = from_openai(message)
         return self.counter.count(messages=[original])
 
-    def message_upper_bound(self, message: Message) -> int:
+    def message_upper_bound(self, message: Message, key: MessageKey | None = None) -> int:
         """The count itself: a foreign counter has no cheaper bound."""
-        return self.message_tokens(message)
+        return self.message_tokens(message, key)
 
     def text_tokens(self, text: str) -> int:
         """The tokens `text` adds to a user message."""

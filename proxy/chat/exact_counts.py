@@ -135,6 +135,10 @@ class ExactCounts:
             if _reported(model, usage, view):
                 self.metrics.exact_counts.labels("reported").inc()
                 return None
+            if not self._usable():
+                # Every method is waiting out its back-off: nothing would be asked.
+                self.metrics.exact_counts.labels(Outcome.FAILED).inc()
+                return None
             conversation = Conversation(model, view.messages, fields, view.chain, scope)
             credentials = credentials_of(headers)
             _, outcome = await self.counts.ask(key, lambda: self._count(conversation, credentials))

@@ -40,7 +40,7 @@ from proxy.chat.request import (
     deployment_name,
 )
 from proxy.chat.rewrites import RewriteMemory, View
-from proxy.chat.splice import Extension, Forwarded, Splices, Turn, forward
+from proxy.chat.splice import SPLICE_FROM_BYTES, Extension, Forwarded, Splices, Turn, forward
 from proxy.chat.summaries import Summaries, SummaryContext
 from proxy.chat.usage import Estimate, UsageReports
 from proxy.config import Mode, Settings
@@ -75,8 +75,8 @@ class ChatCompactionService:
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
     :param chain: The compaction chain; the one `settings.strategies` names when None.
-    :param splice: Recognize a conversation's next request from its bytes (see `splice`); False only to compare the
-        shortcut with the full path.
+    :param splice_from: Recognize a conversation's next request from its bytes (see `splice`) when its body has at
+        least this many bytes; None never (only to compare the shortcut with the full path).
     """
 
     def __init__(
@@ -85,7 +85,7 @@ class ChatCompactionService:
         store: StateStore | None = None,
         chain: CompactionChain | None = None,
         *,
-        splice: bool = True,
+        splice_from: int | None = SPLICE_FROM_BYTES,
     ) -> None:
         self.settings = settings
         self.mode = settings.mode
@@ -103,7 +103,8 @@ class ChatCompactionService:
         self.usage = UsageReports(self.store, self.windows, self.metrics)
         self.provider_chains = ProviderChains(self.store, settings.provider_state, settings.compact_at)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
-        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed) if splice else None
+        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed)
+        self.splice_from = splice_from
         self.off_loop = OffLoop()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
@@ -140,7 +141,8 @@ class ChatCompactionService:
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         caller = Caller.of(headers, self.settings, chat.api)
-        splices = self.splices if chat.api is Api.CHAT else None
+        spliced = chat.api is Api.CHAT and self.splice_from is not None and len(chat.body) >= self.splice_from
+        splices = self.splices if spliced else None
         extension, ends = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else (None, None)
         try:
             request = extension.request if extension else await self._parse(chat.body, chat.api)

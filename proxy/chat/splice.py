@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import is_
+from typing import Final
 
 import orjson
 from xxhash import xxh3_128_digest
@@ -33,6 +34,11 @@ from proxy.engine.messages import Message
 from proxy.failures import log_failure
 
 logger = logging.getLogger("proxy.compaction")
+
+SPLICE_FROM_BYTES: Final = 32 * 1024
+"""Bodies from this size are recognized from their bytes. A smaller one parses faster than its opening messages are
+scanned (a 12 KiB body parses in 7 us; finding its first two messages takes 17 us), and the two paths cost the same
+at about 30 KiB."""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ class TokenCounter(ABC):
     def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         """:param cache_size: How many message counts to remember; the least recently used are forgotten first."""
         self._cache: BoundedCache[MessageKey, int] = BoundedCache(cache_size)
+        self._bounds: BoundedCache[MessageKey, int] = BoundedCache(cache_size)
         self._schemas: BoundedCache[str, int] = BoundedCache(_SCHEMA_CACHE_SIZE)
 
     @property
@@ -111,9 +112,19 @@ class TokenCounter(ABC):
         """Tokens the messages cost, without the request's fixed overhead."""
         return sum(self.message_tokens(message) for message in messages)
 
-    def message_upper_bound(self, message: Message) -> int:
-        """A bound no smaller than `message_tokens(message)`, computed without tokenizing its text."""
-        return self._measure_message(message, self.text_upper_bound)
+    def message_upper_bound(self, message: Message, key: MessageKey | None = None) -> int:
+        """A bound no smaller than `message_tokens(message)`, computed without tokenizing its text.
+
+        With the message's key the bound is remembered: a request decided by its bound is re-sent with the same
+        messages turn after turn. It is always the bound, never the count even when known, so a decision does not
+        depend on what this process happened to count before.
+        """
+        bound = self._bounds.get(key) if key is not None else None
+        if bound is None:
+            bound = self._measure_message(message, self.text_upper_bound)
+            if key is not None:
+                self._bounds.put(key, bound)
+        return bound
 
     def overhead_tokens(self, request: Mapping[str, Any] | None = None) -> int:
         """Tokens a request costs besides its messages: the reply priming and the tool and function schemas."""

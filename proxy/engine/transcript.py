@@ -61,7 +61,10 @@ class Transcript:
     def upper_bound(self, index: int) -> int:
         """A bound no smaller than `tokens(index)`: the count when already known, else the counter's cheap bound."""
         count = self._tokens[index]
-        return count if count is not None else self.counter.message_upper_bound(self.messages[index])
+        if count is not None:
+            return count
+        key = self._keys[index] if self._keys is not None else None
+        return self.counter.message_upper_bound(self.messages[index], key)
 
     def tokens_of(self, indices: Iterable[int]) -> int:
         """Tokens of the messages at `indices`."""

@@ -109,8 +109,8 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
     mode: Mode,
 ) -> None:
     config = Settings(context_windows={MODEL: window}, compact_at=0.7, compact_to=0.4, mode=mode)
-    spliced_service = ChatCompactionService(config)
-    full_service = ChatCompactionService(config, splice=False)
+    spliced_service = ChatCompactionService(config, splice_from=0)
+    full_service = ChatCompactionService(config, splice_from=None)
     history = conversation.messages
     fields: dict[str, Any] = {"model": MODEL, **{name: EXTRA_FIELDS[name] for name in extra}}
     serialize = SERIALIZERS[style]

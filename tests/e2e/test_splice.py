@@ -36,7 +36,7 @@ async def bodies_through_proxy(splice: bool, streaming: Streaming | None) -> lis
     """Every chat body the upstream received while the Agent ran through a proxy with or without the shortcut."""
     async with OpenAIUpstream(stepping_responder(STEPS), context_window=WINDOW) as upstream:
         settings = Settings(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
-        service = ChatCompactionService(settings, splice=splice)
+        service = ChatCompactionService(settings, splice_from=0 if splice else None)
         server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
         await server.start_server()
         try:

@@ -84,6 +84,17 @@ def test_counts_are_cached_per_message() -> None:
     assert len(counter._cache) == 1
 
 
+def test_a_keyed_bound_is_remembered_and_stays_the_bound_once_the_count_is_known() -> None:
+    counter = TiktokenCounter()
+    message = {"role": "user", "content": PROSE}
+    key = message_key(message)
+    bound = counter.message_upper_bound(message, key)
+    assert bound == counter.message_upper_bound(message) > counter.message_tokens(message, key)
+    # Served from the cache: the same value for an equal message built anew, and never the (now known) count.
+    assert counter.message_upper_bound({"content": PROSE, "role": "user"}, key) == bound
+    assert len(counter._bounds) == 1
+
+
 def test_reply_resent_by_an_sdk_counts_and_hashes_the_same() -> None:
     reply = {
         "role": "assistant",
