@@ -16,7 +16,7 @@ class Prepared:
 
     :param scope: The state scope (tenant, window override, wire format).
     :param tenant: The caller's tenant.
-    :param request: The parsed request.
+    :param parsed: The parsed request, None once `release`d.
     :param model: The model asked for (or the Azure deployment).
     :param window: The window the decision used, if one was known.
     :param size: The request body's size in bytes.
@@ -27,11 +27,12 @@ class Prepared:
     :param headers: The report headers for the client.
     :param turn: What the byte-level shortcut knows of the request (see `proxy.chat.splice`).
     :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
+    :param raw: The client's body, kept by `release` to parse again.
     """
 
     scope: bytes
     tenant: bytes
-    request: ChatRequest | ResponsesRequest
+    parsed: ChatRequest | ResponsesRequest | None
     model: str | None
     window: int | None
     size: int
@@ -42,6 +43,22 @@ class Prepared:
     headers: dict[str, str] = field(default_factory=dict)
     turn: Turn = field(default_factory=Turn)
     offload_off: bool = False
+    raw: bytes = b""
+
+    @property
+    def request(self) -> ChatRequest | ResponsesRequest:
+        """The parsed request (see `release`)."""
+        if self.parsed is None:
+            raise RuntimeError("The parsed request was released; parse `raw` again.")
+        return self.parsed
+
+    def release(self, raw: bytes) -> None:
+        """Let go of the parsed request and of what the shortcut made of it while the upstream answers.
+
+        A large request's parsed messages take more memory than its body, and only a retry after a context overflow
+        needs them again: it parses `raw` anew, and takes the full path from there.
+        """
+        self.raw, self.parsed, self.turn = raw, None, Turn()
 
     @property
     def sent(self) -> Sent:

@@ -29,7 +29,7 @@ from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_he
 from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import shown
-from proxy.chat.off_loop import OffLoop
+from proxy.chat.off_loop import OFF_LOOP_BYTES, OffLoop
 from proxy.chat.overflow import context_overflow
 from proxy.chat.prepared import Prepared
 from proxy.chat.request import (
@@ -65,6 +65,9 @@ from proxy.windows import ContextWindows, UnknownModels, WindowSource
 logger = logging.getLogger("proxy.compaction")
 
 COMPACTION_HEADER: Final = "x-compaction"
+RELEASE_FROM_BYTES: Final = OFF_LOOP_BYTES
+"""Chat requests from this size let go of their parsed messages while the upstream answers (`Prepared.release`):
+parsed, a body takes about 1.4 times its size again, held for as long as the answer takes."""
 
 T = TypeVar("T")
 
@@ -161,11 +164,14 @@ class ChatCompactionService:
             log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
             return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
-        if splices is not None and isinstance(exchange := plan.context, Prepared):
-            assert isinstance(exchange.request, ChatRequest)
+        if not isinstance(exchange := plan.context, Prepared) or not isinstance(exchange.parsed, ChatRequest):
+            return plan
+        if splices is not None:
             await splices.remember(
-                caller.scope, chat.body, exchange.request, exchange.turn, self.off_loop, openings=ends
+                caller.scope, chat.body, exchange.parsed, exchange.turn, self.off_loop, openings=ends
             )
+        if len(chat.body) >= RELEASE_FROM_BYTES:
+            exchange.release(chat.body)
         return plan
 
     async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest:
@@ -336,6 +342,8 @@ class ChatCompactionService:
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
+        if exchange.parsed is None:
+            exchange.parsed = await self._parse(exchange.raw, Api.CHAT)
         request = exchange.request
         view = await self._view(exchange)
         counter = counter_for_model(exchange.model)

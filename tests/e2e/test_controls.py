@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.chat.service import RELEASE_FROM_BYTES
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream
 
@@ -78,6 +79,21 @@ async def test_overflow_is_compacted_and_retried_once(upstream: OpenAIUpstream, 
     assert status == 200
     assert headers["X-Compaction"] == "compacted"
     assert len([r for r in upstream.requests if r.path.endswith("/chat/completions")]) == 3
+
+
+async def test_a_large_request_is_retried_after_an_overflow_too(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    # Over RELEASE_FROM_BYTES the proxy lets go of the parsed request while the upstream answers: it parses it again.
+    upstream.context_window = 32_768
+    base_url = await start_proxy(context_windows={MODEL: 1_000_000})
+    body = history(200)
+    assert len(body) >= RELEASE_FROM_BYTES
+    status, headers, reply = await post(base_url, body)
+    assert status == 200, reply
+    assert headers["X-Compaction"] == "compacted-after-overflow"
+    assert headers["X-Compaction-Context-Window"] == "32768"
+    assert upstream.usages[-1]["prompt_tokens"] <= 0.4 * 32_768
 
 
 def extended(body: bytes) -> bytes:
