@@ -8,9 +8,10 @@ deployment, a requested window, and the state scope that follows from them).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, NoReturn
 
 import orjson
 
@@ -133,18 +134,36 @@ def reserved(body: Mapping[str, Any], *fields: str) -> int:
     return 0
 
 
+LEAN_PARSE_FROM_BYTES: Final = 1024 * 1024
+"""Bodies from this size are parsed with the standard library's parser: as fast on chat bodies (long strings), and
+its working memory stays near the size of what it builds, where orjson's peaks at about 13 times the body (42 MiB
+for a 3.1 MiB one) while a large request is read for the first time."""
+
+
 def json_object(raw: bytes | str) -> dict[str, Any]:
     """The request body parsed.
 
     :raises InvalidChatRequest: If it is not JSON or not a JSON object.
     """
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
+        body = _lean_loads(raw) if len(raw) >= LEAN_PARSE_FROM_BYTES else orjson.loads(raw)
+    except (ValueError, RecursionError) as error:  # decode errors, bytes that are not UTF-8, nesting too deep
         raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
     if not isinstance(body, dict):
         raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
     return body
+
+
+def _lean_loads(raw: bytes | str) -> Any:
+    """`raw` parsed by the standard library.
+
+    It refuses what orjson refuses too: bytes that are not UTF-8, NaN and Infinity, nesting deeper than it recurses.
+    """
+    return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw, parse_constant=_not_json)
+
+
+def _not_json(constant: str) -> NoReturn:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def checked_objects(entries: list[Any], field: str, limits: RequestLimits | None) -> None:
