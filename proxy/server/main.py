@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
+from typing import Final
 
 from aiohttp import web
 
@@ -19,6 +21,12 @@ from proxy.server.readiness import unready_reason
 
 log = logging.getLogger(SERVER_LOGGER)
 
+COLLECTOR_THRESHOLDS: Final = (20_000, 50, 100)
+"""The garbage collector's thresholds while serving (Python's defaults: 700, 10, 10). Every request allocates a few
+hundred containers that die with it, so the defaults collect the young generation every few requests; these cut the
+proxy's CPU per small request by about 12% (453-499 against 394-429 us, 64 in flight, 4 interleaved runs), and the
+cyclic garbage that waits longer for a collection is a few requests' worth."""
+
 
 def serve(settings: Settings, chat: ChatCompaction | None = None, *, worker: int | None = None) -> None:
     """Run the proxy in the foreground until SIGTERM/SIGINT; return once shut down.
@@ -30,6 +38,7 @@ def serve(settings: Settings, chat: ChatCompaction | None = None, *, worker: int
     :raises OSError: The address could not be bound.
     """
     configure_logging(settings, worker)
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
     asyncio.run(serve_async(settings, chat))
 
 
