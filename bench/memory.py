@@ -6,6 +6,10 @@ sampled every 20 ms until the answers are back, and the peak kept. Per in-flight
 warm is after one small request. VmRSS is read once more after the answers: what stays is what the process keeps
 between requests (the proxy remembers each conversation's last request, bounded by `prefix_memory_bytes`) plus
 freed memory the allocator has not given back.
+
+Two cases: the proxy sees the conversation for the first time (it parses the body and remembers it: a one-off per
+conversation, charged here to the requests in flight), or the conversation is re-sent, as an agent re-sends its
+history every turn (warm is then after one request of the very large body itself).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class MemoryRow:
     """One measurement (sizes in MiB)."""
 
     relay: str
+    conversation: str
     in_flight: int
     idle_mib: float
     warm_mib: float
@@ -70,16 +75,23 @@ def measure(
     *,
     in_flight: int,
     delay_seconds: float,
+    resent: bool = False,
 ) -> MemoryRow:
     """Idle and peak VmRSS of a fresh relay process while `in_flight` copies of `payload` wait on the upstream.
 
     `warm` is read after one small request (`warm_payload`), which loads what every first request loads (the
     tokenizer's tables); the per-request figure is counted from there.
+
+    :param resent: Send `payload` itself once before `warm` is read: the requests in flight re-send a conversation
+        the relay has seen.
     """
     with start() as server:
         time.sleep(0.5)
         idle = rss_kib(server.pid)
-        run_load(Target(relay, server.url), warm_payload, Load(concurrency=1, requests=1, warmup=0, max_seconds=30.0))
+        once = Load(concurrency=1, requests=1, warmup=0, max_seconds=30.0)
+        run_load(Target(relay, server.url), warm_payload, once)
+        if resent:
+            run_load(Target(relay, server.url), payload, once)
         time.sleep(0.2)
         warm = rss_kib(server.pid)
         load = Load(concurrency=in_flight, requests=in_flight, warmup=0, max_seconds=60.0)
@@ -89,6 +101,7 @@ def measure(
         after = rss_kib(server.pid)
     return MemoryRow(
         relay=relay,
+        conversation="re-sent" if resent else "first sight",
         in_flight=in_flight,
         idle_mib=idle / 1024,
         warm_mib=warm / 1024,

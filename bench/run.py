@@ -295,16 +295,18 @@ def main(argv: list[str] | None = None) -> int:
             very_large = payloads["very large"]
             rows = []
             for in_flight in plan.memory_in_flight:
-                rows.append(
-                    memory.measure(
-                        "proxy",
-                        lambda: start_proxy(workdir, upstream_url, "proxy-memory"),
-                        very_large,
-                        payloads["small"],
-                        in_flight=in_flight,
-                        delay_seconds=plan.memory_delay_seconds,
+                for resent in (True, False):
+                    rows.append(
+                        memory.measure(
+                            "proxy",
+                            lambda: start_proxy(workdir, upstream_url, "proxy-memory"),
+                            very_large,
+                            payloads["small"],
+                            in_flight=in_flight,
+                            delay_seconds=plan.memory_delay_seconds,
+                            resent=resent,
+                        )
                     )
-                )
                 rows.append(
                     memory.measure(
                         "bare relay",
