@@ -151,6 +151,10 @@ class ExactCounts:
             log_failure(logger, "Exact counting failed; this request is measured with the local count.", error)
         return None
 
+    def may_ask(self) -> bool:
+        """Whether a chat request could be counted exactly now: a method is set and not waiting out a back-off."""
+        return bool(self.methods) and bool(self._usable())
+
     def record(self, measured: Measured) -> dict[str, str]:
         """Count how far the local estimate was from the exact count; the response headers saying what was used."""
         if measured.local_tokens is None:

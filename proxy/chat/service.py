@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
 from proxy.chat.compacting import Compacting
 from proxy.chat.exact_counts import ExactCounts
@@ -48,6 +49,8 @@ from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     CompactionChain,
     CompactionResult,
+    Decision,
+    Outcome,
     Summarization,
     Thresholds,
     Transcript,
@@ -214,6 +217,12 @@ class ChatCompactionService:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
+        sized = isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask()
+        if window is not None and sized:
+            thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
+            bound = byte_bound(chat.body, request.messages, self.usage.calibration(tenant, model).ratio)
+            if bound is not None and bound < thresholds.trigger_tokens:
+                return self._sized_by_bytes(chat.body, exchange, bound, thresholds)
         view = exchange.turn.view = await self._view(exchange)
         if window is None:
             self.unknown_models.log(model)
@@ -274,6 +283,15 @@ class ChatCompactionService:
             exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
         )
         return await self._forward(chat.body, exchange, compacted, chain, result.compacted.meta)
+
+    def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
+        """Forward a request its bytes show to be under the trigger as it came (see `proxy.chat.byte_bound`)."""
+        exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
+        exchange.estimate = Estimate(bound, bound=True)
+        self.metrics.requests.labels("unchanged").inc()
+        return ForwardPlan(
+            body=raw, response_headers=exchange.headers, stream=exchange.request.stream, context=exchange
+        )
 
     async def _view(self, exchange: Prepared) -> View:
         """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""

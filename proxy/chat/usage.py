@@ -97,13 +97,15 @@ class UsageReports:
         self, sent: Sent, usage: Mapping[str, Any] | None, reply: Mapping[str, Any] | None, counter: TokenCounter
     ) -> None:
         """Anchor a plausible report on what was sent (and, with the reply, on the conversation through it)."""
-        if not usage or not sent.chain:
-            return
-        prompt = _tokens(usage.get("prompt_tokens"))
-        if not prompt:
+        prompt = _tokens(usage.get("prompt_tokens")) if usage else None
+        if not usage or not prompt:
             return
         if sent.estimate is not None and not sent.estimate.admits(prompt):
             self.metrics.implausible_usage.inc()
+            return
+        if not sent.chain:
+            # Nothing to anchor (a request sized by its bytes), but the report still shows what fits the window.
+            self.windows.fitted(sent.model, prompt, sent.tenant)
             return
         await self.store.save_anchor(sent.scope, sent.chain[-1], prompt)
         fitted = prompt

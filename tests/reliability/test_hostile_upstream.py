@@ -125,9 +125,12 @@ STREAM_OPTIONS = {"stream_options": {"include_usage": True}}
 
 
 async def stream_through(http: aiohttp.ClientSession, proxy: Proxy, *, strip: bool) -> tuple[int, bytes]:
-    """POST a streamed chat completion (the proxy strips the usage it adds when `strip`); return status and body."""
+    """POST a streamed chat completion (the proxy strips the usage it adds when `strip`); return status and body.
+
+    The request passes the window it names in bytes (not in tokens), so the proxy counts it and asks for its usage.
+    """
     body = chat_body(stream=True, **({} if strip else STREAM_OPTIONS))
-    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json", "X-Context-Window": "64"}
     async with asyncio.timeout(RELAYED_WITHIN):
         async with http.post(proxy.url + "/v1/chat/completions", data=body, headers=headers) as response:
             return response.status, await response.read()

@@ -52,7 +52,8 @@ def estimate(headers: CIMultiDict[str]) -> str:
 async def test_anchors_are_not_shared_between_credentials(make_proxy: MakeProxy, http: aiohttp.ClientSession) -> None:
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         proxy = await make_proxy(upstream.base_url)
-        window = {"X-Context-Window": "4000"}
+        # Over the trigger in bytes, under it in tokens: estimated by counting, never sized by its bytes alone.
+        window = {"X-Context-Window": "2000"}
         first = conversation(3)
         status, _, body = await post_chat(
             http, proxy, chat_body(messages=first), Authorization="Bearer sk-alice", **window

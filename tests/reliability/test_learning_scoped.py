@@ -147,7 +147,8 @@ BOB = {"X-Proxy-Key": PROXY_KEYS[1], "Authorization": ""}
 async def test_proxy_keys_do_not_share_anchors(
     upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession
 ) -> None:
-    proxy = await make_proxy(upstream.base_url, proxy_keys=PROXY_KEYS)
+    # Over the trigger in bytes, under it in tokens: estimated by counting, never sized by its bytes alone.
+    proxy = await make_proxy(upstream.base_url, proxy_keys=PROXY_KEYS, context_windows={MODEL: 2000})
     first = conversation("billing")
     status, _, answer = await send(http, proxy, first, **ALICE)
     assert status == 200

@@ -57,8 +57,11 @@ async def test_touching_a_conversation_keeps_it_over_newer_ones() -> None:
 
 
 async def test_the_service_bounds_its_store_by_the_setting() -> None:
-    """Through the real service: 3,000 conversations, `state_max_conversations=1000`: the store never holds more."""
-    settings = Settings(state_max_conversations=1000, context_windows={"gpt-4o-mini": 128_000})
+    """Through the real service: 3,000 conversations, `state_max_conversations=1000`: the store never holds more.
+
+    The window puts each request over the trigger in bytes and under it in tokens, so it is counted and anchored.
+    """
+    settings = Settings(state_max_conversations=1000, context_windows={"gpt-4o-mini": 64})
     service = ChatCompactionService(settings)
     assert isinstance(service.store, MemoryStore)
     for index in range(3000):

@@ -121,12 +121,12 @@ def _closed_port() -> int:
 async def test_redis_down_forwards_unchanged_and_fast(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
     base_url, _ = await start_proxy(state_url=f"redis://127.0.0.1:{_closed_port()}/0")
     body = b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}'
+    # A window the body passes in bytes (not in tokens): the request is counted, and its anchors asked of the store.
+    headers = {"Authorization": "Bearer sk-test", "X-Context-Window": "64"}
     async with aiohttp.ClientSession() as http:
         for _ in range(3):
             started = time.monotonic()
-            async with http.post(
-                f"{base_url}/chat/completions", data=body, headers={"Authorization": "Bearer sk-test"}
-            ) as response:
+            async with http.post(f"{base_url}/chat/completions", data=body, headers=headers) as response:
                 assert response.status == 200
                 assert response.headers["X-Compaction"] == "error"
                 await response.read()
@@ -147,6 +147,10 @@ async def test_redis_failing_after_the_answer_still_relays_it(
     monkeypatch.setattr(service.store, "save_anchor", refuse)
     errors_before = service.metrics.errors._value.get()
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
-        reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        reply = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Context-Window": "64"},  # over the trigger in bytes: counted and anchored
+        )
     assert reply.choices[0].message.content
     assert service.metrics.errors._value.get() == errors_before + 1
