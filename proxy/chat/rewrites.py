@@ -44,14 +44,19 @@ class View:
         return self.meta is not None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Keyed:
-    """A request's original messages with their keys and hash chain."""
+    """A request's original messages with their keys and hash chain.
+
+    :param missed_at: The store's count of rewrites saved (`MemoryStore.rewrites_saved`) when a lookup over this whole
+        chain found none: until another is saved, a request extending this one is looked up over its new part only.
+    """
 
     messages: list[Message]
     keys: list[bytes]
     chain: list[bytes]
     body_bytes: int
+    missed_at: int | None = None
 
     def extended(self, messages: list[Message], body_bytes: int) -> Keyed:
         """The keys of `messages`, which start with these messages: only the ones after them are hashed."""
@@ -82,14 +87,21 @@ class RewriteMemory:
         keys, chain = self.prefixes.keys(scope, original, body_bytes)
         return Keyed(original, keys, chain, body_bytes)
 
-    async def find(self, scope: bytes, keyed: Keyed) -> tuple[int, EditPlan] | None:
-        """The rewrite stored for the longest known prefix, stored again at this request's head when older."""
+    async def find(self, scope: bytes, keyed: Keyed, known: Keyed | None = None) -> tuple[int, EditPlan] | None:
+        """The rewrite stored for the longest known prefix, stored again at this request's head when older.
+
+        :param known: The keys of a request this one extends. When a lookup over all of it found no rewrite and the
+            store has saved none since, only the new part of the chain is looked up: the answer is the same.
+        """
         if not self.enabled or not keyed.chain:
             return None
-        found = await self.store.latest_rewrite(scope, keyed.chain)
+        saved = getattr(self.store, "rewrites_saved", None)
+        start = len(known.chain) if known is not None and saved is not None and known.missed_at == saved else 0
+        found = await self.store.latest_rewrite(scope, keyed.chain[start:] if start else keyed.chain)
         if found is None:
+            keyed.missed_at = saved
             return None
-        stored_at, stored = found
+        stored_at, stored = found[0] + start, found[1]
         plan = stored.extended(len(keyed.messages))
         if stored_at + 1 < len(keyed.messages):
             # Store it at this request's head, so the next turn finds it in a step or two.

@@ -146,7 +146,7 @@ class Turn:
         else:
             keyed = await off_loop.run(size, lambda: rewrites.keyed(scope, messages, size))
         self.keyed = keyed
-        found = await rewrites.find(scope, keyed)
+        found = await rewrites.find(scope, keyed, previous.keyed if previous else None)
         plan = found[1] if found else None
         view = rewrites.extended_view(previous.view, keyed, plan) if previous and previous.view else None
         if view is None:

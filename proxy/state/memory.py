@@ -131,6 +131,8 @@ class MemoryStore:
         offload_max_bytes: int = DEFAULT_OFFLOAD_BYTES,
     ) -> None:
         self.rewrites: _ExpiringLRU[EditPlan] = _ExpiringLRU(max_entries, ttl_seconds, clock, max_bytes, plan_bytes)
+        self.rewrites_saved = 0
+        """How many rewrites were ever saved: while it stays the same, a lookup that found none would find none."""
         self.anchors: _ExpiringLRU[int] = _ExpiringLRU(
             max_entries, ttl_seconds, clock, max_entries * RECORD_OVERHEAD, lambda _tokens: RECORD_OVERHEAD
         )
@@ -149,6 +151,7 @@ class MemoryStore:
     async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> None:
         """Store a rewrite."""
         self.rewrites.put(tenant + chain_key, plan)
+        self.rewrites_saved += 1
 
     async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, int] | None:
         """The anchor for the longest stored prefix of `chain`."""
