@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 
+from proxy.server.upstream import PIECES_FROM_BYTES
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_controls import history, post
 from tests.support.openai_upstream import OpenAIUpstream
@@ -99,3 +100,19 @@ async def test_the_usage_report_of_a_request_sized_by_its_bytes_still_shows_what
     status, headers, _ = await post(base_url, history(6))
     assert status == 200 and headers["X-Compaction"] == "unchanged"
     assert fitted > 100
+
+
+async def test_a_large_body_reaches_the_upstream_whole_with_its_length(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    # From PIECES_FROM_BYTES the proxy hands the body to its client in pieces: still one body of a stated length.
+    upstream.context_window = 1_000_000
+    base_url = await start_proxy(context_windows=BIG_WINDOW)
+    body = history(60)
+    assert len(body) >= PIECES_FROM_BYTES
+    status, _, _ = await post(base_url, body)
+    assert status == 200
+    received = upstream.requests[-1]
+    assert received.body == body
+    assert received.headers["Content-Length"] == str(len(body))
+    assert "Transfer-Encoding" not in received.headers
