@@ -137,8 +137,12 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
 
 def _resend_wire_lines(figures: dict[str, Any]) -> list[str]:
     """The re-sent conversation through the whole proxy against the relay forwarding the same bytes."""
+    ratios = figures.get("ratios", [figures["proxy_vs_relay"]])
+    spread = f"{len(ratios)} rounds, the median shown; proxy / relay {min(ratios):.2f}x to {max(ratios):.2f}x"
     return [
         "### A conversation re-sent with two new messages, through the whole proxy (`bench.resend_wire`)",
+        "",
+        f"{spread}.",
         "",
         "| conversation | body | turns | bare relay p50 | proxy p50 | proxy / relay | proxy decided |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",

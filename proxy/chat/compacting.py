@@ -69,3 +69,9 @@ class Compacting:
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
         if early.compact:
             summaries.start(context, measured.transcript, early.target_tokens)
+
+
+def chain_names(strategies: list[str]) -> list[str]:
+    """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
+    names = [name for name in strategies if name != Summarization.name]
+    return names or ["middle_out"]

@@ -23,16 +23,16 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
-from proxy.chat.compacting import Compacting
+from proxy.chat.compacting import Compacting, chain_names
 from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
 from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import shown
-from proxy.chat.off_loop import OFF_LOOP_BYTES, OffLoop
+from proxy.chat.off_loop import OffLoop
 from proxy.chat.overflow import context_overflow
-from proxy.chat.prepared import Prepared
+from proxy.chat.prepared import RELEASE_FROM_BYTES, Prepared
 from proxy.chat.request import (
     ChatRequest,
     InvalidChatRequest,
@@ -68,9 +68,6 @@ from proxy.windows import ContextWindows, UnknownModels, WindowSource
 logger = logging.getLogger("proxy.compaction")
 
 COMPACTION_HEADER: Final = "x-compaction"
-RELEASE_FROM_BYTES: Final = OFF_LOOP_BYTES
-"""Chat requests from this size let go of their parsed messages while the upstream answers (`Prepared.release`):
-parsed, a body takes about 1.4 times its size again, held for as long as the answer takes."""
 
 T = TypeVar("T")
 
@@ -97,7 +94,7 @@ class ChatCompactionService:
         self.mode = settings.mode
         self.store: StateStore = store or open_store(settings)
         self.chain: CompactionChain = chain or chain_by_names(
-            _chain_names(settings.strategies), superseded_tools=settings.superseded_tools
+            chain_names(settings.strategies), superseded_tools=settings.superseded_tools
         )
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         self.discovery = WindowDiscovery(settings, self.windows)
@@ -414,12 +411,6 @@ class ChatCompactionService:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-
-def _chain_names(strategies: list[str]) -> list[str]:
-    """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
-    names = [name for name in strategies if name != Summarization.name]
-    return names or ["middle_out"]
 
 
 def build_chat_compaction(settings: Settings) -> ChatCompactionService:
