@@ -214,14 +214,17 @@ class ChatCompactionService:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
+        settings, calibration = self.settings, self.usage.calibration(tenant, model)
+        thresholds = None
+        if window is not None:
+            thresholds = Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
         sized = isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask()
-        if window is not None and sized:
-            thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
-            bound = byte_bound(chat.body, request.messages, self.usage.calibration(tenant, model).ratio)
+        if thresholds is not None and sized:
+            bound = byte_bound(chat.body, request.messages, calibration.ratio)
             if bound is not None and bound < thresholds.trigger_tokens:
                 return self._sized_by_bytes(chat.body, exchange, bound, thresholds)
         view = exchange.turn.view = await self._view(exchange)
-        if window is None:
+        if thresholds is None:
             self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
@@ -230,9 +233,7 @@ class ChatCompactionService:
             )
 
         counter = counter_for_model(model)
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
         anchor = await self.usage.anchor(scope, view.chain)
-        calibration = self.usage.calibration(tenant, model)
         known = exchange.turn.counted
         exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(
@@ -287,7 +288,7 @@ class ChatCompactionService:
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.requests.labels("unchanged").inc()
         return ForwardPlan(
-            body=raw, response_headers=exchange.headers, stream=exchange.request.stream, context=exchange
+            body=raw, response_headers=dict(exchange.headers), stream=exchange.request.stream, context=exchange
         )
 
     async def _view(self, exchange: Prepared) -> View:
