@@ -12,20 +12,26 @@ import json
 from typing import Any
 
 import openai
+import pytest
 
 from proxy.server.upstream import PIECES_FROM_BYTES
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_controls import history, post
-from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream, context_length_error
 
 BIG_WINDOW = {MODEL: 1_000_000}
 
 
-async def test_a_request_under_the_trigger_in_bytes_is_forwarded_as_it_came(
-    upstream: OpenAIUpstream, start_proxy: StartProxy
-) -> None:
+@pytest.fixture
+async def base_url(upstream: OpenAIUpstream, start_proxy: StartProxy) -> str:
+    """A proxy that takes the model's window to be a million tokens, before an upstream that has as many."""
     upstream.context_window = 1_000_000
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
+    return await start_proxy(context_windows=BIG_WINDOW)
+
+
+async def test_a_request_under_the_trigger_in_bytes_is_forwarded_as_it_came(
+    upstream: OpenAIUpstream, base_url: str
+) -> None:
     body = history(4)
     status, headers, _ = await post(base_url, body)
     assert status == 200
@@ -37,10 +43,8 @@ async def test_a_request_under_the_trigger_in_bytes_is_forwarded_as_it_came(
 
 
 async def test_a_streamed_request_under_the_trigger_is_relayed_without_asking_for_usage(
-    upstream: OpenAIUpstream, start_proxy: StartProxy
+    upstream: OpenAIUpstream, base_url: str
 ) -> None:
-    upstream.context_window = 1_000_000
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-alice", max_retries=0) as client:
         stream = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Say hi"}], stream=True
@@ -51,9 +55,7 @@ async def test_a_streamed_request_under_the_trigger_is_relayed_without_asking_fo
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
 
 
-async def test_an_image_is_never_sized_by_its_bytes(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
-    upstream.context_window = 1_000_000
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
+async def test_an_image_is_never_sized_by_its_bytes(base_url: str) -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/chart.png"}}
     message: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}
     body = json.dumps({"model": MODEL, "messages": [message]}).encode()
@@ -63,12 +65,9 @@ async def test_an_image_is_never_sized_by_its_bytes(upstream: OpenAIUpstream, st
     assert int(headers["X-Compaction-Tokens-Before"]) > len(body)
 
 
-async def test_an_overflow_of_a_request_sized_by_its_bytes_is_retried(
-    upstream: OpenAIUpstream, start_proxy: StartProxy
-) -> None:
+async def test_an_overflow_of_a_request_sized_by_its_bytes_is_retried(upstream: OpenAIUpstream, base_url: str) -> None:
     # The proxy believes the window is a million tokens; the upstream has 1,024 and says so in its error.
     upstream.context_window = 1_024
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
     status, headers, reply = await post(base_url, history(6))
     assert status == 200, reply
     assert headers["X-Compaction"] == "compacted-after-overflow"
@@ -76,38 +75,21 @@ async def test_an_overflow_of_a_request_sized_by_its_bytes_is_retried(
 
 
 async def test_the_usage_report_of_a_request_sized_by_its_bytes_still_shows_what_fits(
-    upstream: OpenAIUpstream, start_proxy: StartProxy
+    upstream: OpenAIUpstream, base_url: str
 ) -> None:
-    upstream.context_window = 1_000_000
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
     status, headers, _ = await post(base_url, history(6))
     assert status == 200 and headers["X-Compaction-Tokens-Before-Bound"] == "true"
-    fitted = upstream.usages[-1]["prompt_tokens"]
-    # An answer claiming a window below what just fitted is not learned: the next request is left as it is.
-    upstream.fail_next(
-        400,
-        {
-            "error": {
-                "message": "This model's maximum context length is 100 tokens.",
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
-        },
-    )
+    assert upstream.usages[-1]["prompt_tokens"] > 100
+    # An answer claiming a window below what just fitted is not learned (no retry): the next request is left as it is.
+    upstream.fail_next(400, context_length_error(100, 300, 0).body)
     status, _, _ = await post(base_url, history(6))
     assert status == 400
     status, headers, _ = await post(base_url, history(6))
     assert status == 200 and headers["X-Compaction"] == "unchanged"
-    assert fitted > 100
 
 
-async def test_a_large_body_reaches_the_upstream_whole_with_its_length(
-    upstream: OpenAIUpstream, start_proxy: StartProxy
-) -> None:
+async def test_a_large_body_reaches_the_upstream_whole_with_its_length(upstream: OpenAIUpstream, base_url: str) -> None:
     # From PIECES_FROM_BYTES the proxy hands the body to its client in pieces: still one body of a stated length.
-    upstream.context_window = 1_000_000
-    base_url = await start_proxy(context_windows=BIG_WINDOW)
     body = history(60)
     assert len(body) >= PIECES_FROM_BYTES
     status, _, _ = await post(base_url, body)
