@@ -112,6 +112,15 @@ def measure(
     )
 
 
+def median_row(rounds: int, measuring: Callable[[], MemoryRow]) -> MemoryRow:
+    """`measuring()` run `rounds` times (a fresh process each): the row whose per-request figure is the median.
+
+    Resident memory moves with what the allocator happens to keep, so a single reading can land far from the others.
+    """
+    rows = sorted((measuring() for _ in range(rounds)), key=lambda row: row.per_request_mib)
+    return rows[len(rows) // 2]
+
+
 def as_dicts(rows: list[MemoryRow]) -> list[dict[str, Any]]:
     """The rows as JSON-ready dicts."""
     return [asdict(row) for row in rows]

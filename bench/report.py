@@ -55,21 +55,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Problems: {'; '.join(problems)}")
     lines.append("")
-    lines.append("### Resident memory (VmRSS) while very large requests wait on a slow upstream")
-    lines.append("")
-    lines.append(
-        "| process | conversation | in flight | body | idle at start | warm | peak | after the answers "
-        "| per in-flight request | per request / body |"
-    )
-    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in results["memory"]:
-        lines.append(
-            f"| {row['relay']} | {row.get('conversation', 'first sight')} | {row['in_flight']} "
-            f"| {row['body_mib']:.2f} MiB | {row['idle_mib']:.1f} MiB "
-            f"| {row['warm_mib']:.1f} MiB | {row['peak_mib']:.1f} MiB | {row['after_mib']:.1f} MiB "
-            f"| {row['per_request_mib']:.2f} MiB | {_ratio(row['per_request_mib'] / row['body_mib'])} |"
-        )
-    lines.append("")
+    lines += _memory_lines(results)
     lines += _peer_lines(results)
     lines += _resend_wire_lines(results["resend_wire"])
     lines += _target_lines(results)
@@ -133,6 +119,31 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
             f"| {row['litellm_rps']:.1f} | {row['proxy_rps']:.0f} | {_ratio(row['proxy_vs_litellm_rps'])} |"
         )
     return [*lines, ""]
+
+
+def _memory_lines(results: dict[str, Any]) -> list[str]:
+    """Resident memory per in-flight very large request, the proxy's (re-sent and first sight) and the relay's."""
+    lines: list[str] = []
+    lines.append("### Resident memory (VmRSS) while very large requests wait on a slow upstream")
+    lines.append("")
+    rounds = results.get("plan", {}).get("rounds", 1)
+    processes = f"{rounds} fresh processes" if rounds != 1 else "1 fresh process"
+    lines.append(f"Each row is the median over {processes}, by the per-request figure.")
+    lines.append("")
+    lines.append(
+        "| process | conversation | in flight | body | idle at start | warm | peak | after the answers "
+        "| per in-flight request | per request / body |"
+    )
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row in results["memory"]:
+        lines.append(
+            f"| {row['relay']} | {row.get('conversation', 'first sight')} | {row['in_flight']} "
+            f"| {row['body_mib']:.2f} MiB | {row['idle_mib']:.1f} MiB "
+            f"| {row['warm_mib']:.1f} MiB | {row['peak_mib']:.1f} MiB | {row['after_mib']:.1f} MiB "
+            f"| {row['per_request_mib']:.2f} MiB | {_ratio(row['per_request_mib'] / row['body_mib'])} |"
+        )
+    lines.append("")
+    return lines
 
 
 def _resend_wire_lines(figures: dict[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -299,33 +300,24 @@ def main(argv: list[str] | None = None) -> int:
             write_progress("memory", log)
             very_large = payloads["very large"]
             rows = []
+            relay_args = ["-m", "bench.bare_relay", "--port", "0", "--upstream", upstream_url]
+            processes = {
+                "proxy": lambda: start_proxy(workdir, upstream_url, "proxy-memory"),
+                "bare relay": lambda: Server("relay-memory", relay_args, workdir),
+            }
             for in_flight in plan.memory_in_flight:
-                for resent in (True, False):
-                    rows.append(
-                        memory.measure(
-                            "proxy",
-                            lambda: start_proxy(workdir, upstream_url, "proxy-memory"),
-                            very_large,
-                            payloads["small"],
-                            in_flight=in_flight,
-                            delay_seconds=plan.memory_delay_seconds,
-                            resent=resent,
-                        )
-                    )
-                rows.append(
-                    memory.measure(
-                        "bare relay",
-                        lambda: Server(
-                            "relay-memory",
-                            ["-m", "bench.bare_relay", "--port", "0", "--upstream", upstream_url],
-                            workdir,
-                        ),
+                for relay, resent in (("proxy", True), ("proxy", False), ("bare relay", False)):
+                    measuring = partial(
+                        memory.measure,
+                        relay,
+                        processes[relay],
                         very_large,
                         payloads["small"],
                         in_flight=in_flight,
                         delay_seconds=plan.memory_delay_seconds,
+                        resent=resent,
                     )
-                )
+                    rows.append(memory.median_row(plan.rounds, measuring))
             results["memory"] = memory.as_dicts(rows)
         write_progress("long tool-using run, rewrite memory on and off", log)
         results["long_run"] = long_run.run(plan.long_run_tasks, plan.long_run_steps, workdir)
