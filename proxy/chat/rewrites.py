@@ -16,6 +16,7 @@ from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended
 from proxy.engine import EditPlan
 from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
+from proxy.engine.strategies.offload import held_references
 from proxy.state import StateStore
 
 
@@ -29,6 +30,7 @@ class View:
     :param plan: The remembered plan extended over the whole original request (identity when none was remembered).
     :param original_chain: The chain of the original messages; its last element keys this request's rewrite.
     :param chain: The chain of `messages`, what the upstream is sent unless compaction changes it.
+    :param held: The references of the offloaded results `messages` hold (a view extending another holds the same).
     """
 
     messages: list[Message]
@@ -37,6 +39,7 @@ class View:
     plan: EditPlan
     original_chain: list[bytes]
     chain: list[bytes]
+    held: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -117,7 +120,7 @@ class RewriteMemory:
         messages = plan.apply_messages(keyed.messages)
         # The rewritten view repeats turn after turn too, so its keys come from the remembered prefix as well.
         view_keys, view_chain = self.view_prefixes.keys(scope, messages, keyed.body_bytes)
-        return View(messages, view_keys, meta, plan, keyed.chain, view_chain)
+        return View(messages, view_keys, meta, plan, keyed.chain, view_chain, held_references(meta))
 
     def extended_view(self, previous: View, keyed: Keyed, plan: EditPlan | None) -> View | None:
         """What `view` gives for a request that extends the one `previous` was made for, built from `previous`.
@@ -148,6 +151,7 @@ class RewriteMemory:
             plan,
             keyed.chain,
             [*previous.chain, *chain_keys(added_keys, start=previous.chain[-1])],
+            previous.held,
         )
 
     def compacted_chain(self, scope: bytes, messages: list[Message], body_bytes: int) -> list[bytes]:

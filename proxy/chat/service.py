@@ -18,7 +18,7 @@ unchanged: the proxy must never fail a request that would have succeeded without
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
@@ -58,6 +58,7 @@ from proxy.engine import (
     counter_for_model,
 )
 from proxy.engine.messages import Message, chain_keys, message_key
+from proxy.engine.strategies.offload import held_references
 from proxy.failures import log_failure
 from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
@@ -229,7 +230,7 @@ class ChatCompactionService:
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.requests.labels("unknown_window").inc()
             return await self._forward(
-                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
 
         counter = counter_for_model(model)
@@ -257,7 +258,7 @@ class ChatCompactionService:
         if result is None:
             self.metrics.requests.labels("unchanged").inc()
             return await self._forward(
-                chat.body, exchange, view.messages if view.changed else None, view.chain, view.meta
+                chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
 
         await self.offloading.persist(tenant, staging)
@@ -280,7 +281,7 @@ class ChatCompactionService:
         chain = await self._work(
             exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
         )
-        return await self._forward(chat.body, exchange, compacted, chain, result.compacted.meta)
+        return await self._forward(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
 
     def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
         """Forward a request its bytes show to be under the trigger as it came (see `proxy.chat.byte_bound`)."""
@@ -302,14 +303,14 @@ class ChatCompactionService:
         exchange: Prepared,
         messages: list[Message] | None,
         chain: list[bytes] | None,
-        meta: Sequence[Mapping[str, Any]] | None = None,
+        held: tuple[str, ...] = (),
     ) -> ForwardPlan:
         """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
 
         :param chain: The chain of what is sent, when already known; computed here otherwise.
-        :param meta: The metadata of `messages`: when they hold offloaded results, the read tool is offered.
+        :param held: The references of the offloaded results `messages` hold: when any, the read tool is offered.
         """
-        offered = meta if messages else None
+        offered = held if messages else ()
         request, reads = await self.offloading.offer(exchange.request, exchange.tenant, offered, exchange.headers)
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
@@ -401,7 +402,8 @@ class ChatCompactionService:
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
-        return await self._forward(b"", retry, list(result.compacted.messages), None, result.compacted.meta)
+        held = held_references(result.compacted.meta)
+        return await self._forward(b"", retry, list(result.compacted.messages), None, held)
 
     async def _work(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T:
         """CPU work for this request: off the event loop when it is large.

@@ -8,8 +8,10 @@ is a state-store failure like any other: the request is forwarded unchanged).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Final
 
 from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
@@ -22,9 +24,10 @@ from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.offload.reads import ReadBack
-from proxy.offload.tool import POINTER, held_references, with_read_tool
+from proxy.offload.tool import POINTER, with_read_tool
 from proxy.responses.request import ResponsesRequest
 from proxy.state import StateStore
+from proxy.state.base import OFFLOAD_REFRESH_SHARE
 
 OFFLOAD_HEADER: Final = "x-compaction-offload"
 """Request header: `off` compacts this request without offloading (plain pruning)."""
@@ -34,6 +37,9 @@ OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 
 READS_HEADER: Final = "X-Compaction-Reads"
 """Response header: how many reads of offloaded results the proxy answered for this request."""
+
+REFRESHES_REMEMBERED: Final = 10_000
+"""Sets of offloaded results whose last refresh is remembered (one per conversation holding any, about)."""
 
 LOSSY: Final = frozenset({ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name})
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`)."""
@@ -51,16 +57,25 @@ class Offloading:
     :param store: The state store offloaded texts are kept in.
     :param base: The proxy's chain, which offloading joins.
     :param metrics: The service's metrics now (they move to the app's registry once it exists).
+    :param clock: Monotonic seconds, for when the results a conversation holds were last refreshed.
     """
 
     def __init__(
-        self, settings: Settings, store: StateStore, base: CompactionChain, metrics: Callable[[], CompactionMetrics]
+        self,
+        settings: Settings,
+        store: StateStore,
+        base: CompactionChain,
+        metrics: Callable[[], CompactionMetrics],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = settings.offload and settings.mode is Mode.ENFORCE
         self.rounds = settings.offload_read_rounds
         self.store = store
         self.base = base
         self.metrics = metrics
+        self.refresh_every = settings.state_ttl_seconds * OFFLOAD_REFRESH_SHARE
+        self.clock = clock
+        self._refreshed: OrderedDict[tuple[bytes, tuple[str, ...]], float] = OrderedDict()
 
     def for_request(self, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
@@ -92,19 +107,35 @@ class Offloading:
         self,
         request: ChatRequest | ResponsesRequest,
         tenant: bytes,
-        meta: Sequence[Mapping[str, Any]] | None,
+        held: tuple[str, ...],
         headers: dict[str, str],
     ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
-        """The request to forward with messages of this metadata, and the reads to answer for it.
+        """The request to forward holding these offloaded results, and the reads to answer for it.
 
-        When the messages hold offloaded results, the request gets the read tool and `headers` say so; the texts they
-        refer to live on as long as the conversation: each request holding them refreshes them. Otherwise the request
-        is returned as it is, with no reads.
+        When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
+        conversation (see `refresh`). Otherwise the request is returned as it is, with no reads.
         """
-        references = held_references(meta)
-        if not references:
+        if not held:
             return request, None
-        await self.store.touch_offloaded(tenant, references)
-        headers.update({OFFLOADED_HEADER: str(len(references)), READS_HEADER: "0"})
+        await self.refresh(tenant, held)
+        headers.update({OFFLOADED_HEADER: str(len(held)), READS_HEADER: "0"})
         api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
         return with_read_tool(request), ReadBack(tenant, self.store, api, self.rounds, self.metrics())
+
+    async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
+        """Restart the time to live of the results a request holds, unless this process did so recently.
+
+        A conversation re-sends the same results every turn; refreshing thousands of them on every request would cost
+        work proportional to the whole conversation. They are refreshed at most once per `refresh_every` seconds
+        instead, and the store keeps them that much longer than the rest (`proxy.state.base.offload_ttl`), so they
+        still outlive the conversation's other state.
+        """
+        key, now = (tenant, held), self.clock()
+        last = self._refreshed.get(key)
+        if last is not None and now - last < self.refresh_every:
+            return
+        await self.store.touch_offloaded(tenant, held)
+        self._refreshed[key] = now
+        self._refreshed.move_to_end(key)
+        if len(self._refreshed) > REFRESHES_REMEMBERED:
+            self._refreshed.popitem(last=False)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from proxy.chat.request import ChatRequest
-from proxy.engine.strategies.offload import REFERENCE_PREFIX, offloaded_references
+from proxy.engine.strategies.offload import REFERENCE_PREFIX
 from proxy.responses.request import ResponsesRequest
 
 READ_TOOL: Final = "compaction_proxy_read_result"
@@ -46,13 +45,6 @@ RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _
 
 _REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
-
-
-def held_references(meta: Sequence[Mapping[str, Any]] | None) -> list[str]:
-    """The references of the offloaded results among messages with this metadata, in order, each once."""
-    if not meta:
-        return []
-    return list(dict.fromkeys(reference for entry in meta if entry for reference in offloaded_references(entry)))
 
 
 def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:

@@ -14,9 +14,18 @@ overwrite another's records, even for byte-identical conversations.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.engine.plan import EditPlan
+
+OFFLOAD_REFRESH_SHARE: Final = 1 / 8
+"""Offloaded results are refreshed at most once per this share of the state's time to live, and kept this share
+longer than the rest: a result refreshed that long before its conversation's last request still outlives it."""
+
+
+def offload_ttl(ttl_seconds: float) -> float:
+    """How long an offloaded result lives after its last write or refresh (see `OFFLOAD_REFRESH_SHARE`)."""
+    return ttl_seconds * (1 + OFFLOAD_REFRESH_SHARE)
 
 
 class StateStore(Protocol):
@@ -39,7 +48,7 @@ class StateStore(Protocol):
         ...
 
     async def save_offloaded(self, tenant: bytes, contents: Mapping[str, str]) -> None:
-        """Keep each content under its reference for the tenant, as long as a conversation lives (refreshed)."""
+        """Keep each content under its reference for the tenant, `offload_ttl` after its last write or refresh."""
         ...
 
     async def offloaded(self, tenant: bytes, reference: str) -> str | None:

@@ -15,6 +15,7 @@ from typing import Final, Generic, TypeVar
 import orjson
 
 from proxy.engine.plan import Created, EditPlan
+from proxy.state.base import offload_ttl
 
 V = TypeVar("V")
 
@@ -115,7 +116,7 @@ class MemoryStore:
 
     :param max_entries: How many records of each kind to keep; the least recently used go first. A conversation
         holds one rewrite (the latest) and a couple of anchors at a time, so this bounds conversations too.
-    :param ttl_seconds: How long a record lives after it was last written.
+    :param ttl_seconds: How long a record lives after it was last written (an offloaded result: `offload_ttl`).
     :param max_bytes: What the rewrites may hold in all (see `plan_bytes`); the least recently used go first, and a
         single rewrite larger than this is not kept. Anchors are small and bounded by `max_entries`.
     :param offload_max_bytes: What offloaded results may hold in all (UTF-8 bytes plus `RECORD_OVERHEAD` each); the
@@ -138,7 +139,7 @@ class MemoryStore:
         )
         self.offloads: _ExpiringLRU[str] = _ExpiringLRU(
             max_entries,
-            ttl_seconds,
+            offload_ttl(ttl_seconds),
             clock,
             offload_max_bytes,
             lambda text: RECORD_OVERHEAD + len(text.encode("utf-8", "surrogatepass")),

@@ -23,8 +23,9 @@ caller's tenant, lookups find the longest stored prefix of a conversation), with
 
 Keys are `<prefix>r:<tenant hex>:<chain hex>` (rewrites), `<prefix>a:<tenant hex>:<chain hex>` (anchors) and
 `<prefix>o:<tenant hex>:<reference>` (offloaded results); values are `codec.encode_plan` bytes, decimal token counts
-and UTF-8 text. Neither keys nor values are ever logged. Offloaded results are written and refreshed in one
-pipelined round trip per request, and live as long as the rest: `ttl_seconds` after their last write or refresh.
+and UTF-8 text. Neither keys nor values are ever logged. Offloaded results are written, or refreshed, in one
+pipelined round trip, and live `base.offload_ttl` after their last write or refresh: a little longer than the rest,
+since the service refreshes them only now and then.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from proxy.engine.plan import EditPlan
+from proxy.state.base import offload_ttl
 from proxy.state.codec import PlanDecodeError, decode_plan, encode_plan, supersedes
 
 logger = logging.getLogger("proxy.state.redis")
@@ -93,6 +95,7 @@ class RedisStore:
         if scan_limit <= 0:
             raise ValueError("scan_limit must be positive")
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
+        self._offload_ttl_ms = max(1, round(offload_ttl(ttl_seconds) * 1000))
         self._prefix = key_prefix
         self._scan_limit = scan_limit
         self._max_save_attempts = max(1, max_save_attempts)
@@ -176,7 +179,11 @@ class RedisStore:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for reference, content in contents.items():
-                pipe.set(self.offload_key(tenant, reference), content.encode("utf-8", "surrogatepass"), px=self._ttl_ms)
+                pipe.set(
+                    self.offload_key(tenant, reference),
+                    content.encode("utf-8", "surrogatepass"),
+                    px=self._offload_ttl_ms,
+                )
             await pipe.execute()
 
     async def offloaded(self, tenant: bytes, reference: str) -> str | None:
@@ -190,7 +197,7 @@ class RedisStore:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for reference in references:
-                pipe.pexpire(self.offload_key(tenant, reference), self._ttl_ms)
+                pipe.pexpire(self.offload_key(tenant, reference), self._offload_ttl_ms)
             await pipe.execute()
 
     async def ping(self) -> bool:

@@ -1,17 +1,24 @@
 """Offloaded results in the state stores: kept per tenant, bounded in memory, living as long as their conversation.
 
+A conversation refreshes the results it holds now and then, not on every request (`Offloading.refresh`), and the
+stores keep them an eighth longer than the rest, so they still outlive the conversation's other state.
+
 And end to end on Redis: a conversation compacted on one replica has its offloaded result read back on another.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import openai
 import pytest
 
+from proxy.chat.metrics import CompactionMetrics
+from proxy.config import Settings
+from proxy.engine import CompactionChain, SlidingWindow
 from proxy.engine.strategies.offload import content_reference
+from proxy.offload.offloading import Offloading
 from proxy.state import MemoryStore, StateStore
 from proxy.state.memory import RECORD_OVERHEAD
 from proxy.state.redis import RedisStore
@@ -46,16 +53,16 @@ async def test_memory_offloads_are_bounded_in_bytes_least_recently_used_first() 
     assert store.offloaded_bytes <= 3 * (1002 + RECORD_OVERHEAD)
 
 
-async def test_touching_keeps_offloads_alive_as_long_as_the_conversation(redis_url: str) -> None:
+async def test_touching_keeps_offloads_alive_an_eighth_longer_than_the_rest(redis_url: str) -> None:
     now = [0.0]
     memory = MemoryStore(ttl_seconds=10, clock=lambda: now[0])
     reference = content_reference(TEXT)
     await memory.save_offloaded(ALICE, {reference: TEXT})
     now[0] = 9
     await memory.touch_offloaded(ALICE, [reference])
-    now[0] = 15
-    assert await memory.offloaded(ALICE, reference) == TEXT
     now[0] = 20
+    assert await memory.offloaded(ALICE, reference) == TEXT  # 9 + 11.25
+    now[0] = 20.5
     assert await memory.offloaded(ALICE, reference) is None
 
     redis_store = RedisStore(redis_url, ttl_seconds=60, key_prefix=f"offload-ttl-{uuid.uuid4().hex}:")
@@ -64,9 +71,57 @@ async def test_touching_keeps_offloads_alive_as_long_as_the_conversation(redis_u
         key = redis_store.offload_key(ALICE, reference)
         await redis_store._redis.pexpire(key, 1000)
         await redis_store.touch_offloaded(ALICE, [reference])
-        assert 59_000 < await redis_store._redis.pttl(key) <= 60_000
+        assert 67_000 < await redis_store._redis.pttl(key) <= 67_500
     finally:
         await redis_store.close()
+
+
+def _offloading(store: StateStore, ttl_seconds: int, clock: Callable[[], float]) -> Offloading:
+    settings = Settings(state_ttl_seconds=ttl_seconds)
+    return Offloading(settings, store, CompactionChain([SlidingWindow()]), CompactionMetrics, clock=clock)
+
+
+async def test_a_conversation_refreshes_what_it_holds_once_per_eighth_of_the_ttl(redis_url: str) -> None:
+    now = [0.0]
+    redis_store = RedisStore(redis_url, ttl_seconds=80, key_prefix=f"offload-refresh-{uuid.uuid4().hex}:")
+    offloading = _offloading(redis_store, 80, lambda: now[0])
+    first, second = content_reference(TEXT), content_reference(TEXT + " again")
+    try:
+        await redis_store.save_offloaded(ALICE, {first: TEXT, second: TEXT + " again"})
+        key = redis_store.offload_key(ALICE, first)
+
+        async def pttl_after_request_at(seconds: float, held: tuple[str, ...]) -> int:
+            now[0] = seconds
+            await redis_store._redis.pexpire(key, 1000)
+            await offloading.refresh(ALICE, held)
+            return int(await redis_store._redis.pttl(key))
+
+        assert await pttl_after_request_at(0, (first,)) > 89_000  # refreshed: 80 s and an eighth
+        assert await pttl_after_request_at(9.9, (first,)) <= 1000  # within 10 s of it: not again
+        assert await pttl_after_request_at(9.9, (first, second)) > 89_000  # another set (a new compaction): at once
+        assert await pttl_after_request_at(9.9, (first,)) <= 1000
+        assert await pttl_after_request_at(10, (first,)) > 89_000
+        assert await pttl_after_request_at(10, (first,)) <= 1000  # the same set, the same tenant: remembered
+        await redis_store.save_offloaded(BOB, {first: TEXT})
+        await redis_store._redis.pexpire(redis_store.offload_key(BOB, first), 1000)
+        await offloading.refresh(BOB, (first,))
+        assert await redis_store._redis.pttl(redis_store.offload_key(BOB, first)) > 89_000
+    finally:
+        await redis_store.close()
+
+
+async def test_what_a_conversation_holds_outlives_its_last_request_by_the_ttl() -> None:
+    now = [0.0]
+    memory = MemoryStore(ttl_seconds=60, clock=lambda: now[0])
+    offloading = _offloading(memory, 60, lambda: now[0])
+    reference = content_reference(TEXT)
+    await memory.save_offloaded(ALICE, {reference: TEXT})
+    for second in range(0, 600, 3):  # a request every 3 s for ten minutes, ten times the TTL
+        now[0] = second
+        assert await memory.offloaded(ALICE, reference) == TEXT
+        await offloading.refresh(ALICE, (reference,))
+    now[0] = 597 + 60  # the conversation's other state expires now
+    assert await memory.offloaded(ALICE, reference) == TEXT
 
 
 @pytest.fixture

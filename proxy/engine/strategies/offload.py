@@ -19,7 +19,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -271,3 +271,10 @@ def offloaded_references(meta: Mapping[str, object]) -> list[str]:
     if isinstance(references, str):
         return [references]
     return [reference for reference in references if isinstance(reference, str)] if isinstance(references, list) else []
+
+
+def held_references(meta: Sequence[Mapping[str, object]] | None) -> tuple[str, ...]:
+    """The references of the offloaded results among messages with this metadata, in order, each once."""
+    if not meta:
+        return ()
+    return tuple(dict.fromkeys(reference for entry in meta if entry for reference in offloaded_references(entry)))
