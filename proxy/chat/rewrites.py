@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended_keys
 from proxy.engine import EditPlan
@@ -18,6 +18,13 @@ from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
 from proxy.engine.strategies.offload import held_references
 from proxy.state import StateStore
+
+RESTORE_AFTER_MESSAGES: Final = 16
+"""A rewrite found this many messages or more behind a request's head is stored again at the head.
+
+Storing a plan costs work proportional to it (its size in memory, its encoding for Redis), so it is not done on
+every turn; a lookup walks back at most this far to a stored plan, and the stored one's time to live is renewed as
+the conversation goes on. Far below a Redis lookup's `scan_limit`."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,8 @@ class RewriteMemory:
             return None
         stored_at, stored = found[0] + start, found[1]
         plan = stored.extended(len(keyed.messages))
-        if stored_at + 1 < len(keyed.messages):
-            # Store it at this request's head, so the next turn finds it in a step or two.
+        if len(keyed.messages) - (stored_at + 1) >= RESTORE_AFTER_MESSAGES:
+            # Store it at this request's head, so later turns find it in a few steps.
             await self.store.save_rewrite(scope, keyed.chain[-1], plan)
         return stored_at, plan
 

@@ -4,9 +4,10 @@ Same semantics as `MemoryStore` (a record lives `ttl_seconds` after it was last 
 caller's tenant, lookups find the longest stored prefix of a conversation), with what sharing needs on top:
 
 - **One round trip per lookup.** The candidate keys of a request's chain, newest first, go out in one `MGET`. The scan
-  is bounded to the last `scan_limit` (512) elements: the service re-saves a conversation's rewrite at every request's
-  head, so the stored prefix is normally a turn or two back; a request that appends more than 512 messages at once
-  simply is not matched and is treated as a new conversation (compacted afresh if needed; nothing fails).
+  is bounded to the last `scan_limit` (512) elements: the service stores a conversation's rewrite again at a request's
+  head once it lies 16 messages back (`RESTORE_AFTER_MESSAGES`), so the stored prefix is a few turns back at most; a
+  request that appends more than 512 messages at once simply is not matched and is treated as a new conversation
+  (compacted afresh if needed; nothing fails).
 - **Atomic rewrite saves, no lost and no forked memory.** Two replicas may answer the same conversation at the same
   time (a client retry that lands elsewhere while a slow summary is still being written, say). A save never lets a
   plan replace the one under its key unless it is a later compaction *of that plan* (`codec.supersedes`): a replica

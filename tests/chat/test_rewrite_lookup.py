@@ -2,12 +2,12 @@
 
 `RewriteMemory.find` with the keys of the request a new one extends skips the old part of the chain when a lookup
 over it found no rewrite and the memory store has saved none since. Any rewrite saved in between, at any position,
-must still be found.
+must still be found. A rewrite found behind the head is stored again at the head only now and then.
 """
 
 from __future__ import annotations
 
-from proxy.chat.rewrites import RewriteMemory
+from proxy.chat.rewrites import RESTORE_AFTER_MESSAGES, RewriteMemory
 from proxy.engine import EditPlan
 from proxy.state.memory import MemoryStore
 
@@ -41,3 +41,23 @@ async def test_with_nothing_saved_since_a_miss_the_new_part_is_still_looked_up()
     third = second.extended(messages(10), 1000)
     found = await memory.find(SCOPE, third, second)
     assert found is not None and found[0] == 7
+
+
+async def test_a_rewrite_is_stored_again_at_the_head_once_it_lies_sixteen_messages_back() -> None:
+    store = MemoryStore()
+    memory = RewriteMemory(store)
+    keyed = memory.keyed(SCOPE, messages(4), 400)
+    await store.save_rewrite(SCOPE, keyed.chain[-1], EditPlan.identity(4))
+    stored_at = 3
+    for length in range(6, 4 + 3 * RESTORE_AFTER_MESSAGES, 2):  # an agent's turns: two new messages each
+        keyed = keyed.extended(messages(length), length * 100)
+        saved = store.rewrites_saved
+        found = await memory.find(SCOPE, keyed)
+        assert found is not None and found[0] == stored_at  # found where it was last stored, whatever the distance
+        assert found[1] == EditPlan.identity(length)
+        if length - (stored_at + 1) >= RESTORE_AFTER_MESSAGES:
+            assert store.rewrites_saved == saved + 1
+            stored_at = length - 1
+        else:
+            assert store.rewrites_saved == saved  # storing the whole plan again every turn would cost it every turn
+    assert stored_at > 3 + RESTORE_AFTER_MESSAGES  # stored again more than once
