@@ -28,7 +28,6 @@ only from the second request of a conversation on. Servers that expose their tok
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -230,8 +229,8 @@ def _reported(model: str, usage: Anchor | None, view: View) -> bool:
     if usage is None or usage.tokens <= 0:
         return False
     counter, limit, tail = counter_for_model(model), REPORTED_SHARE * usage.tokens, 0
-    for message in itertools.islice(view.messages, usage.covered, None):
-        tail += counter.message_upper_bound(message)
+    for index in range(usage.covered, len(view.messages)):  # islice would step through the covered ones
+        tail += counter.message_upper_bound(view.messages[index])
         if tail >= limit:  # stop early: a tail of many messages is not walked to its end on the event loop
             return False
     return True

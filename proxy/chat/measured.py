@@ -9,6 +9,7 @@ from typing import Any
 from proxy.chat.rewrites import View
 from proxy.chat.usage import Estimate
 from proxy.engine import Anchor, Calibration, Decision, Thresholds, TokenCounter, Transcript, calibrated_decision
+from proxy.engine.transcript import Counts
 from proxy.engine.trigger import estimate_tokens
 
 
@@ -37,7 +38,7 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
     thresholds: Thresholds,
     anchor: Anchor | None,
     calibration: Calibration,
-    counted: list[int | None] | None,
+    counted: Counts | None,
     exact: Anchor | None = None,
 ) -> Measured:
     """Count what the decision needs and decide (CPU work, run off the event loop for large requests).
@@ -49,7 +50,8 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
         rests on whichever of it and `anchor` covers more; it is first compared with the calibrated local count of
         the same prefix, and ignored when the two are further apart than any tokenizer difference explains.
     """
-    transcript = Transcript(view.messages, counter, view.meta, tokens=counted, keys=view.keys)
+    tokens, summed = counted if counted is not None else (None, (0, 0))
+    transcript = Transcript(view.messages, counter, view.meta, tokens, keys=view.keys, summed=summed)
     overhead = counter.overhead_tokens(overhead_fields)
     local = None
     if exact is not None and (anchor is None or exact.covered > anchor.covered):

@@ -242,7 +242,7 @@ class ChatCompactionService:
             lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
         )
         exchange.headers.update(self.exact.record(measured))
-        exchange.turn.counted = measured.transcript.counted()
+        exchange.turn.counted = measured.transcript.counts()
         units = request.units if isinstance(request, ResponsesRequest) else None
         context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing

@@ -31,6 +31,7 @@ from proxy.chat.raw_messages import appended_messages, messages_end, opening_end
 from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, content_parts
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
 from proxy.engine.messages import Message
+from proxy.engine.transcript import Counts
 from proxy.failures import log_failure
 
 logger = logging.getLogger("proxy.compaction")
@@ -81,7 +82,7 @@ class LastRequest:
     content_parts: int
     keyed: Keyed | None
     view: View | None
-    counted: list[int | None] | None
+    counted: Counts | None
     forwarded: Forwarded | None
 
     def inserted(self, raw: bytes) -> bytes | None:
@@ -120,7 +121,7 @@ class Turn:
     extension: Extension | None = None
     keyed: Keyed | None = None
     view: View | None = None
-    counted: list[int | None] | None = None
+    counted: Counts | None = None
     forwarded: Forwarded | None = None
 
     def splices(self, messages: list[Message]) -> bool:
@@ -152,7 +153,7 @@ class Turn:
         if view is None:
             return await off_loop.run(size, lambda: rewrites.view(scope, keyed, plan))
         if previous is not None and previous.counted is not None:
-            self.counted = [*previous.counted, *[None] * (len(view.messages) - len(previous.counted))]
+            self.counted = previous.counted.extended(len(view.messages))
         return view
 
 

@@ -46,8 +46,8 @@ def calibrated_decision(
     if calibration is None:
         return decide(thresholds, transcript, overhead_tokens, anchor)
     if anchor is not None and anchor.tokens > 0 and anchor.covered > 0:
-        covered = range(min(anchor.covered, len(transcript)))
-        calibration.observe(transcript.tokens_of(covered) + overhead_tokens, anchor.tokens)
+        covered = min(anchor.covered, len(transcript))
+        calibration.observe(transcript.prefix_tokens(covered) + overhead_tokens, anchor.tokens)
     return decide(thresholds, transcript, overhead_tokens, anchor, calibration.ratio)
 
 

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.engine.counting import TokenCounter
 from proxy.engine.messages import Message, MessageKey
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 
 _NO_META: Mapping[str, Any] = {}
+
+
+class Counts(NamedTuple):
+    """The counts a transcript made, handed to the transcript of the conversation's next request, which extends it.
+
+    :param tokens: By position; None where not counted.
+    :param summed: How many leading messages were summed, and their sum, so the next transcript sums only past them.
+    """
+
+    tokens: list[int | None]
+    summed: tuple[int, int] = (0, 0)
+
+    def extended(self, length: int) -> Counts:
+        """The counts for a conversation extended to `length` messages: the new ones not counted yet."""
+        return Counts([*self.tokens, *[None] * (length - len(self.tokens))], self.summed)
 
 
 class Transcript:
@@ -22,9 +37,10 @@ class Transcript:
         Haystack's) notes and summaries by `COMPACTION_META_KEY`.
     :param tokens: Counts already known, by position (None where unknown).
     :param keys: The messages' keys when the caller already computed them, so counting does not hash again.
+    :param summed: How many leading messages `tokens` already holds the sum of, and that sum (see `Counts`).
     """
 
-    __slots__ = ("_keys", "_tokens", "_total", "counter", "messages", "meta")
+    __slots__ = ("_keys", "_summed", "_tokens", "counter", "messages", "meta")
 
     def __init__(
         self,
@@ -33,15 +49,19 @@ class Transcript:
         meta: Sequence[Mapping[str, Any]] | None = None,
         tokens: Sequence[int | None] | None = None,
         keys: Sequence[MessageKey] | None = None,
+        *,
+        summed: tuple[int, int] = (0, 0),
     ) -> None:
         if meta is not None and len(meta) != len(messages):
             raise ValueError(f"Got {len(meta)} metadata entries for {len(messages)} messages.")
+        if not 0 <= summed[0] <= len(messages) or (summed[0] and tokens is None):
+            raise ValueError(f"A sum over {summed[0]} messages does not fit {len(messages)} counted messages.")
         self.messages = messages
         self.counter = counter
         self.meta: Sequence[Mapping[str, Any]] = meta if meta is not None else [_NO_META] * len(messages)
         self._tokens: list[int | None] = list(tokens) if tokens is not None else [None] * len(messages)
         self._keys = keys
-        self._total: int | None = None
+        self._summed = summed
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -54,9 +74,9 @@ class Transcript:
             count = self._tokens[index] = self.counter.message_tokens(self.messages[index], key)
         return count
 
-    def counted(self) -> list[int | None]:
-        """The counts made so far, by position (None where not yet counted), for a transcript extending this one."""
-        return list(self._tokens)
+    def counts(self) -> Counts:
+        """The counts made so far, for the transcript of a request extending this one."""
+        return Counts(list(self._tokens), self._summed)
 
     def upper_bound(self, index: int) -> int:
         """A bound no smaller than `tokens(index)`: the count when already known, else the counter's cheap bound."""
@@ -70,11 +90,22 @@ class Transcript:
         """Tokens of the messages at `indices`."""
         return sum(self.tokens(index) for index in indices)
 
+    def prefix_tokens(self, stop: int) -> int:
+        """Tokens of the first `stop` messages, summing only past the longest prefix already summed.
+
+        An agent's conversation is anchored and calibrated on its whole known prefix every turn: summed once, that
+        costs the new messages only.
+        """
+        known, total = self._summed
+        if stop < known:
+            return self.tokens_of(range(stop))
+        total += self.tokens_of(range(known, stop))
+        self._summed = (stop, total)
+        return total
+
     def total(self) -> int:
         """Tokens of all messages (without the request's fixed overhead), summed once: strategies ask repeatedly."""
-        if self._total is None:
-            self._total = self.tokens_of(range(len(self.messages)))
-        return self._total
+        return self.prefix_tokens(len(self.messages))
 
     def role(self, index: int) -> str:
         """The role of the message at `index`."""

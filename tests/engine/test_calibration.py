@@ -1,8 +1,13 @@
-"""Calibration: local counts scaled to the provider's once the provider has reported once."""
+"""Calibration: local counts scaled to the provider's once the provider has reported once.
+
+Calibrating on the whole anchored prefix every turn sums only what the previous turn had not summed (`Counts`).
+"""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.engine import (
     Anchor,
@@ -13,6 +18,7 @@ from proxy.engine import (
     calibrated_decision,
     estimate_tokens,
 )
+from tests.engine.conversations import Conversation, conversations
 
 RATIO = 1.4  # a provider whose tokenizer makes 40% more tokens of the same text than o200k_base
 
@@ -82,3 +88,28 @@ def test_smoothing_moves_toward_new_observations() -> None:
     assert calibration.ratio == pytest.approx(1.1)
     with pytest.raises(ValueError, match="smoothing"):
         Calibration(smoothing=0)
+
+
+@given(conversations(), st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=6))
+def test_a_transcript_carrying_its_predecessors_sum_measures_as_one_counting_afresh(
+    drawn: Conversation, asked: list[int]
+) -> None:
+    """Every turn sums only past what the last one summed, and every prefix still sums to the fresh count."""
+    counter = TiktokenCounter()
+    messages = drawn.messages
+    fresh = Transcript(messages, counter)
+    counts = None
+    for turn, length in enumerate(range(1, len(messages) + 1, 3)):
+        tokens, summed = counts.extended(length) if counts is not None else (None, (0, 0))
+        transcript = Transcript(messages[:length], counter, tokens=tokens, summed=summed)
+        for wanted in asked:
+            stop = min(wanted, length) if turn % 2 else length  # a prefix shorter than the sum, or the whole
+            assert transcript.prefix_tokens(stop) == fresh.tokens_of(range(stop))
+        assert transcript.total() == fresh.tokens_of(range(length))
+        counts = transcript.counts()
+        assert counts.summed[1] == fresh.tokens_of(range(counts.summed[0]))
+
+
+def test_a_sum_over_more_messages_than_the_transcript_holds_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        Transcript(conversation(1), TiktokenCounter(), tokens=[1, 2, 3], summed=(4, 10))
