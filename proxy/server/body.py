@@ -47,12 +47,16 @@ async def client_chunks(request: web.Request, pause_limit: float) -> AsyncIterat
         started = loop.time()
         try:
             async with asyncio.timeout(max(allowance, 0.0)):
-                chunk = await request.content.readany()
+                # One received piece at a time: `readany` would first join all pieces buffered by then (a copy of
+                # most of a large body, which the caller joins again).
+                chunk, http_chunk_end = await request.content.readchunk()
         except TimeoutError:
             request[RECORD].error = CLIENT_TIMEOUT
             raise ClientBodyTimeout from None
         waited += loop.time() - started
         if not chunk:
+            if http_chunk_end:  # the end of one piece of a chunked upload, not of the body
+                continue
             return
         received += len(chunk)
         yield chunk

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,29 @@ async def test_non_streaming_async_sdk(upstream: OpenAIUpstream, recording_proxy
     assert outcome.status == 200
     assert outcome.usage == upstream.usages[-1]
     assert outcome.reply is not None and outcome.reply["content"] == "ok 2 messages"
+
+
+async def test_a_body_uploaded_in_pieces_reaches_the_compaction_side_whole(
+    upstream: OpenAIUpstream, recording_proxy: tuple[Proxy, Recording]
+) -> None:
+    proxy, chat = recording_proxy
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [*MESSAGES, {"role": "user", "content": "x" * 300_000}]})
+    encoded = body.encode()
+
+    async def pieces() -> AsyncIterator[bytes]:  # sent chunked
+        for start in range(0, len(encoded), 50_000):
+            yield encoded[start : start + 50_000]
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            proxy.url + "/v1/chat/completions", data=pieces(), headers={"Content-Type": "application/json"}
+        ) as response,
+    ):
+        assert response.status == 200
+        assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
+    assert chat.prepared[-1].body == encoded
+    assert upstream.chat_requests[-1]["messages"][-1]["content"] == "x" * 300_000
 
 
 async def test_non_streaming_sync_sdk(upstream: OpenAIUpstream, recording_proxy: tuple[Proxy, Recording]) -> None:
