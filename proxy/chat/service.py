@@ -8,7 +8,8 @@ For every chat completion:
    count of the rest, is the estimate; the engine compacts when it reaches the trigger.
 4. The compaction, if any, is composed onto the replayed plan and remembered for the whole original request.
 5. When the upstream answers, a plausible usage report anchors the next request; a context overflow it reports in
-   its own error shape teaches the caller's tenant the window, and the request is compacted and retried once.
+   its own error shape teaches the caller's tenant the window, and the request is compacted and retried once
+   (`proxy.chat.overflow_retry`).
 
 All state is scoped by the caller's tenant (a keyed hash of its credentials), and state made under a per-request
 window override only by requests with the same override. Any internal error forwards the original request
@@ -31,7 +32,7 @@ from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import shown
 from proxy.chat.off_loop import OffLoop
-from proxy.chat.overflow import context_overflow
+from proxy.chat.overflow_retry import OverflowRetry
 from proxy.chat.prepared import RELEASE_FROM_BYTES, Prepared
 from proxy.chat.request import (
     ChatRequest,
@@ -48,12 +49,10 @@ from proxy.config import Mode, Settings
 from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     CompactionChain,
-    CompactionResult,
     Decision,
     Outcome,
     Summarization,
     Thresholds,
-    Transcript,
     chain_by_names,
     counter_for_model,
 )
@@ -64,7 +63,7 @@ from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
-from proxy.windows import ContextWindows, UnknownModels, WindowSource
+from proxy.windows import ContextWindows, UnknownModels
 
 logger = logging.getLogger("proxy.compaction")
 
@@ -73,7 +72,7 @@ COMPACTION_HEADER: Final = "x-compaction"
 T = TypeVar("T")
 
 
-class ChatCompactionService:
+class ChatCompactionService(OverflowRetry):
     """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
 
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
@@ -354,56 +353,6 @@ class ChatCompactionService:
             log_failure(logger, "Recording the upstream's answer failed; it is relayed as it was.", error)
             self.metrics.errors.inc()
             return None
-
-    async def _retry_after_overflow(self, exchange: Prepared, outcome: ChatOutcome) -> ForwardPlan | None:
-        overflow = context_overflow(outcome.status, outcome.error_body)
-        if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
-            return None
-        if exchange.parsed is None:
-            exchange.parsed = await self._parse(exchange.raw, Api.CHAT)
-        request = exchange.request
-        view = await self._view(exchange)
-        counter = counter_for_model(exchange.model)
-        scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
-        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        overhead = counter.overhead_tokens(request.overhead_fields)
-        stated = overflow.window
-        if stated is None:
-            # An error that states no window (the Responses API's) still says the window is below what was sent.
-            stated = round(scale * (await self._work(exchange, transcript.total, whole=True) + overhead))
-        window, learned = exchange.window, False
-        if self.windows.learn(exchange.model, stated, exchange.tenant):
-            window, learned = stated, True
-        if window is None:
-            return None
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
-        staging, strategies = self.offloading.for_request(exchange.offload_off)
-
-        def compact() -> CompactionResult | None:
-            return strategies.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
-
-        result = await self._work(exchange, compact, whole=True)
-        self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
-        if result is None:
-            return None
-        await self.offloading.persist(exchange.tenant, staging)
-        await self.rewrites.remember(exchange.scope, view, result.plan)
-        retry = Prepared(
-            exchange.scope,
-            exchange.tenant,
-            request,
-            exchange.model,
-            window,
-            exchange.size,
-            retried=True,
-            headers=dict(exchange.headers),
-        )
-        retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
-        retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
-        if learned:
-            retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
-        held = held_references(result.compacted.meta)
-        return await self._forward(b"", retry, list(result.compacted.messages), None, held)
 
     async def _work(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T:
         """CPU work for this request: off the event loop when it is large.
