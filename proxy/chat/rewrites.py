@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended_keys
@@ -18,6 +19,7 @@ from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
 from proxy.engine.strategies.offload import held_references
 from proxy.state import StateStore
+from proxy.state.base import latest_from
 
 RESTORE_AFTER_MESSAGES: Final = 16
 """A rewrite found this many messages or more behind a request's head is stored again at the head.
@@ -60,6 +62,7 @@ class Keyed:
 
     :param missed_at: The store's count of rewrites saved (`MemoryStore.rewrites_saved`) when a lookup over this whole
         chain found none: until another is saved, a request extending this one is looked up over its new part only.
+    :param found_at: Where the lookup for this chain found its rewrite: a request extending it is looked up from there.
     """
 
     messages: list[Message]
@@ -67,6 +70,7 @@ class Keyed:
     chain: list[bytes]
     body_bytes: int
     missed_at: int | None = None
+    found_at: int | None = None
 
     def extended(self, messages: list[Message], body_bytes: int) -> Keyed:
         """The keys of `messages`, which start with these messages: only the ones after them are hashed."""
@@ -107,15 +111,18 @@ class RewriteMemory:
             return None
         saved = getattr(self.store, "rewrites_saved", None)
         start = len(known.chain) if known is not None and saved is not None and known.missed_at == saved else 0
-        found = await self.store.latest_rewrite(scope, keyed.chain[start:] if start else keyed.chain)
+        since = known.found_at if known is not None and not start else None
+        found = await latest_from(partial(self.store.latest_rewrite, scope), keyed.chain[start:], since)
         if found is None:
             keyed.missed_at = saved
             return None
         stored_at, stored = found[0] + start, found[1]
         plan = stored.extended(len(keyed.messages))
+        keyed.found_at = stored_at
         if len(keyed.messages) - (stored_at + 1) >= RESTORE_AFTER_MESSAGES:
             # Store it at this request's head, so later turns find it in a few steps.
             await self.store.save_rewrite(scope, keyed.chain[-1], plan)
+            keyed.found_at = len(keyed.messages) - 1
         return stored_at, plan
 
     def view(self, scope: bytes, keyed: Keyed, plan: EditPlan | None) -> View:

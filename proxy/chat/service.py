@@ -233,7 +233,7 @@ class ChatCompactionService(OverflowRetry):
             )
 
         counter = counter_for_model(model)
-        anchor = await self.usage.anchor(scope, view.chain)
+        anchor = await exchange.turn.anchored(self.usage, scope, view.chain)
         known = exchange.turn.counted
         exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(

@@ -30,6 +30,8 @@ from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, content_parts
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
+from proxy.chat.usage import UsageReports
+from proxy.engine import Anchor
 from proxy.engine.messages import Message
 from proxy.engine.transcript import Counts
 from proxy.failures import log_failure
@@ -74,6 +76,7 @@ class LastRequest:
     :param view: The upstream's view it was decided on, when no compaction changed it (the next view extends it).
     :param counted: The view's token counts made for the decision (None where not counted).
     :param forwarded: The body sent, when the proxy serialized it.
+    :param anchored_at: Where the usage anchor of what was sent was found (the next lookup starts there).
     """
 
     raw: bytes
@@ -84,6 +87,7 @@ class LastRequest:
     view: View | None
     counted: Counts | None
     forwarded: Forwarded | None
+    anchored_at: int | None = None
 
     def inserted(self, raw: bytes) -> bytes | None:
         """The bytes `raw` holds between this request's last message and its tail, if it has both exactly."""
@@ -123,6 +127,13 @@ class Turn:
     view: View | None = None
     counted: Counts | None = None
     forwarded: Forwarded | None = None
+    anchored_at: int | None = None
+
+    async def anchored(self, usage: UsageReports, scope: bytes, chain: list[bytes]) -> Anchor | None:
+        """The usage anchor of what is sent (`chain`), looked up from where the last request's was found."""
+        anchor = await usage.anchor(scope, chain, self.extension.previous.anchored_at if self.extension else None)
+        self.anchored_at = anchor.covered - 1 if anchor else None
+        return anchor
 
     def splices(self, messages: list[Message]) -> bool:
         """Whether the body the proxy serializes for `messages` is spliced from the last request's (see `forward`)."""
@@ -267,7 +278,9 @@ class Splices:
         if end is None or not openings:
             return
         parts = extension.content_parts if extension else content_parts(request.messages)
-        last = LastRequest(raw, end, request, parts, turn.keyed, turn.view, turn.counted, turn.forwarded)
+        last = LastRequest(
+            raw, end, request, parts, turn.keyed, turn.view, turn.counted, turn.forwarded, turn.anchored_at
+        )
         replacing = extension.previous if extension else None
         self._recent.remember(_opening(scope, raw, openings[-1]), last, cost, replacing=replacing)
 

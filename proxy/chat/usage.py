@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from proxy.chat.metrics import CompactionMetrics
@@ -21,6 +22,7 @@ from proxy.engine.calibration import RATIO_BOUNDS
 from proxy.engine.counting import TokenCounter
 from proxy.engine.messages import chain_keys, message_key
 from proxy.state import StateStore
+from proxy.state.base import latest_from
 from proxy.windows import MAX_LEARNED, ContextWindows
 
 PLAUSIBILITY_SLACK: Final = 256
@@ -79,9 +81,14 @@ class UsageReports:
         self.metrics = metrics
         self._calibrations: BoundedCache[bytes, Calibration] = BoundedCache(MAX_LEARNED)
 
-    async def anchor(self, scope: bytes, sent_chain: list[bytes]) -> Anchor | None:
-        """The provider's count for the longest known prefix of what is about to be sent."""
-        found = await self.store.latest_anchor(scope, sent_chain) if sent_chain else None
+    async def anchor(self, scope: bytes, sent_chain: list[bytes], since: int | None = None) -> Anchor | None:
+        """The provider's count for the longest known prefix of what is about to be sent.
+
+        :param since: Where the conversation's anchor was found on its last turn: looked up from there first.
+        """
+        if not sent_chain:
+            return None
+        found = await latest_from(partial(self.store.latest_anchor, scope), sent_chain, since)
         return Anchor(tokens=found[1], covered=found[0] + 1) if found else None
 
     def calibration(self, tenant: bytes, model: str | None) -> Calibration:

@@ -13,10 +13,12 @@ overwrite another's records, even for byte-identical conversations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Final, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Final, Protocol, TypeVar
 
 from proxy.engine.plan import EditPlan
+
+V = TypeVar("V")
 
 OFFLOAD_REFRESH_SHARE: Final = 1 / 8
 """Offloaded results are refreshed at most once per this share of the state's time to live, and kept this share
@@ -62,3 +64,20 @@ class StateStore(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+async def latest_from(
+    latest: Callable[[Sequence[bytes]], Awaitable[tuple[int, V] | None]], chain: Sequence[bytes], since: int | None
+) -> tuple[int, V] | None:
+    """What `latest` (a store's lookup, bound to a tenant) finds for `chain`, looking from `since` first.
+
+    A conversation's record was found at `since` on its last turn. While that record is stored, the longest stored
+    prefix of `chain` ends there or later, so only the chain from there is looked up: for Redis, one `MGET` of the
+    new part instead of the chain's last `scan_limit` keys. When nothing is found there (the record expired, or the
+    chain is not the one the hint was found on), the whole chain is looked up: the answer is always the full one.
+    """
+    if since is not None and 0 < since < len(chain):
+        found = await latest(chain[since:])
+        if found is not None:
+            return found[0] + since, found[1]
+    return await latest(chain)

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import random
 import time
+from functools import partial
 from typing import Any
 
 import pytest
 
+from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.chat.rewrites import RESTORE_AFTER_MESSAGES
+from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
-from proxy.engine import COMPACTION_META_KEY
+from proxy.engine import COMPACTION_META_KEY, counter_for_model
 from proxy.engine.plan import Created, EditPlan, Kept
 from proxy.state import MemoryStore, StateStore, open_store
+from proxy.state.base import latest_from
 from proxy.state.codec import encode_plan
 from proxy.state.redis import DEFAULT_SCAN_LIMIT, RedisStore
 
@@ -171,6 +178,54 @@ async def test_redis_lookup_is_one_mget_bounded_to_the_newest_512(
     assert await redis_store.latest_anchor(TENANT, long) == (150, 7)
     assert calls == [DEFAULT_SCAN_LIMIT, DEFAULT_SCAN_LIMIT]
     assert await redis_store.latest_rewrite(TENANT, long[:100]) == (50, compacted(51))
+
+
+async def test_a_lookup_from_a_hint_finds_what_a_lookup_of_the_whole_chain_finds(store: StateStore) -> None:
+    """Wherever the hint points (a record, no record, past the end), the answer is the whole chain's."""
+    generator = random.Random(13)
+    for conversation in range(12):
+        keys = chain(10, conversation=f"hint-{conversation}")
+        for index in generator.sample(range(10), generator.randint(0, 4)):
+            await store.save_anchor(TENANT, keys[index], index * 100)
+            await store.save_rewrite(TENANT, keys[index], compacted(index + 1))
+        for since in (None, *range(12)):
+            for latest in (store.latest_anchor, store.latest_rewrite):
+                whole: Any = await latest(TENANT, keys)
+                assert await latest_from(partial(latest, TENANT), keys, since) == whole
+
+
+async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its rewrite and anchor were found, each lookup starts where they were: not at the chain's head - 512."""
+    service = ChatCompactionService(Settings(context_windows={"gpt-4o-mini": 40_000}), store=redis_store)
+    asked: list[int] = []
+    original = redis_store._redis.mget
+
+    async def counting_mget(keys: list[str]) -> Any:
+        asked.append(len(keys))
+        return await original(keys)
+
+    monkeypatch.setattr(redis_store._redis, "mget", counting_mget)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Review the repository."}]
+    compactions = 0
+    for turn in range(24):
+        messages += [
+            {"role": "user", "content": f"Step {turn}: " + "read the next file and report. " * 600},
+            {"role": "assistant", "content": f"Done with step {turn}."},
+        ]
+        asked.clear()
+        body = json.dumps({"model": "gpt-4o-mini", "messages": messages}).encode()
+        plan = await service.prepare(IncomingChat(body, {"Authorization": "Bearer sk-hint"}, "/v1/chat/completions"))
+        assert isinstance(plan, ForwardPlan)
+        prompt = counter_for_model("gpt-4o-mini").messages_tokens(json.loads(plan.body)["messages"]) + 3
+        await service.complete(plan, ChatOutcome(200, usage={"prompt_tokens": prompt, "total_tokens": prompt + 1}))
+        compactions += plan.response_headers.get("X-Compaction") == "compacted"
+        if compactions and turn > 8:  # its rewrite found once: both lookups start where they found theirs
+            assert asked and max(asked) <= RESTORE_AFTER_MESSAGES + 2, (turn, asked)
+    assert compactions >= 3
+    assert len(messages) == 49  # a lookup from the head asks for every one of them
+    await service.aclose()
 
 
 async def test_unreadable_records_count_as_absent(redis_store: RedisStore) -> None:
