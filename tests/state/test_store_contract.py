@@ -160,23 +160,29 @@ async def test_redis_keys_are_tenant_scoped_and_carry_no_plain_text(redis_store:
     assert await redis_store._redis.get(stored[1]) == encode_plan(compacted(2))
 
 
+@pytest.fixture
+def mget_sizes(redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many keys each `MGET` of `redis_store` asks for, in order."""
+    sizes: list[int] = []
+    original = redis_store._redis.mget
+
+    async def counting_mget(keys: list[str]) -> Any:
+        sizes.append(len(keys))
+        return await original(keys)
+
+    monkeypatch.setattr(redis_store._redis, "mget", counting_mget)
+    return sizes
+
+
 async def test_redis_lookup_is_one_mget_bounded_to_the_newest_512(
-    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    redis_store: RedisStore, mget_sizes: list[int]
 ) -> None:
     long = chain(DEFAULT_SCAN_LIMIT + 100)
     await redis_store.save_rewrite(TENANT, long[50], compacted(51))  # 100 + 462 elements back: beyond the scan
     await redis_store.save_anchor(TENANT, long[150], 7)  # just inside it
-    calls: list[int] = []
-    original = redis_store._redis.mget
-
-    async def counting_mget(keys: list[str]) -> Any:
-        calls.append(len(keys))
-        return await original(keys)
-
-    monkeypatch.setattr(redis_store._redis, "mget", counting_mget)
     assert await redis_store.latest_rewrite(TENANT, long) is None
     assert await redis_store.latest_anchor(TENANT, long) == (150, 7)
-    assert calls == [DEFAULT_SCAN_LIMIT, DEFAULT_SCAN_LIMIT]
+    assert mget_sizes == [DEFAULT_SCAN_LIMIT, DEFAULT_SCAN_LIMIT]
     assert await redis_store.latest_rewrite(TENANT, long[:100]) == (50, compacted(51))
 
 
@@ -195,18 +201,11 @@ async def test_a_lookup_from_a_hint_finds_what_a_lookup_of_the_whole_chain_finds
 
 
 async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
-    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+    redis_store: RedisStore, mget_sizes: list[int]
 ) -> None:
     """Once its rewrite and anchor were found, each lookup starts where they were: not at the chain's head - 512."""
     service = ChatCompactionService(Settings(context_windows={"gpt-4o-mini": 40_000}), store=redis_store)
-    asked: list[int] = []
-    original = redis_store._redis.mget
-
-    async def counting_mget(keys: list[str]) -> Any:
-        asked.append(len(keys))
-        return await original(keys)
-
-    monkeypatch.setattr(redis_store._redis, "mget", counting_mget)
+    asked = mget_sizes
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Review the repository."}]
     compactions = 0
     for turn in range(24):
