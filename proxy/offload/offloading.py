@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from xxhash import xxh3_128_digest
+
 from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest
@@ -75,7 +77,7 @@ class Offloading:
         self.metrics = metrics
         self.refresh_every = settings.state_ttl_seconds * OFFLOAD_REFRESH_SHARE
         self.clock = clock
-        self._refreshed: OrderedDict[tuple[bytes, tuple[str, ...]], float] = OrderedDict()
+        self._refreshed: OrderedDict[bytes, float] = OrderedDict()
 
     def for_request(self, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
@@ -130,7 +132,8 @@ class Offloading:
         instead, and the store keeps them that much longer than the rest (`proxy.state.base.offload_ttl`), so they
         still outlive the conversation's other state.
         """
-        key, now = (tenant, held), self.clock()
+        # A digest, not the references: remembered for many conversations, they would hold thousands of strings each.
+        key, now = tenant + xxh3_128_digest("\n".join(held).encode()), self.clock()
         last = self._refreshed.get(key)
         if last is not None and now - last < self.refresh_every:
             return

@@ -8,6 +8,8 @@ And end to end on Redis: a conversation compacted on one replica has its offload
 
 from __future__ import annotations
 
+import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -122,6 +124,21 @@ async def test_what_a_conversation_holds_outlives_its_last_request_by_the_ttl() 
         await offloading.refresh(ALICE, (reference,))
     now[0] = 597 + 60  # the conversation's other state expires now
     assert await memory.offloaded(ALICE, reference) == TEXT
+
+
+async def test_what_is_remembered_of_refreshes_does_not_grow_with_the_results_held() -> None:
+    offloading = _offloading(MemoryStore(), 60, time.monotonic)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for conversation in range(100):  # each holding 2,000 results, its references made afresh, then dropped
+            held = tuple(f"ref_{conversation:08x}{index:024x}" for index in range(2000))
+            await offloading.refresh(ALICE, held)
+            del held
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 1_000_000  # 100 x 2,000 references kept would be over 15 MB
 
 
 @pytest.fixture
