@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-import orjson
-
 from proxy.chat.request import ChatRequest
 from proxy.engine import Outcome, Thresholds
+from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 
 _USAGE_OPTION: Final = b',"stream_options":{"include_usage":true}}'
@@ -39,7 +38,7 @@ def forwarded_body(raw: bytes, request: ChatRequest, messages: list[Message] | N
         stripped = raw.rstrip()
         if stripped.endswith(b"}"):
             return stripped[:-1] + _USAGE_OPTION
-    return orjson.dumps(forwarded_fields(request, messages, ask_usage=ask_usage))
+    return json_bytes(forwarded_fields(request, messages, ask_usage=ask_usage))
 
 
 def keeps_client_bytes(request: ChatRequest, messages: list[Message] | None, *, ask_usage: bool) -> bool:

@@ -32,6 +32,7 @@ from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, con
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
 from proxy.chat.usage import UsageReports
 from proxy.engine import Anchor
+from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 from proxy.engine.transcript import Counts
 from proxy.failures import log_failure
@@ -309,7 +310,7 @@ def forward(
         body = b"".join((memoryview(earlier.body)[: earlier.end], inserted, memoryview(earlier.body)[earlier.end :]))
         return body, Forwarded(body, sent, earlier.end + len(inserted), ask_usage)
     fields = forwarded_fields(request, messages, ask_usage=ask_usage)
-    body = orjson.dumps(fields)
+    body = json_bytes(fields)
     end = len(body) - len(_after_messages(fields))
     return body, Forwarded(body, sent, end, ask_usage) if sent and body[end - 1 : end] == b"}" else None
 

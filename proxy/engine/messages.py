@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 from xxhash import xxh3_128_digest
 
+from proxy.engine.json_bytes import sized
+
 Message = Mapping[str, Any]
 """One OpenAI Chat Completions message, as the client sent it."""
 
@@ -123,7 +125,10 @@ def _canonicalize(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
-_cached_canonical_json_text = lru_cache(maxsize=16_384)(_canonicalize)
+@lru_cache(maxsize=16_384)
+def _cached_canonical_json_text(text: str) -> bytes:
+    """`_canonicalize(text)`, kept in a buffer of its own length (orjson's would hold 4 KiB an entry)."""
+    return sized(_canonicalize(text))
 
 
 def _value_bytes(value: Any) -> bytes:

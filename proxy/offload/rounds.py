@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from proxy.chat.exchange import Api
+from proxy.engine.json_bytes import json_bytes
 from proxy.offload.tool import READ_TOOL, reference_of
 
 
@@ -113,12 +114,12 @@ def asked_again(body: bytes, api: Api, reads: Reads, results: Sequence[str], *, 
         fields["messages"] = [*fields["messages"], *reads.appended, *answers]
     if last:
         fields["tool_choice"] = "none"
-    return orjson.dumps(fields)
+    return json_bytes(fields)
 
 
 def without_tools(body: bytes) -> bytes:
     """The forwarded request asking for an answer without tools (`tool_choice: none`), nothing else changed."""
-    return orjson.dumps({**orjson.loads(body), "tool_choice": "none"})
+    return json_bytes({**orjson.loads(body), "tool_choice": "none"})
 
 
 def summed(usages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import orjson
-
 from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 from proxy.responses.items import Item, Units
 
@@ -112,7 +111,7 @@ class ResponsesRequest:
         fields = {**self.body, "input": items}
         if instructions is not None:
             fields["instructions"] = instructions
-        return orjson.dumps(fields)
+        return json_bytes(fields)
 
 
 def _chat_tool(tool: Any) -> Any:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-import orjson
 from xxhash import xxh3_128_digest
 
 from proxy.config import ProviderState
 from proxy.engine import TokenCounter, Transcript
+from proxy.engine.json_bytes import json_bytes
 from proxy.responses.request import ResponsesRequest
 from proxy.state import StateStore
 
@@ -84,4 +84,4 @@ class ProviderChains:
             added: dict[str, Any] = {"context_management": [{"type": "compaction", "compact_threshold": trigger}]}
         else:
             added = {"truncation": "auto"}
-        return orjson.dumps({**request.body, **added}), ASKED[self.action]
+        return json_bytes({**request.body, **added}), ASKED[self.action]
