@@ -79,10 +79,12 @@ class Transcript:
         return Counts(list(self._tokens), self._summed)
 
     def upper_bound(self, index: int) -> int:
-        """A bound no smaller than `tokens(index)`: the count when already known, else the counter's cheap bound."""
-        count = self._tokens[index]
-        if count is not None:
-            return count
+        """The counter's cheap bound on `tokens(index)`: never the count, even when known.
+
+        A count is known when this transcript, or the last turn's the proxy remembered, made it: a bound built from
+        counts would depend on what happened to be counted before, where the same request must be decided and
+        reported the same way whatever path it takes.
+        """
         key = self._keys[index] if self._keys is not None else None
         return self.counter.message_upper_bound(self.messages[index], key)
 
