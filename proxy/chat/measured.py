@@ -51,7 +51,9 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
         the same prefix, and ignored when the two are further apart than any tokenizer difference explains.
     """
     tokens, summed = counted if counted is not None else (None, (0, 0))
-    transcript = Transcript(view.messages, counter, view.meta, tokens, keys=view.keys, summed=summed)
+    transcript = Transcript(
+        view.messages, counter, view.meta, tokens, keys=view.keys, summed=summed, counted_bounds=False
+    )
     overhead = counter.overhead_tokens(overhead_fields)
     local = None
     if exact is not None and (anchor is None or exact.covered > anchor.covered):

@@ -38,9 +38,12 @@ class Transcript:
     :param tokens: Counts already known, by position (None where unknown).
     :param keys: The messages' keys when the caller already computed them, so counting does not hash again.
     :param summed: How many leading messages `tokens` already holds the sum of, and that sum (see `Counts`).
+    :param counted_bounds: Bound a message already counted by its count. The Haystack hook does, with the counts it
+        keeps per message. The proxy does not: its counts come from the last turn when it recognized the request, and
+        a bound built from them would make the same request reported differently by a process that did not.
     """
 
-    __slots__ = ("_keys", "_summed", "_tokens", "counter", "messages", "meta")
+    __slots__ = ("_counted_bounds", "_keys", "_summed", "_tokens", "counter", "messages", "meta")
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class Transcript:
         keys: Sequence[MessageKey] | None = None,
         *,
         summed: tuple[int, int] = (0, 0),
+        counted_bounds: bool = True,
     ) -> None:
         if meta is not None and len(meta) != len(messages):
             raise ValueError(f"Got {len(meta)} metadata entries for {len(messages)} messages.")
@@ -62,6 +66,7 @@ class Transcript:
         self._tokens: list[int | None] = list(tokens) if tokens is not None else [None] * len(messages)
         self._keys = keys
         self._summed = summed
+        self._counted_bounds = counted_bounds
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -79,12 +84,10 @@ class Transcript:
         return Counts(list(self._tokens), self._summed)
 
     def upper_bound(self, index: int) -> int:
-        """The counter's cheap bound on `tokens(index)`: never the count, even when known.
-
-        A count is known when this transcript, or the last turn's the proxy remembered, made it: a bound built from
-        counts would depend on what happened to be counted before, where the same request must be decided and
-        reported the same way whatever path it takes.
-        """
+        """A bound no smaller than `tokens(index)`: the count when known and `counted_bounds`, else the cheap bound."""
+        count = self._tokens[index] if self._counted_bounds else None
+        if count is not None:
+            return count
         key = self._keys[index] if self._keys is not None else None
         return self.counter.message_upper_bound(self.messages[index], key)
 
@@ -138,7 +141,7 @@ class Transcript:
                 messages.append(entry.message)
                 meta.append(entry.meta)
                 tokens.append(None)
-        return Transcript(messages, self.counter, meta, tokens)
+        return Transcript(messages, self.counter, meta, tokens, counted_bounds=self._counted_bounds)
 
 
 def created(
