@@ -112,7 +112,8 @@ class RewriteMemory:
         saved = getattr(self.store, "rewrites_saved", None)
         start = len(known.chain) if known is not None and saved is not None and known.missed_at == saved else 0
         since = known.found_at if known is not None and not start else None
-        found = await latest_from(partial(self.store.latest_rewrite, scope), keyed.chain[start:], since)
+        chain = keyed.chain[start:] if start else keyed.chain  # no copy of the whole chain when looking over all of it
+        found = await latest_from(partial(self.store.latest_rewrite, scope), chain, since)
         if found is None:
             keyed.missed_at = saved
             return None

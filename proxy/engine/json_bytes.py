@@ -18,6 +18,6 @@ def sized(data: bytes) -> bytes:
     return bytes(memoryview(data))
 
 
-def json_bytes(value: Any, *, sort_keys: bool = False) -> bytes:
+def json_bytes(value: Any) -> bytes:
     """`value` as compact JSON (orjson's), in a buffer of its own length."""
-    return sized(orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None))
+    return sized(orjson.dumps(value))

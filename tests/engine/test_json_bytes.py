@@ -29,7 +29,6 @@ def held(make: Callable[[], Any]) -> int:
 def test_json_bytes_are_the_same_bytes_in_a_buffer_of_their_own_length() -> None:
     documents = [{"path": f"src/h{index}.py"} for index in range(1000)]
     assert [json_bytes(document) for document in documents] == [orjson.dumps(document) for document in documents]
-    assert json_bytes({"b": 1, "a": [2]}, sort_keys=True) == b'{"a":[2],"b":1}'
     small = held(lambda: [json_bytes(document) for document in documents])
     assert small < 1000 * 200  # orjson's own: over 4 KiB each
     large = {"messages": [{"role": "tool", "content": "x" * 1000} for _ in range(3000)]}
