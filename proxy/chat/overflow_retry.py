@@ -96,7 +96,7 @@ class OverflowRetry:
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
-        await self.offloading.persist(exchange.tenant, staging)
+        await self.offloading.persist(exchange.tenant, staging, result.compacted)
         await self.rewrites.remember(exchange.scope, view, result.plan)
         retry = Prepared(
             exchange.scope,

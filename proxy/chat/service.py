@@ -260,7 +260,7 @@ class ChatCompactionService(OverflowRetry):
                 chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
 
-        await self.offloading.persist(tenant, staging)
+        await self.offloading.persist(tenant, staging, result.compacted)
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)

@@ -18,13 +18,15 @@ from xxhash import xxh3_128_digest
 from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest
-from proxy.config import Mode, Settings
+from proxy.config import Settings
 from proxy.engine import CompactionChain
+from proxy.engine.strategies.chain import KeepingMore
 from proxy.engine.strategies.middle_out import MiddleOut
-from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload
+from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload, held_references
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+from proxy.engine.transcript import Transcript
 from proxy.offload.reads import ReadBack
 from proxy.offload.tool import POINTER, with_read_tool
 from proxy.responses.request import ResponsesRequest
@@ -55,7 +57,8 @@ def offload_off(headers: Mapping[str, str]) -> bool:
 class Offloading:
     """Offloading for the proxy's requests.
 
-    :param settings: `offload`, `offload_read_rounds` and the mode.
+    :param settings: `offload` and `offload_read_rounds`. Observe mode offloads too, to a staging store that is never
+        persisted, so that it reports the decision enforce mode makes.
     :param store: The state store offloaded texts are kept in.
     :param base: The proxy's chain, which offloading joins.
     :param metrics: The service's metrics now (they move to the app's registry once it exists).
@@ -70,7 +73,7 @@ class Offloading:
         metrics: Callable[[], CompactionMetrics],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.enabled = settings.offload and settings.mode is Mode.ENFORCE
+        self.enabled = settings.offload
         self.rounds = settings.offload_read_rounds
         self.store = store
         self.base = base
@@ -83,7 +86,11 @@ class Offloading:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
-            The setting and the mode can turn it off too. Then there is no staging store and the chain is the proxy's.
+            The setting can turn it off too. Then there is no staging store and the chain is the proxy's.
+
+        The chain with offloading gives way to the proxy's own where that keeps more of the conversation
+        (`KeepingMore`): a reference with its preview frees less than pruning's placeholder, and in a small window
+        offloading must never cost whole turns that pruning would have kept.
         """
         if not self.enabled or off:
             return None, self.base
@@ -91,11 +98,18 @@ class Offloading:
         strategies = list(self.base.strategies)
         at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
         strategies.insert(at, ToolResultOffload(staging, pointer=POINTER))
-        return staging, CompactionChain(strategies)
+        return staging, KeepingMore(CompactionChain(strategies), self.base)
 
-    async def persist(self, tenant: bytes, staging: StagingOffloadStore | None) -> None:
-        """Keep what the compaction offloaded, under the tenant, before the request that refers to it is forwarded."""
+    async def persist(self, tenant: bytes, staging: StagingOffloadStore | None, compacted: Transcript) -> None:
+        """Keep what the compaction offloaded and the `compacted` conversation still refers to, under the tenant.
+
+        Persisted before the request that refers to it is forwarded. A text offloaded and then dropped with its turn
+        by a later strategy (or by a chain not taken) is not kept: nothing can ask for it.
+        """
         pending = staging.pending() if staging is not None else {}
+        if pending:
+            referred = set(held_references(compacted.meta))
+            pending = {reference: text for reference, text in pending.items() if reference in referred}
         if not pending:
             return
         await self.store.save_offloaded(tenant, pending)

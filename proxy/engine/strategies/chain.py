@@ -68,6 +68,52 @@ class CompactionChain:
         return run.result()
 
 
+class KeepingMore(CompactionChain):
+    """A chain preferred unless another keeps more of the conversation: offloading that never loses more than pruning.
+
+    Offloading leaves a reference with a preview where pruning leaves a shorter placeholder, so in a small window the
+    preferred chain may have to drop whole turns that the other would keep. Each compaction runs the preferred chain;
+    when its plan removed messages, the other runs too, and its plan is taken if it removes fewer while reaching the
+    target (or getting at least as small). Ties go to the preferred chain.
+
+    :param preferred: The chain used whenever it costs no more of the conversation (`strategies` are its own).
+    :param fallback: The chain tried when the preferred one removed messages.
+    """
+
+    def __init__(self, preferred: CompactionChain, fallback: CompactionChain) -> None:
+        super().__init__(preferred.strategies)
+        self.preferred = preferred
+        self.fallback = fallback
+
+    def compact(self, transcript: Transcript, target_tokens: int) -> CompactionResult | None:
+        """The preferred chain's result, or the fallback's when it keeps more (see the class docstring)."""
+        first = self.preferred.compact(transcript, target_tokens)
+        if first is None or not first.plan.removed_count():
+            return first
+        return _keeping_more(first, self.fallback.compact(transcript, target_tokens), target_tokens)
+
+    async def compact_async(self, transcript: Transcript, target_tokens: int) -> CompactionResult | None:
+        """Like `compact`, awaiting strategies that do I/O."""
+        first = await self.preferred.compact_async(transcript, target_tokens)
+        if first is None or not first.plan.removed_count():
+            return first
+        return _keeping_more(first, await self.fallback.compact_async(transcript, target_tokens), target_tokens)
+
+
+def _keeping_more(first: CompactionResult, other: CompactionResult | None, target_tokens: int) -> CompactionResult:
+    """`other` if it removes fewer messages than `first` and reaches the target as well, else `first`."""
+    if other is None or other.plan.removed_count() >= first.plan.removed_count():
+        return first
+    return other if other.tokens_after <= first.tokens_after or _reaches(other, target_tokens) else first
+
+
+def _reaches(result: CompactionResult, target_tokens: int) -> bool:
+    """Whether what `result` kept fits `target_tokens`: an inserted note or summary comes on top, as in Haystack."""
+    counter = result.compacted.counter
+    inserted = sum(counter.message_tokens(entry.message) for entry in result.plan.created() if entry.replaces is None)
+    return result.tokens_after - inserted <= target_tokens
+
+
 class _ChainRun:
     """The running state of one pass through a chain."""
 
