@@ -2,7 +2,9 @@
 
 Useful on their own (how big is this request? what would the proxy send?) and for debugging a compaction: both
 read a request body from a file or stdin, a chat completion (`messages`) or a Responses API request (`input`), told
-apart by its shape, and decide exactly as the proxy would.
+apart by its shape, and decide exactly as the proxy would on that request seen first: the same chain, offloading
+included (the printed body holds the references and the read tool `serve` would add), with no usage anchor or
+calibration, which only a running proxy learns.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest, InvalidChatRequest
 from proxy.config import load_settings
 from proxy.engine import (
@@ -28,7 +31,11 @@ from proxy.engine import (
     compact_if_needed,
     counter_for_model,
 )
+from proxy.engine.strategies.offload import held_references
+from proxy.offload.offloading import Offloading
+from proxy.offload.tool import with_read_tool
 from proxy.responses.request import ResponsesRequest
+from proxy.state.memory import MemoryStore
 
 USAGE_ERROR = 2
 
@@ -67,6 +74,11 @@ def add_compact(subcommands: Any) -> None:
     compact.add_argument(
         "--superseded-tools", metavar="A,B,...", help="tools whose older results a newer same-argument call supersedes"
     )
+    compact.add_argument(
+        "--no-offload",
+        action="store_true",
+        help="plain pruning, as `serve --no-offload` or `X-Compaction-Offload: off` (default: offload as `serve` does)",
+    )
     compact.set_defaults(handler=_reporting_errors(compact_command))
 
 
@@ -98,6 +110,7 @@ def compact_command(args: argparse.Namespace) -> int:
         "compact_to": args.compact_to,
         "strategies": args.strategies,
         "superseded_tools": args.superseded_tools,
+        "offload": False if args.no_offload else None,
     }
     try:
         # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
@@ -106,11 +119,13 @@ def compact_command(args: argparse.Namespace) -> int:
         if unknown:
             offline = ", ".join(OFFLINE_STRATEGIES)
             raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
-        thresholds = Thresholds(args.context_window, compact_at=settings.compact_at, compact_to=settings.compact_to)
-        chain = chain_by_names(settings.strategies, superseded_tools=settings.superseded_tools)
+        base = chain_by_names(settings.strategies, superseded_tools=settings.superseded_tools)
+        request, counter = _load(args)
+        thresholds = Thresholds(args.context_window, settings.compact_at, settings.compact_to, request.reserved_tokens)
     except ValueError as error:
         raise CommandError(str(error)) from None
-    request, counter = _load(args)
+    # Offloaded texts go to a store thrown away at exit: the body printed is the one `serve` forwards.
+    _, chain = Offloading(settings, MemoryStore(), base, CompactionMetrics).for_request(off=False)
     transcript = Transcript(request.messages, counter)
     outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields))
     result = outcome.result
@@ -120,6 +135,9 @@ def compact_command(args: argparse.Namespace) -> int:
         print(f"tokens {outcome.decision.estimated_tokens}: unchanged ({state})", file=sys.stderr)
         return 0
     messages = result.plan.apply_messages(request.messages)
+    offloaded = held_references(result.compacted.meta)
+    if offloaded:
+        request = with_read_tool(request)
     if isinstance(request, ResponsesRequest):
         sys.stdout.write(request.forwarded(args.raw, messages).decode())
     else:
@@ -130,7 +148,7 @@ def compact_command(args: argparse.Namespace) -> int:
         f"tokens {outcome.decision.estimated_tokens} -> {outcome.tokens_after} "
         f"(target {outcome.decision.target_tokens + outcome.decision.overhead_tokens}, window "
         f"{thresholds.context_window}); strategies: {', '.join(result.strategies)}; "
-        f"removed {result.plan.removed_count()} messages, replaced {replaced}",
+        f"removed {result.plan.removed_count()} messages, replaced {replaced}, offloaded {len(offloaded)}",
         file=sys.stderr,
     )
     return 0

@@ -1,7 +1,11 @@
-"""Observe mode reports the decision enforce mode makes on the same request: same strategies, same counts."""
+"""One decision wherever it is asked for: observe reports what enforce does, `compact` prints what `serve` forwards,
+and offloading never costs more of a conversation than pruning."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -75,3 +79,26 @@ async def test_offloading_keeps_as_many_messages_as_pruning(
         kept[offload] = len(orjson.loads(upstream.requests[-1].body)["messages"])
 
     assert kept["on"] >= kept["off"]
+
+
+@pytest.mark.parametrize("offload", ["on", "off"])
+@pytest.mark.parametrize("steps", [12, 30])
+async def test_compact_prints_what_serve_forwards(
+    upstream: OpenAIUpstream, start_proxy: StartProxy, offload: str, steps: int
+) -> None:
+    window = 8192
+    upstream.context_window = window
+    base_url = await start_proxy()
+    body = tool_conversation(steps)
+    status, headers, _ = await post(
+        base_url, body, **{"X-Context-Window": str(window), "X-Compaction-Offload": offload}
+    )
+    assert status == 200 and headers["X-Compaction"] == "compacted"
+
+    flags = ["--no-offload"] if offload == "off" else []
+    command = [sys.executable, "-m", "proxy.cli", "compact", "-", "--context-window", str(window), *flags]
+    printed = await asyncio.to_thread(subprocess.run, command, input=body, capture_output=True, timeout=120, check=True)
+
+    assert orjson.loads(printed.stdout) == orjson.loads(upstream.requests[-1].body)
+    strategies = headers["X-Compaction-Strategies"].replace(",", ", ")
+    assert f"strategies: {strategies};".encode() in printed.stderr
