@@ -7,11 +7,12 @@ background, so it is ready when the trigger is reached.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from proxy.chat.measured import Measured
 from proxy.chat.summaries import Summaries, SummaryContext
-from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, Thresholds, decide
+from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, decide
 
 T = TypeVar("T")
 
@@ -60,10 +61,7 @@ class Compacting:
 
     def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
         """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
-        thresholds = measured.thresholds
-        ahead = Thresholds(
-            thresholds.context_window, self.summary_start_at, thresholds.compact_to, thresholds.reserved_tokens
-        )
+        ahead = replace(measured.thresholds, compact_at=self.summary_start_at)
         if measured.decision.estimated_tokens < ahead.trigger_tokens:
             return
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
