@@ -118,25 +118,24 @@ async def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple
 
 
 @pytest.mark.parametrize(
-    ("settings", "headers", "fields", "expected", "signal"),
+    ("settings", "headers", "fields", "outcome"),
     [
-        ({}, {}, {}, "compacted", None),
-        ({}, CODEX_HEADERS, {}, "deferred", "codex-cli"),
-        ({}, {"User-Agent": "claude-cli/2.0.14 (external, cli)", "x-app": "cli"}, {}, "deferred", "claude-code"),
-        ({}, {"originator": "codex_exec"}, {}, "deferred", "codex-cli"),
-        ({}, {**CODEX_HEADERS, "X-Compaction-Client": "ignore"}, {}, "compacted", None),
-        ({}, {"X-Compaction-Client": "defer"}, {}, "deferred", "header"),
-        ({}, {"X-Compaction-Client": "sometimes"}, {}, "compacted", None),
-        ({"client_compaction": "defer"}, {}, {}, "deferred", "setting"),
-        ({"client_compaction": "ignore"}, CODEX_HEADERS, {}, "compacted", None),
+        ({}, {}, {}, ("compacted", None)),
+        ({}, CODEX_HEADERS, {}, ("deferred", "codex-cli")),
+        ({}, {"User-Agent": "claude-cli/2.0.14 (external, cli)", "x-app": "cli"}, {}, ("deferred", "claude-code")),
+        ({}, {"originator": "codex_exec"}, {}, ("deferred", "codex-cli")),
+        ({}, {**CODEX_HEADERS, "X-Compaction-Client": "ignore"}, {}, ("compacted", None)),
+        ({}, {"X-Compaction-Client": "defer"}, {}, ("deferred", "header")),
+        ({}, {"X-Compaction-Client": "sometimes"}, {}, ("compacted", None)),
+        ({"client_compaction": "defer"}, {}, {}, ("deferred", "setting")),
+        ({"client_compaction": "ignore"}, CODEX_HEADERS, {}, ("compacted", None)),
         (
             {"client_compaction": "ignore"},
             {"X-Compaction-Client": "auto", **CODEX_HEADERS},
             {},
-            "deferred",
-            "codex-cli",
+            ("deferred", "codex-cli"),
         ),
-        ({}, {}, {"truncation": "auto"}, "deferred", "context-management"),
+        ({}, {}, {"truncation": "auto"}, ("deferred", "context-management")),
     ],
 )
 async def test_who_is_deferred_to_is_what_the_signals_setting_and_header_say(
@@ -144,14 +143,14 @@ async def test_who_is_deferred_to_is_what_the_signals_setting_and_header_say(
     settings: dict[str, Any],
     headers: dict[str, str],
     fields: dict[str, Any],
-    expected: str,
-    signal: str | None,
+    outcome: tuple[str, str | None],
 ) -> None:
     proxy = await proxies.start(**settings)
     body = {"model": MODEL, "input": history(steps=6, output_words=1000), "tools": TOOLS, "store": False, **fields}
     status, answered = await post(proxy.url, body, headers)
     assert status == 200
     assert 0.7 * WINDOW <= int(answered["X-Compaction-Tokens-Before"]) < WINDOW
+    expected, signal = outcome
     assert answered["X-Compaction"] == expected
     assert answered.get("X-Compaction-Deferred") == signal
     if headers.get("X-Compaction-Client") == "sometimes":
@@ -178,11 +177,40 @@ async def test_a_carried_compaction_item_is_a_signal_and_over_the_window_the_saf
         "deferred",
         "compaction-items",
     )
-    over = {**body, "input": [*carried, *history(steps=9, output_words=1000)]}
+    # Over the window, what the carried item stands for goes first, losing nothing.
+    over = {**body, "input": [*story, *carried, *history(steps=7, output_words=1000)]}
     status, answered = await post(proxy.url, over, {})
     assert int(answered["X-Compaction-Tokens-Before"]) >= WINDOW
+    assert answered["X-Compaction-Strategies"].startswith("provider_compaction")
     assert (status, answered["X-Compaction"], answered["X-Compaction-Deferred"]) == (
         200,
         "compacted",
         "compaction-items",
     )
+
+
+@pytest.mark.parametrize(
+    ("user_agent", "expected"), [("claude-cli/2.0.14 (external, cli)", "deferred"), ("", "compacted")]
+)
+async def test_a_chat_completion_of_claude_code_is_deferred_to(
+    upstream: OpenAIUpstream, proxies: LoopbackProxies, user_agent: str, expected: str
+) -> None:
+    proxy = await proxies.start()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are Claude Code."}]
+    for turn in range(6):
+        messages += [
+            {"role": "user", "content": f"part {turn}: " + "word " * 1000},
+            {"role": "assistant", "content": "ok"},
+        ]
+    messages.append({"role": "user", "content": "Summarize the parts."})
+    body = {"model": MODEL, "messages": messages}
+    headers = {"Authorization": "Bearer sk-a", "User-Agent": user_agent or "python-aiohttp"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.url + "/chat/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status == 200
+        answered = r.headers
+    assert 0.7 * WINDOW <= int(answered["X-Compaction-Tokens-Before"]) < WINDOW
+    assert answered["X-Compaction"] == expected
+    assert (upstream.chat_requests[-1] == body) == (expected == "deferred")
