@@ -1,7 +1,9 @@
 """Running the compaction a decision calls for: a summary first when one is configured, then the chain.
 
 Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in the
-background, so it is ready when the trigger is reached.
+background, so it is ready when the trigger is reached. For a client that compacts itself the trigger is the room
+the reply leaves (`Thresholds.client_compacts`), and so is the point from which a summary is written ahead: none is
+paid for while the client's own compaction keeps it inside the window.
 """
 
 from __future__ import annotations

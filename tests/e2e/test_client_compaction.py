@@ -214,3 +214,17 @@ async def test_a_chat_completion_of_claude_code_is_deferred_to(
     assert 0.7 * WINDOW <= int(answered["X-Compaction-Tokens-Before"]) < WINDOW
     assert answered["X-Compaction"] == expected
     assert (upstream.chat_requests[-1] == body) == (expected == "deferred")
+
+
+async def test_a_deferred_request_the_upstream_refuses_is_compacted_and_retried(
+    upstream: OpenAIUpstream, proxies: LoopbackProxies
+) -> None:
+    upstream.context_window = 5000  # the proxy believes the model has 8,000 tokens
+    proxy = await proxies.start()
+    body = {"model": MODEL, "input": history(steps=6, output_words=1000), "tools": TOOLS, "store": False}
+    status, answered = await post(proxy.url, body, CODEX_HEADERS)
+    assert status == 200
+    assert (answered["X-Compaction"], answered["X-Compaction-Deferred"]) == ("compacted-after-overflow", "codex-cli")
+    refused, retried = upstream.responses_requests
+    assert refused == body, "first forwarded as sent"
+    assert retried != body
