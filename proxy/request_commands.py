@@ -2,7 +2,8 @@
 
 Useful on their own (how big is this request? what would the proxy send?) and for debugging a compaction: both
 read a request body from a file or stdin, a chat completion (`messages`) or a Responses API request (`input`), told
-apart by its shape, and decide exactly as the proxy would.
+apart by its shape, and decide exactly as the proxy would, deferring to a client that compacts itself as far as the
+body shows it (`--client-compaction`; the headers a client sends are not in the body).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
+from proxy.chat.client_compaction import deferral
 from proxy.chat.request import ChatRequest, InvalidChatRequest
-from proxy.config import load_settings
+from proxy.config import ClientCompaction, load_settings
 from proxy.engine import (
     DEFAULT_CHAIN,
     STRATEGY_NAMES,
@@ -67,6 +70,12 @@ def add_compact(subcommands: Any) -> None:
     compact.add_argument(
         "--superseded-tools", metavar="A,B,...", help="tools whose older results a newer same-argument call supersedes"
     )
+    compact.add_argument(
+        "--client-compaction",
+        choices=[policy.value for policy in ClientCompaction],
+        help="for a client that compacts itself, as the body shows: auto defers to it (compacting only what would"
+        " not fit the window), defer defers to any, ignore never does (auto)",
+    )
     compact.set_defaults(handler=_reporting_errors(compact_command))
 
 
@@ -98,6 +107,7 @@ def compact_command(args: argparse.Namespace) -> int:
         "compact_to": args.compact_to,
         "strategies": args.strategies,
         "superseded_tools": args.superseded_tools,
+        "client_compaction": args.client_compaction,
     }
     try:
         # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
@@ -111,12 +121,16 @@ def compact_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     request, counter = _load(args)
+    deferred, _ = deferral(settings.client_compaction, {}, request)
+    thresholds = replace(thresholds, client_compacts=deferred is not None)
     transcript = Transcript(request.messages, counter)
     outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields))
     result = outcome.result
     if result is None:
         sys.stdout.write(args.raw.decode("utf-8", "replace"))
         state = "under the trigger" if not outcome.decision.compact else "nothing could be removed"
+        if deferred is not None and not outcome.decision.compact:
+            state = f"deferred to the client's own compaction: {deferred.signal}"
         print(f"tokens {outcome.decision.estimated_tokens}: unchanged ({state})", file=sys.stderr)
         return 0
     messages = result.plan.apply_messages(request.messages)
