@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
-from proxy.chat.client_compaction import deferral
+from proxy.chat.client_compaction import DEFERRED_HEADER, deferral
 from proxy.chat.compacting import Compacting, chain_names
 from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
@@ -272,6 +272,7 @@ class ChatCompactionService(OverflowRetry):
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
                 "conversation": shown(headers.get(self.settings.conversation_header.lower())),
+                "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
