@@ -3,8 +3,9 @@
 Useful on their own (how big is this request? what would the proxy send?) and for debugging a compaction: both
 read a request body from a file or stdin, a chat completion (`messages`) or a Responses API request (`input`), told
 apart by its shape, and decide exactly as the proxy would on that request seen first: the same chain, offloading
-included (the printed body holds the references and the read tool `serve` would add), with no usage anchor or
-calibration, which only a running proxy learns.
+included (the printed body holds the references and the read tool `serve` would add), deferring to a client that
+compacts itself as far as the body shows it (`--client-compaction`; the headers a client sends are not in the body),
+with no usage anchor or calibration, which only a running proxy learns.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
+from proxy.chat.client_compaction import deferral
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest, InvalidChatRequest
-from proxy.config import load_settings
+from proxy.config import ClientCompaction, load_settings
 from proxy.engine import (
     DEFAULT_CHAIN,
     STRATEGY_NAMES,
@@ -79,6 +82,12 @@ def add_compact(subcommands: Any) -> None:
         action="store_true",
         help="plain pruning, as `serve --no-offload` or `X-Compaction-Offload: off` (default: offload as `serve` does)",
     )
+    compact.add_argument(
+        "--client-compaction",
+        choices=[policy.value for policy in ClientCompaction],
+        help="for a client that compacts itself, as the body shows: auto defers to it (compacting only what would"
+        " not fit the window), defer defers to any, ignore never does (auto)",
+    )
     compact.set_defaults(handler=_reporting_errors(compact_command))
 
 
@@ -111,6 +120,7 @@ def compact_command(args: argparse.Namespace) -> int:
         "strategies": args.strategies,
         "superseded_tools": args.superseded_tools,
         "offload": False if args.no_offload else None,
+        "client_compaction": args.client_compaction,
     }
     try:
         # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
@@ -126,12 +136,16 @@ def compact_command(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     # Offloaded texts go to a store thrown away at exit: the body printed is the one `serve` forwards.
     _, chain = Offloading(settings, MemoryStore(), base, CompactionMetrics).for_request(off=False)
+    deferred, _ = deferral(settings.client_compaction, {}, request)
+    thresholds = replace(thresholds, client_compacts=deferred is not None)
     transcript = Transcript(request.messages, counter)
     outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields))
     result = outcome.result
     if result is None:
         sys.stdout.write(args.raw.decode("utf-8", "replace"))
         state = "under the trigger" if not outcome.decision.compact else "nothing could be removed"
+        if deferred is not None and not outcome.decision.compact:
+            state = f"deferred to the client's own compaction: {deferred.signal}"
         print(f"tokens {outcome.decision.estimated_tokens}: unchanged ({state})", file=sys.stderr)
         return 0
     messages = result.plan.apply_messages(request.messages)

@@ -1,17 +1,20 @@
 """Running the compaction a decision calls for: a summary first when one is configured, then the chain.
 
 Below the trigger, a conversation past `precompact_at` has the summary its next compaction needs started in the
-background, so it is ready when the trigger is reached.
+background, so it is ready when the trigger is reached. For a client that compacts itself the trigger is the room
+the reply leaves (`Thresholds.client_compacts`), and so is the point from which a summary is written ahead: none is
+paid for while the client's own compaction keeps it inside the window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from proxy.chat.measured import Measured
 from proxy.chat.summaries import Summaries, SummaryContext
-from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, Thresholds, decide
+from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, decide
 
 T = TypeVar("T")
 
@@ -60,10 +63,7 @@ class Compacting:
 
     def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
         """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
-        thresholds = measured.thresholds
-        ahead = Thresholds(
-            thresholds.context_window, self.summary_start_at, thresholds.compact_to, thresholds.reserved_tokens
-        )
+        ahead = replace(measured.thresholds, compact_at=self.summary_start_at)
         if measured.decision.estimated_tokens < ahead.trigger_tokens:
             return
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)

@@ -80,12 +80,14 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
     bound (a request clearly under the trigger is sized by its bytes, not tokenized). `X-Compaction-Reserved` gives the
     reply's reservation when it, not `compact_at`, set the trigger of a compaction.
 
+    A request of a client that compacts itself, forwarded without compacting, is `deferred`.
+
     :param observed: Observe mode: what compaction would have done is reported as `would-compact`, never `compacted`.
     """
     decision = outcome.decision
     compacted = "would-compact" if observed else "compacted"
     headers = {
-        "X-Compaction": compacted if outcome.result else "unchanged",
+        "X-Compaction": compacted if outcome.result else left_as_sent(thresholds),
         "X-Compaction-Context-Window": str(thresholds.context_window),
         "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
     }
@@ -97,3 +99,8 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
         if thresholds.reservation_decides:
             headers["X-Compaction-Reserved"] = str(thresholds.reserved_tokens)
     return headers
+
+
+def left_as_sent(thresholds: Thresholds) -> str:
+    """What a request forwarded without compacting is reported as: `deferred` to a client that compacts itself."""
+    return "deferred" if thresholds.client_compacts else "unchanged"

@@ -18,8 +18,8 @@ class CompactionMetrics:
         registry = registry if registry is not None else CollectorRegistry()
         self.requests = Counter(
             "compaction_proxy_chat_requests",
-            "Chat-completion requests by what compaction did: compacted, unchanged, observed, skipped, "
-            "unknown_window, unparsed.",
+            "Chat-completion requests by what compaction did: compacted, unchanged, deferred (to a client that"
+            " compacts itself), observed, skipped, unknown_window, unparsed.",
             ["outcome"],
             registry=registry,
         )
@@ -61,6 +61,14 @@ class CompactionMetrics:
             "(calibrated local estimate - exact count) / exact count, for requests the upstream counted exactly:"
             " what the estimate would have been off by without exact counting.",
             buckets=_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.client_compaction = Counter(
+            "compaction_proxy_client_compaction_requests",
+            "Requests of a client that compacts itself, deferred to (compacted only when they would not fit), by the"
+            " signal that showed it: compaction-request, compaction-items, context-management, codex-cli,"
+            " claude-code, header, setting.",
+            ["signal"],
             registry=registry,
         )
         self.retries = Counter(

@@ -24,10 +24,11 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
+from proxy.chat.client_compaction import DEFERRED_HEADER, deferral
 from proxy.chat.compacting import Compacting, chain_names
 from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
+from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, left_as_sent, report_headers
 from proxy.chat.measured import measure
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.names import shown
@@ -214,10 +215,8 @@ class ChatCompactionService(OverflowRetry):
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
-        settings, calibration = self.settings, self.usage.calibration(tenant, model)
-        thresholds = None
-        if window is not None:
-            thresholds = Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
+        calibration = self.usage.calibration(tenant, model)
+        thresholds = self._thresholds(exchange, headers)
         sized = isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask()
         if thresholds is not None and sized:
             bound = byte_bound(chat.body, request.messages, calibration.ratio)
@@ -252,10 +251,10 @@ class ChatCompactionService(OverflowRetry):
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         result = outcome.result
         if self.mode is Mode.OBSERVE:
-            self.metrics.requests.labels("observed" if result else "unchanged").inc()
+            self.metrics.requests.labels("observed" if result else left_as_sent(thresholds)).inc()
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
-            self.metrics.requests.labels("unchanged").inc()
+            self.metrics.requests.labels(left_as_sent(thresholds)).inc()
             return await self._forward(
                 chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
@@ -273,6 +272,7 @@ class ChatCompactionService(OverflowRetry):
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
                 "conversation": shown(headers.get(self.settings.conversation_header.lower())),
+                "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
@@ -282,11 +282,29 @@ class ChatCompactionService(OverflowRetry):
         )
         return await self._forward(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
 
+    def _thresholds(self, exchange: Prepared, headers: Mapping[str, str]) -> Thresholds | None:
+        """The request's thresholds (None without a window), deferring to a client that compacts itself.
+
+        See `proxy.chat.client_compaction`: a deferral is said in the response headers and counted.
+        """
+        request, settings = exchange.request, self.settings
+        deferred, warning = deferral(settings.client_compaction, headers, request)
+        if warning:
+            earlier = exchange.headers.get("X-Compaction-Warning")
+            exchange.headers["X-Compaction-Warning"] = f"{earlier}; {warning}" if earlier else warning
+        if exchange.window is None:
+            return None
+        if deferred is not None:
+            exchange.headers.update(deferred.headers)
+            self.metrics.client_compaction.labels(deferred.signal).inc()
+        reserved = request.reserved_tokens
+        return Thresholds(exchange.window, settings.compact_at, settings.compact_to, reserved, deferred is not None)
+
     def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
         """Forward a request its bytes show to be under the trigger as it came (see `proxy.chat.byte_bound`)."""
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)
-        self.metrics.requests.labels("unchanged").inc()
+        self.metrics.requests.labels(left_as_sent(thresholds)).inc()
         return ForwardPlan(
             body=raw, response_headers=dict(exchange.headers), stream=exchange.request.stream, context=exchange
         )

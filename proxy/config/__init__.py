@@ -6,7 +6,7 @@ and the CLI can both read settings cheaply.
 """
 
 from proxy.config.compaction import DEFAULT_STRATEGIES
-from proxy.config.kinds import MIB, LogFormat, LogLevel, Mode, ProviderState
+from proxy.config.kinds import MIB, ClientCompaction, LogFormat, LogLevel, Mode, ProviderState
 from proxy.config.loading import CONFIG_ENV, ENV_PREFIX, ConfigError, env_name, load_settings, read_config_file
 from proxy.config.settings import FIELDS, Settings
 from proxy.config.state import CREDENTIAL_HEADERS
@@ -18,6 +18,7 @@ __all__ = [
     "ENV_PREFIX",
     "FIELDS",
     "MIB",
+    "ClientCompaction",
     "ConfigError",
     "LogFormat",
     "LogLevel",

@@ -6,7 +6,7 @@ from typing import Final
 
 from pydantic import BaseModel, Field, field_validator
 
-from proxy.config.kinds import Mode, ProviderState
+from proxy.config.kinds import ClientCompaction, Mode, ProviderState
 from proxy.engine.strategies.registry import DEFAULT_CHAIN
 
 DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
@@ -152,6 +152,16 @@ class CompactionSettings(BaseModel):
             " passes `compact_at` and the client set no context management of its own. `off` forwards as sent;"
             " `compaction` adds `context_management` (server-side compaction at `compact_at` of the window, for"
             " upstreams that offer it, such as OpenAI); `truncation` adds `truncation: auto`."
+        ),
+    )
+    client_compaction: ClientCompaction = Field(
+        default=ClientCompaction.AUTO,
+        description=(
+            "For a client that compacts its conversation itself (Codex CLI, Claude Code): `auto` defers to it where"
+            " it is recognized (its headers, its own compaction request, compaction items or `context_management` in"
+            " the request), compacting only as the safety net, when a request would not fit the window (and after an"
+            " overflow); `defer` does so for every client; `ignore` compacts at `compact_at` regardless. A request"
+            " may say the same with `X-Compaction-Client: auto | defer | ignore`."
         ),
     )
     rewrite_memory: bool = Field(

@@ -51,6 +51,18 @@ class ProviderState(StrEnum):
     """Ask the provider to drop the oldest items itself: `truncation: auto`."""
 
 
+class ClientCompaction(StrEnum):
+    """What the proxy does for a client that compacts its conversation itself (see `proxy.chat.client_compaction`)."""
+
+    AUTO = "auto"
+    """Defer to the client where it is recognized (its headers, its own compaction request or items, its context
+    management): compact only as the safety net, when a request would not fit the window."""
+    DEFER = "defer"
+    """Defer to every client, recognized or not: the operator knows they all compact themselves."""
+    IGNORE = "ignore"
+    """Never defer: compact at `compact_at` whatever the client does."""
+
+
 class LogFormat(StrEnum):
     """How log lines are written."""
 

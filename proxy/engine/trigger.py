@@ -8,6 +8,9 @@ reaches `compact_at` of the window and aims at `compact_to` of it, less what is 
 A request that reserves room for its reply (`max_tokens`, `max_completion_tokens`, `max_output_tokens`) leaves only
 the rest of the window for its prompt, and providers reject a prompt that does not leave that room: the trigger is
 then the room itself when that is lower, and the target shrinks in proportion.
+
+A client that compacts its conversation itself (`client_compacts`) is not raced: the trigger is then the room, so
+compaction happens only as the safety net, for a prompt the provider would refuse; the target stays where it was.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class Thresholds:
     :param compact_to: The fraction of the window compaction brings the conversation down to. Lower means compacting
         less often but losing more each time.
     :param reserved_tokens: The tokens the request reserves for its reply; ignored unless less than the window.
+    :param client_compacts: The client compacts its conversation itself: compact only when the prompt would not fit
+        (reaches the room), never at `compact_at`.
     :raises ValueError: If `context_window` is not positive or the fractions are not `0 < compact_to < compact_at <= 1`.
     """
 
@@ -35,6 +40,7 @@ class Thresholds:
     compact_at: float = 0.7
     compact_to: float = 0.4
     reserved_tokens: int = 0
+    client_compacts: bool = False
 
     def __post_init__(self) -> None:
         if self.context_window < 1:
@@ -60,8 +66,13 @@ class Thresholds:
 
     @property
     def trigger_tokens(self) -> float:
-        """The estimate at which compaction starts: `compact_at` of the window, or the room left by the reply."""
-        return self.room if self.reservation_decides else self.context_window * self.compact_at
+        """The estimate at which compaction starts: `compact_at` of the window, or the room left by the reply.
+
+        For a client that compacts itself, the room: a prompt that reaches it would be refused by the provider.
+        """
+        if self.client_compacts or self.reservation_decides:
+            return self.room
+        return self.context_window * self.compact_at
 
     @property
     def target_total(self) -> float:

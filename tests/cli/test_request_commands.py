@@ -109,3 +109,33 @@ def test_count_and_compact_take_a_responses_body_too() -> None:
     assert calls == outputs and "c11" in calls
     assert int(counted.stdout) > 0.7 * 8000
     assert b"tool_result_pruning" in result.stderr
+
+
+def codex_compaction_request(words: int) -> bytes:
+    """Codex's own compaction request: its history, then its compact prompt as the last user message."""
+    prompt = "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM."
+    items: list[dict[str, object]] = [{"role": "developer", "content": "You are Codex."}]
+    for step in range(6):
+        items.append({"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"})
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": "line " * words})
+    items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": prompt}]})
+    return json.dumps({"model": "gpt-4o", "input": items}).encode()
+
+
+@pytest.mark.parametrize(
+    ("words", "policy", "report"),
+    [
+        (1000, None, b"unchanged (deferred to the client's own compaction: compaction-request)"),
+        (1000, "ignore", b"strategies:"),
+        (1500, None, b"strategies:"),
+    ],
+)
+def test_compact_defers_to_a_client_compaction_request_unless_it_would_not_fit(
+    words: int, policy: str | None, report: bytes
+) -> None:
+    raw = codex_compaction_request(words)
+    flags = ["--client-compaction", policy] if policy else []
+    result = run("compact", "-", "--context-window", "8000", *flags, stdin=raw)
+    assert result.returncode == 0, result.stderr
+    assert report in result.stderr
+    assert (result.stdout == raw) == report.startswith(b"unchanged")

@@ -59,7 +59,7 @@ async def test_an_invalid_context_window_header_is_ignored_with_a_warning(
 
 def test_the_readme_documents_every_value_and_header() -> None:
     readme = (ROOT / "README.md").read_text()
-    answered = {"compacted", "would-compact", "unchanged"}  # what `report_headers` answers
+    answered = {"compacted", "would-compact", "unchanged", "deferred"}  # what `report_headers` answers
     for source in (ROOT / "proxy").rglob("*.py"):
         answered.update(re.findall(r'"X-Compaction": "([a-z-]+)"', source.read_text()))
     documented = readme[readme.index("- **What was done.**") : readme.index("- **Observability.**")]
@@ -71,5 +71,7 @@ def test_the_readme_documents_every_value_and_header() -> None:
         "X-Compaction-Offloaded",
         "X-Compaction-Reads",
         "X-Compaction-Offload: off",
+        "X-Compaction-Deferred",
+        "X-Compaction-Client: auto | defer | ignore",
     ):
         assert f"`{header}" in readme

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.engine import Thresholds
+from proxy.engine import ApproximateCounter, Thresholds, Transcript
+from proxy.engine.trigger import Anchor, decide
 
 
 def test_without_a_reservation_the_fractions_decide() -> None:
@@ -35,3 +36,27 @@ def test_what_passes_the_trigger_leaves_the_reply_its_room(window: int, reserved
     if reserved < window:
         assert thresholds.trigger_tokens + reserved <= window + 1e-6
     assert 0 <= thresholds.target_total < thresholds.trigger_tokens <= window * at + 1e-6
+
+
+@given(
+    window=st.integers(1, 2_000_000),
+    reserved=st.integers(0, 3_000_000),
+    at=st.floats(0.2, 1.0),
+    ratio=st.floats(0.05, 0.95),
+    fill=st.floats(0.0, 1.5),
+)
+def test_for_a_client_that_compacts_itself_only_a_prompt_that_would_not_fit_is_compacted(
+    window: int, reserved: int, at: float, ratio: float, fill: float
+) -> None:
+    """A prompt that with the reply's reservation reaches the window would be refused; only that one is compacted."""
+    deferring = Thresholds(window, at, at * ratio, reserved_tokens=reserved, client_compacts=True)
+    own = Thresholds(window, at, at * ratio, reserved_tokens=reserved)
+    estimate = max(round(fill * window), 1)
+    kept_reservation = reserved if reserved < window else 0
+    would_not_fit = estimate + kept_reservation >= window
+    assert (estimate >= deferring.trigger_tokens) == would_not_fit
+    assert deferring.trigger_tokens >= own.trigger_tokens
+    assert deferring.target_total == own.target_total, "the safety net compacts to the same target"
+    messages = [{"role": "user", "content": "x"}]
+    decision = decide(deferring, Transcript(messages, ApproximateCounter()), 0, Anchor(estimate, covered=1))
+    assert decision.compact == would_not_fit
