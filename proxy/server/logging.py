@@ -103,7 +103,7 @@ _ESCAPES: Final = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r
 
 
 def logfmt_value(value: object, *, spaces: bool = False) -> str:
-    """`value` as logfmt writes it: bare when it is plain, else in double quotes with `"`, `\\` and controls escaped.
+    r"""`value` as logfmt writes it: bare when it is plain, else in double quotes with `"`, `\` and controls escaped.
 
     A value that could read as more than one field (a space, an `=`, a quote) or as more than one line (a control or
     other unprintable character) is quoted, so what a client sends in a logged header is always one value.
@@ -117,7 +117,7 @@ def logfmt_value(value: object, *, spaces: bool = False) -> str:
 
 
 def _escaped(char: str) -> str:
-    """A printable character as itself, any other as `\\uXXXX` (`\\UXXXXXXXX` beyond the Basic Multilingual Plane)."""
+    r"""A printable character as itself, any other as `\uXXXX` (`\UXXXXXXXX` beyond the Basic Multilingual Plane)."""
     if char.isprintable():
         return char
     code = ord(char)

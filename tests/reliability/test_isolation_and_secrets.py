@@ -354,11 +354,10 @@ def _unescaped(escape: re.Match[str]) -> str:
 def logfmt_fields(line: str) -> dict[str, str]:
     """The `key=value` fields of a text log line, as a logfmt reader sees them; a key read twice fails the test."""
     fields: dict[str, str] = {}
-    for key, value in _LOGFMT_PAIR.findall(line):
+    for key, written in _LOGFMT_PAIR.findall(line):
         assert key not in fields, f"{key} appears twice in {line!r}"
-        if value.startswith('"'):
-            value = re.sub(r"\\(u[0-9a-f]{4}|U[0-9a-f]{8}|.)", _unescaped, value[1:-1])
-        fields[key] = value
+        quoted = written.startswith('"')
+        fields[key] = re.sub(r"\\(u[0-9a-f]{4}|U[0-9a-f]{8}|.)", _unescaped, written[1:-1]) if quoted else written
     return fields
 
 
