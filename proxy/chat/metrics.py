@@ -19,7 +19,7 @@ class CompactionMetrics:
         self.requests = Counter(
             "compaction_proxy_chat_requests",
             "Chat-completion requests by what compaction did: compacted, unchanged, observed, skipped, "
-            "unknown_window, unparsed.",
+            "unknown_window, unparsed, too_deep (nested deeper than the proxy writes JSON: forwarded untouched).",
             ["outcome"],
             registry=registry,
         )

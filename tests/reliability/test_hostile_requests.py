@@ -13,6 +13,7 @@ import asyncio
 import base64
 import gzip
 import json
+import logging
 import random
 import time
 import zlib
@@ -227,3 +228,69 @@ async def test_decoding_gzip_members_costs_time_linear_in_the_body(
             costs.append(cost)
     print(f"member floods of 1 and 4 MiB: {costs[0]:.3f} s and {costs[1]:.3f} s of CPU")
     assert costs[1] < 8 * costs[0]
+
+
+# ---- JSON nested deeper than the proxy can write back -------------------------------------------------------------
+
+
+def nested(depth: int) -> Any:
+    """`depth` arrays, each holding the next: `[[...[]...]]`."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def deep_tool(depth: int) -> dict[str, Any]:
+    """A function tool whose schema's `enum` nests `depth` levels deep within the request body."""
+    schema = {"type": "object", "properties": {"x": {"enum": [nested(depth - 8)]}}}
+    return {"type": "function", "function": {"name": "deep", "parameters": schema}}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(api, padding) for api in ("chat", "responses") for padding in (0, 2 * 1024 * 1024)],  # both parsers: from 1 MiB
+    ids=["chat-small", "chat-large", "responses-small", "responses-large"],
+)
+async def test_json_nested_deeper_than_the_proxy_writes_is_forwarded_untouched_without_an_error(
+    upstream: OpenAIUpstream,
+    proxy: Proxy,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    case: tuple[str, int],
+) -> None:
+    """Issue 27: 255 to 1,024 levels parsed but could not be written back: an ERROR and a traceback per request."""
+    api, padding = case
+    tools = [deep_tool(600)]
+    text = "Say hi " + "x" * padding
+    if api == "chat":
+        path, document = "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+        tool_calls = tools
+    else:
+        function = tools[0]["function"]
+        path, document = "/v1/responses", {"model": MODEL, "input": text}
+        tool_calls = [{"type": "function", "name": function["name"], "parameters": function["parameters"]}]
+    sent = json.dumps({**document, "tools": tool_calls}).encode()
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json", "X-Context-Window": "3000"}
+    with caplog.at_level(logging.INFO):
+        async with http.post(proxy.url + path, data=sent, headers=headers) as response:
+            await response.read()
+    assert upstream.requests[-1].body == sent
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert proxy.metric("compaction_proxy_chat_requests_total", outcome="too_deep") == 1
+
+
+async def test_a_deep_message_appended_to_a_known_conversation_is_forwarded_untouched_without_an_error(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A re-sent conversation is recognized from its bytes, its new messages parsed alone: they are checked too."""
+    messages = [{"role": "system", "content": "Be brief. " * 4000}, *long_conversation()[1:]]  # spliced from 32 KiB
+    status, _, body = await post_chat(http, proxy, chat_body(messages=messages))
+    assert status == 200, body
+    deep = {"role": "user", "content": "And now?", "name": "x", "tool_calls": nested(400)}
+    sent = chat_body(messages=[*messages, {"role": "assistant", "content": "ok"}, deep])
+    with caplog.at_level(logging.INFO):
+        await post_chat(http, proxy, sent)
+    assert upstream.requests[-1].body == sent
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert proxy.metric("compaction_proxy_chat_requests_total", outcome="too_deep") == 1
