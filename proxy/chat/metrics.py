@@ -19,7 +19,8 @@ class CompactionMetrics:
         self.requests = Counter(
             "compaction_proxy_chat_requests",
             "Chat-completion requests by what compaction did: compacted, unchanged, deferred (to a client that"
-            " compacts itself), observed, skipped, unknown_window, unparsed.",
+            " compacts itself), observed, skipped, unknown_window, unparsed, too_deep (nested deeper than the proxy"
+            " writes JSON: forwarded untouched).",
             ["outcome"],
             registry=registry,
         )

@@ -150,9 +150,9 @@ class ChatCompactionService(OverflowRetry):
         extension, ends = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else (None, None)
         try:
             request = extension.request if extension else await self._parse(chat.body, chat.api)
-        except InvalidChatRequest:
+        except InvalidChatRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
-            self.metrics.requests.labels("unparsed").inc()
+            self.metrics.requests.labels(invalid.outcome).inc()
             return ForwardPlan(body=chat.body)
         except RequestOverLimit as over:
             self.metrics.requests.labels("refused").inc()

@@ -28,7 +28,7 @@ from proxy.chat.forwarded import forwarded_body, forwarded_fields, keeps_client_
 from proxy.chat.known_prefixes import BYTES_PER_MESSAGE, DEFAULT_MAX_CONVERSATIONS, RecentByOpening
 from proxy.chat.off_loop import OffLoop
 from proxy.chat.raw_messages import appended_messages, messages_end, opening_ends
-from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, content_parts
+from proxy.chat.request import ChatRequest, RequestLimits, RequestOverLimit, content_parts, nests_too_deep
 from proxy.chat.rewrites import Keyed, RewriteMemory, View
 from proxy.chat.usage import UsageReports
 from proxy.engine import Anchor
@@ -38,6 +38,9 @@ from proxy.engine.transcript import Counts
 from proxy.failures import log_failure
 
 logger = logging.getLogger("proxy.compaction")
+
+MESSAGE_DEPTH: Final = 3
+"""The nesting level of a message in a body: in the `messages` array, in the body's object."""
 
 SPLICE_FROM_BYTES: Final = 32 * 1024
 """Bodies from this size are recognized from their bytes. A smaller one parses faster than its opening messages are
@@ -223,11 +226,12 @@ class Splices:
     def extension(self, previous: LastRequest, inserted: bytes) -> Extension | None:
         """The request `previous` plus the messages in `inserted` (CPU work: a parse of `inserted`).
 
-        None when the bytes are not one or more message objects, or when the request would be over the limits.
+        None when the bytes are not one or more message objects, or when the request would be over the limits or
+        nest too deep (see `proxy.chat.request.MAX_JSON_DEPTH`).
         """
         added = appended_messages(inserted) if inserted else []
-        if added is None:
-            return None
+        if added is None or nests_too_deep(added, MESSAGE_DEPTH):
+            return None  # the full path judges it
         known = previous.request.messages
         parts = previous.content_parts + content_parts(added)
         try:

@@ -17,6 +17,15 @@ class ClientSettings(BaseModel):
         gt=0,
         description="Largest request body accepted from a client, in bytes; larger ones get 413.",
     )
+    max_gzip_members: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Most gzip members a gzip-coded chat request body may hold (RFC 1952 lets members follow one another;"
+            " gzip writers make one, concatenated files a few); more get 400 `too_many_gzip_members`. Each member"
+            " costs a decoder of its own, so this bounds the work of a body of many tiny members."
+        ),
+    )
     client_body_timeout: PositiveSeconds = Field(
         default=60.0,
         description=(

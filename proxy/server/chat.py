@@ -116,9 +116,10 @@ async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) ->
     coding = content_encoding(request.headers)
     if coding != "identity":
         try:
-            body = await _inflated(body, coding, settings.max_body_bytes)
+            body = await _inflated(body, coding, settings.max_body_bytes, settings.max_gzip_members)
         except ContentCodingError as refused:
             record.error = refused.code
+            request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response()
     plan = await _prepare(request, body, api)
     if isinstance(plan, Refusal):
@@ -137,11 +138,11 @@ async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) ->
         return errors.upstream_unreachable(str(exc))
 
 
-async def _inflated(body: bytes, coding: str, limit: int) -> bytes:
+async def _inflated(body: bytes, coding: str, limit: int, max_members: int) -> bytes:
     """The body without its content coding; decompressed on a worker thread when large."""
     if len(body) < OFF_LOOP_BYTES:
-        return inflate(body, coding, limit)
-    return await asyncio.to_thread(inflate, body, coding, limit)
+        return inflate(body, coding, limit, max_members)
+    return await asyncio.to_thread(inflate, body, coding, limit, max_members)
 
 
 def _send(

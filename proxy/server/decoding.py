@@ -30,6 +30,9 @@ INFLATION_RATIO: Final = 32
 """Beyond `INFLATION_FLOOR`, decompressed bytes allowed per compressed byte received. JSON and SSE compress about
 5 to 20 times; a compression bomb (a flood of one repeated byte) about 1,000 times."""
 
+MAX_MEMBERS: Final = 64
+"""Gzip members a compressed non-streamed answer may hold to be inspected (gzip writers make one)."""
+
 DECODABLE: Final = frozenset({"gzip", "x-gzip", "deflate"})
 """Content codings the proxy can undo for inspection."""
 
@@ -42,10 +45,11 @@ def inflation_allowance(compressed: int) -> int:
 def decoded(body: bytes, encoding: str) -> bytes | None:
     """Return the body without its content coding (gzip or deflate; bounded), or None when that is not possible.
 
-    None too when the body would inflate past `inflation_allowance` or `DECOMPRESSED_LIMIT`.
+    None too when the body would inflate past `inflation_allowance` or `DECOMPRESSED_LIMIT`, or holds more than
+    `MAX_MEMBERS` gzip members.
     """
     try:
-        return inflate(body, encoding, min(inflation_allowance(len(body)), DECOMPRESSED_LIMIT))
+        return inflate(body, encoding, min(inflation_allowance(len(body)), DECOMPRESSED_LIMIT), MAX_MEMBERS)
     except ContentCodingError:
         return None
 

@@ -11,6 +11,7 @@ quote the data it choked on (a message, a header value), and logs must never car
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 import traceback
@@ -96,16 +97,42 @@ class JsonFormatter(_RedactingFormatter):
         return orjson.dumps(line, default=str).decode()
 
 
+_QUOTED: Final = re.compile(r'[ ="\\]')
+_QUOTED_IN_MESSAGE: Final = re.compile(r'[="\\]')
+_ESCAPES: Final = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+
+
+def logfmt_value(value: object, *, spaces: bool = False) -> str:
+    r"""`value` as logfmt writes it: bare when it is plain, else in double quotes with `"`, `\` and controls escaped.
+
+    A value that could read as more than one field (a space, an `=`, a quote) or as more than one line (a control or
+    other unprintable character) is quoted, so what a client sends in a logged header is always one value.
+
+    :param spaces: Spaces alone do not call for quotes (the free-text message, which stands before every field).
+    """
+    text = str(value)
+    if text and text.isprintable() and not (_QUOTED_IN_MESSAGE if spaces else _QUOTED).search(text):
+        return text
+    return '"' + "".join(_ESCAPES.get(ord(char)) or _escaped(char) for char in text) + '"'
+
+
+def _escaped(char: str) -> str:
+    r"""A printable character as itself, any other as `\uXXXX` (`\UXXXXXXXX` beyond the Basic Multilingual Plane)."""
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 class TextFormatter(_RedactingFormatter):
-    """`time level logger message key=value ...` for a terminal."""
+    """`time level logger message key=value ...` for a terminal, values quoted by logfmt's rules (`logfmt_value`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """Render the record as one human-readable line (plus a traceback when there is one)."""
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
-        pairs = " ".join(f"{key}={value}" for key, value in _fields(record).items() if value is not None)
-        line = f"{stamp} {record.levelname.lower():<7} {record.name} {record.getMessage()}" + (
-            f" {pairs}" if pairs else ""
-        )
+        pairs = " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record).items() if value is not None)
+        message = logfmt_value(record.getMessage(), spaces=True)
+        line = f"{stamp} {record.levelname.lower():<7} {record.name} {message}" + (f" {pairs}" if pairs else "")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -73,6 +73,13 @@ class ProxyMetrics:
             ["stage"],
             registry=self.registry,
         )
+        self.content_coding_refusals = Counter(
+            "compaction_proxy_content_coding_refusals",
+            "Compressed chat request bodies refused, by error code: unsupported_content_encoding,"
+            " invalid_content_encoding, too_many_gzip_members (past max_gzip_members), request_too_large.",
+            ["code"],
+            registry=self.registry,
+        )
         self.retries = Counter(
             "compaction_proxy_retries",
             "Chat requests retried once with a new plan after the upstream refused the first (e.g. context overflow).",

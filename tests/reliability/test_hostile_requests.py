@@ -10,17 +10,21 @@ bodies untouched.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
+import logging
+import random
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
+from tests.reliability.fixed_upstream import FixedUpstream
 from tests.support.openai_upstream import OpenAIUpstream
 
 QUICKLY = 2.0
@@ -161,3 +165,132 @@ async def test_bad_compressed_chat_bodies_are_refused_clearly(
     status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", chat_body(), "br")
     assert_refused(status, body, 415, "unsupported_content_encoding")
     assert upstream.requests == []
+
+
+# ---- gzip member floods -------------------------------------------------------------------------------------------
+
+EMPTY_MEMBER = gzip.compress(b"", mtime=0)
+"""The smallest gzip member (20 bytes): a flood of them is a body of 200,000 members in 4 MiB."""
+
+
+def member_flood(size: int) -> bytes:
+    return EMPTY_MEMBER * (size // len(EMPTY_MEMBER))
+
+
+def ordinary_gzip_body(size: int) -> bytes:
+    """A chat completion that gzip shrinks to about `size` bytes in one member (base64 text compresses ~25%)."""
+    text = base64.b64encode(random.Random(7).randbytes(size)).decode()
+    return gzip.compress(chat_body(messages=[{"role": "user", "content": text}]), mtime=0)
+
+
+async def cpu_of(request: Awaitable[tuple[int, dict[str, str], bytes]]) -> tuple[float, int, bytes]:
+    """CPU seconds of this whole process (proxy, client, upstream, worker threads) spent on `request`."""
+    started = time.process_time()
+    status, _, body = await request
+    return time.process_time() - started, status, body
+
+
+async def test_a_4_mib_gzip_member_flood_costs_less_than_an_ordinary_body_of_its_size(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession
+) -> None:
+    """Issue 27: each member's remainder was copied again (16.6 s of CPU for 4 MiB); now it is refused at once."""
+    size = 4 * 1024 * 1024
+    flood, ordinary = member_flood(size), ordinary_gzip_body(size)
+    async with FixedUpstream() as upstream:
+        proxy = await make_proxy(upstream.base_url)
+        path = "/v1/chat/completions"
+        # warm up: the first request of a proxy pays for its imports and connections
+        await post_encoded(http, proxy, path, gzip.compress(chat_body()), "gzip", **{"X-Compaction": "off"})
+        baseline, status, body = await cpu_of(
+            post_encoded(http, proxy, path, ordinary, "gzip", **{"X-Compaction": "off"})
+        )
+        assert status == 200, body
+        cost, status, body = await cpu_of(post_encoded(http, proxy, path, flood, "gzip"))
+    assert_refused(status, body, 400, "too_many_gzip_members")
+    assert "max_gzip_members" in openai_error(body)["message"]
+    assert proxy.metric("compaction_proxy_content_coding_refusals_total", code="too_many_gzip_members") == 1
+    assert upstream.requests == 2
+    print(f"4 MiB member flood: {cost:.3f} s of CPU; an ordinary 4 MiB gzip body: {baseline:.3f} s")
+    assert cost < baseline
+
+
+async def test_decoding_gzip_members_costs_time_linear_in_the_body(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession
+) -> None:
+    """With no member bound to stop it, 4 times the members cost about 4 times the CPU, not 16 times (quadratic)."""
+    async with FixedUpstream() as upstream:
+        proxy = await make_proxy(upstream.base_url, max_gzip_members=10**9)
+        path = "/v1/chat/completions"
+        costs = []
+        for size in (1024 * 1024, 4 * 1024 * 1024):
+            cost, status, body = await cpu_of(post_encoded(http, proxy, path, member_flood(size), "gzip"))
+            assert status == 200, body  # an empty body, forwarded for the upstream to judge
+            costs.append(cost)
+    print(f"member floods of 1 and 4 MiB: {costs[0]:.3f} s and {costs[1]:.3f} s of CPU")
+    assert costs[1] < 8 * costs[0]
+
+
+# ---- JSON nested deeper than the proxy can write back -------------------------------------------------------------
+
+
+def nested(depth: int) -> Any:
+    """`depth` arrays, each holding the next: `[[...[]...]]`."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def deep_tool(depth: int) -> dict[str, Any]:
+    """A function tool whose schema's `enum` nests `depth` levels deep within the request body."""
+    schema = {"type": "object", "properties": {"x": {"enum": [nested(depth - 8)]}}}
+    return {"type": "function", "function": {"name": "deep", "parameters": schema}}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(api, padding) for api in ("chat", "responses") for padding in (0, 2 * 1024 * 1024)],  # both parsers: from 1 MiB
+    ids=["chat-small", "chat-large", "responses-small", "responses-large"],
+)
+async def test_json_nested_deeper_than_the_proxy_writes_is_forwarded_untouched_without_an_error(
+    upstream: OpenAIUpstream,
+    proxy: Proxy,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    case: tuple[str, int],
+) -> None:
+    """Issue 27: 255 to 1,024 levels parsed but could not be written back: an ERROR and a traceback per request."""
+    api, padding = case
+    tools = [deep_tool(600)]
+    text = "Say hi " + "x" * padding
+    if api == "chat":
+        path, document = "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+        tool_calls = tools
+    else:
+        function = tools[0]["function"]
+        path, document = "/v1/responses", {"model": MODEL, "input": text}
+        tool_calls = [{"type": "function", "name": function["name"], "parameters": function["parameters"]}]
+    sent = json.dumps({**document, "tools": tool_calls}).encode()
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json", "X-Context-Window": "3000"}
+    with caplog.at_level(logging.INFO):
+        async with http.post(proxy.url + path, data=sent, headers=headers) as response:
+            await response.read()
+    assert upstream.requests[-1].body == sent
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert proxy.metric("compaction_proxy_chat_requests_total", outcome="too_deep") == 1
+
+
+async def test_a_deep_message_appended_to_a_known_conversation_is_forwarded_untouched_without_an_error(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A re-sent conversation is recognized from its bytes, its new messages parsed alone: they are checked too."""
+    messages = [{"role": "system", "content": "Be brief. " * 4000}, *long_conversation()[1:]]  # spliced from 32 KiB
+    status, _, body = await post_chat(http, proxy, chat_body(messages=messages))
+    assert status == 200, body
+    deep = {"role": "user", "content": "And now?", "name": "x", "tool_calls": nested(400)}
+    sent = chat_body(messages=[*messages, {"role": "assistant", "content": "ok"}, deep])
+    with caplog.at_level(logging.INFO):
+        await post_chat(http, proxy, sent)
+    assert upstream.requests[-1].body == sent
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert proxy.metric("compaction_proxy_chat_requests_total", outcome="too_deep") == 1

@@ -13,11 +13,14 @@ import asyncio
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -26,7 +29,7 @@ from proxy.config import Settings, load_settings
 from proxy.engine import CompactionChain, Strategy, Transcript
 from proxy.engine.plan import EditPlan
 from proxy.server.auth import key_matches
-from proxy.server.logging import JsonFormatter
+from proxy.server.logging import ACCESS_LOGGER, JsonFormatter, TextFormatter, logfmt_value
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
 from tests.support.openai_upstream import OpenAIUpstream
 
@@ -335,3 +338,71 @@ def test_key_comparison_checks_every_pair() -> None:
     assert key_matches(["nope", KEY_A], allowed)
     assert not key_matches([], allowed)
     assert not key_matches([KEY_A.upper(), KEY_A + " "], allowed)
+
+
+# ---- text logs: a client's value is one value --------------------------------------------------------------------
+
+_LOGFMT_PAIR = re.compile(r'(?:^| )(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+_LOGFMT_ESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescaped(escape: re.Match[str]) -> str:
+    code = escape[1]
+    return chr(int(code[1:], 16)) if len(code) > 1 else _LOGFMT_ESCAPES.get(code, code)
+
+
+def logfmt_fields(line: str) -> dict[str, str]:
+    """The `key=value` fields of a text log line, as a logfmt reader sees them; a key read twice fails the test."""
+    fields: dict[str, str] = {}
+    for key, written in _LOGFMT_PAIR.findall(line):
+        assert key not in fields, f"{key} appears twice in {line!r}"
+        quoted = written.startswith('"')
+        fields[key] = re.sub(r"\\(u[0-9a-f]{4}|U[0-9a-f]{8}|.)", _unescaped, written[1:-1]) if quoted else written
+    return fields
+
+
+class _Lines(logging.Handler):
+    """Collects each record as `formatter` renders it, and says when the first has arrived."""
+
+    def __init__(self, formatter: logging.Formatter) -> None:
+        super().__init__()
+        self.setFormatter(formatter)
+        self.lines: list[str] = []
+        self.arrived = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+        self.arrived.set()
+
+
+async def test_text_logs_quote_what_a_client_sends_so_it_cannot_forge_fields(
+    proxy: Proxy, http: aiohttp.ClientSession
+) -> None:
+    """The same access record rendered both ways: the text line holds exactly the JSON line's fields and values."""
+    text, structured = _Lines(TextFormatter()), _Lines(JsonFormatter())
+    access = logging.getLogger(ACCESS_LOGGER)
+    previous = access.level
+    access.setLevel(logging.INFO)
+    access.addHandler(text)
+    access.addHandler(structured)
+    forged = 'cid-1 status=200 path=/admin error="none" \\ bytes_out=0'
+    try:
+        status, _, _ = await post_chat(http, proxy, chat_body(), **{"X-Conversation-Id": forged})
+        await asyncio.wait_for(text.arrived.wait(), 10)  # the line is written once the handler has returned
+    finally:
+        access.removeHandler(text)
+        access.removeHandler(structured)
+        access.setLevel(previous)
+    assert status == 200
+    (line,) = text.lines
+    written = json.loads(structured.lines[0])
+    expected = {key: str(value) for key, value in written.items() if key not in ("time", "level", "logger", "message")}
+    assert expected["conversation_id"] == forged and expected["status"] == "200"
+    assert logfmt_fields(line) == expected
+
+
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=4))
+def test_any_logged_value_reads_back_as_that_one_value(values: list[str]) -> None:
+    line = "request " + " ".join(f"f{index}={logfmt_value(value)}" for index, value in enumerate(values))
+    assert "\n" not in line and "\r" not in line
+    assert logfmt_fields(line) == {f"f{index}": value for index, value in enumerate(values)}
