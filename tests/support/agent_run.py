@@ -30,9 +30,10 @@ Turn = Callable[[list[dict[str, Any]]], Awaitable[tuple[dict[str, Any], str]]]
 """One model call: the history so far in, the assistant message and the response's `X-Compaction` header out."""
 
 
-async def run_agent(turn: Turn, tasks: int, steps: int) -> list[str]:
+async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6) -> list[str]:
     """Run `tasks` user tasks of `steps` tool rounds each, keeping the whole history client-side.
 
+    :param result_lines: How many times each tool result repeats `FILE_TEXT` (6 is about 130 tokens).
     :returns: The `X-Compaction` header of every turn, in order.
     """
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
@@ -43,7 +44,7 @@ async def run_agent(turn: Turn, tasks: int, steps: int) -> list[str]:
             message, header = await turn(messages)
             headers.append(header)
             messages.append(message)
-            messages.extend(tool_results(message, final=step == steps - 1))
+            messages.extend(tool_results(message, final=step == steps - 1, lines=result_lines))
             if not message.get("tool_calls"):
                 break
     return headers
@@ -68,13 +69,16 @@ def agent_responder() -> Callable[[dict[str, Any]], Reply]:
     return respond
 
 
-def tool_results(message: dict[str, Any], final: bool) -> list[dict[str, Any]]:
-    """The client's answers to an assistant message's tool calls; `final` makes the model stop after them."""
+def tool_results(message: dict[str, Any], final: bool, lines: int = 6) -> list[dict[str, Any]]:
+    """The client's answers to an assistant message's tool calls; `final` makes the model stop after them.
+
+    :param lines: How many times each result repeats `FILE_TEXT`.
+    """
     return [
         {
             "role": "tool",
             "tool_call_id": call["id"],
-            "content": ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6,
+            "content": ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * lines,
         }
         for call in message.get("tool_calls") or []
     ]
