@@ -21,7 +21,7 @@ from proxy.chat.summaries import IN_CONTEXT_PREAMBLE
 from proxy.offload.tool import READ_TOOL
 from tests.e2e import test_responses
 from tests.e2e.conftest import MODEL
-from tests.e2e.test_summaries import SUMMARY, settled, summarizing
+from tests.e2e.test_summaries import SUMMARY, settled
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
@@ -101,7 +101,7 @@ async def proxies(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any]]
 async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
     upstream: OpenAIUpstream, proxies: Callable[..., Any]
 ) -> None:
-    upstream.responder = summarizing(agent_responder())
+    upstream.responder = agent_responder()
     proxy = await proxies(context_windows={MODEL: 4096})
     async with (
         settling(proxy) as http,
