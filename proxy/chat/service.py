@@ -241,8 +241,7 @@ class ChatCompactionService(OverflowRetry):
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
-        units = request.units if isinstance(request, ResponsesRequest) else None
-        context = SummaryContext(scope, chat.path, request.body, headers, view.chain, units)
+        context = SummaryContext(scope, chat.path, request, headers, view.chain)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(exchange.offload_off or not measured.decision.compact)

@@ -17,17 +17,21 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 import orjson
 
+from proxy.chat.forwarded import forwarded_fields
 from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.request import ChatRequest
 from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE, span_text
 from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.engine import EditPlan, Transcript
+from proxy.engine.messages import Message
+from proxy.engine.strategies.offload import held_references
 from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
-from proxy.responses.items import Units
+from proxy.offload.tool import as_forwarded
+from proxy.responses.request import ResponsesRequest
 from proxy.responses.summary import summary_request as responses_summary_request
 from proxy.responses.summary import summary_text
 from proxy.upstream_session import upstream_session
@@ -63,19 +67,18 @@ class SummaryContext:
     """What a summary call needs of the request it serves.
 
     :param tenant: The caller's tenant: summaries are scoped by it like all other state.
-    :param path: The chat-completions path the client used (Azure deployments included).
-    :param body: The client's parsed request body.
+    :param path: The path the client used (Azure deployments included): a Responses request's call is a response.
+    :param request: The client's parsed request, as it came: what forwarding adds to it for the transcript
+        summarized (the read tool) the summary call adds the same way.
     :param headers: The client's headers (lower-cased names), for its credential.
     :param chain: The hash chain of the transcript the summary is planned on.
-    :param units: A Responses API request's units (the call is then a response); None for a chat completion.
     """
 
     tenant: bytes
     path: str
-    body: Mapping[str, Any]
+    request: ChatRequest | ResponsesRequest
     headers: Mapping[str, str]
     chain: Sequence[bytes]
-    units: Units | None = None
 
 
 @dataclass
@@ -216,13 +219,12 @@ class Summaries:
                 raise SummaryFailed("upstream_unreachable") from None
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
-        units, messages = context.units, transcript.messages
-        if units is None:
-            body = summary_request(context.body, messages, indices, self.instruction, self.settings)
+        messages, sections, settings = transcript.messages, self.instruction, self.settings
+        request = as_forwarded(context.request, held_references(transcript.meta))
+        if isinstance(request, ResponsesRequest):
+            body = responses_summary_request(request, messages, indices, sections=sections, settings=settings)
         else:
-            body = responses_summary_request(
-                context.body, units, messages, indices, sections=self.instruction, settings=self.settings
-            )
+            body = summary_request(request, messages, indices, sections, settings)
         url = self.settings.upstream + context.path
         async with self._client().post(
             url, data=body, headers=self._headers(context), allow_redirects=False
@@ -237,7 +239,11 @@ class Summaries:
             payload = await _read_bounded(response, _MAX_ANSWER_BYTES)
         try:
             answer = orjson.loads(payload)
-            text = answer["choices"][0]["message"]["content"] if units is None else summary_text(answer)
+            text = (
+                summary_text(answer)
+                if isinstance(request, ResponsesRequest)
+                else answer["choices"][0]["message"]["content"]
+            )
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SummaryFailed("malformed_answer") from None
         usage = answer.get("usage") if isinstance(answer, dict) else None
@@ -284,22 +290,25 @@ async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
 
 
 def summary_request(
-    body: Mapping[str, Any],
-    messages: Sequence[Mapping[str, Any]],
+    request: ChatRequest,
+    messages: Sequence[Message],
     indices: Sequence[int],
     sections: str,
     settings: Settings,
 ) -> bytes:
     """The summary call's body: the conversation as forwarded, then one instruction naming the span to condense.
 
-    The messages are serialized from the very objects that were forwarded, in the same order and with the same
-    tools, so the provider's prompt cache serves all but the instruction.
+    The fields kept are those the forwarded body is made of (`forwarded_fields`), in its order, with the messages
+    serialized from the very objects that were forwarded and the same tools (the proxy's read tool included when
+    `request` was given it), so the provider's prompt cache serves all but the instruction.
+
+    :param request: The request as forwarded (`proxy.offload.tool.as_forwarded`).
     """
-    document: dict[str, Any] = {key: body[key] for key in _CALL_FIELDS if key in body}
+    instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(indices)) + sections
+    fields = forwarded_fields(request, [*messages, {"role": "user", "content": instruction}], ask_usage=False)
+    document = {key: value for key, value in fields.items() if key in _CALL_FIELDS or key == "messages"}
     if settings.summary_model:
         document["model"] = settings.summary_model
-    instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(indices)) + sections
-    document["messages"] = [*messages, {"role": "user", "content": instruction}]
     if document.get("tools"):
         document["tool_choice"] = "none"
     if settings.summary_max_tokens:

@@ -28,7 +28,7 @@ from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.engine.transcript import Transcript
 from proxy.offload.reads import ReadBack
-from proxy.offload.tool import POINTER, with_read_tool
+from proxy.offload.tool import POINTER, as_forwarded
 from proxy.responses.request import ResponsesRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -136,7 +136,7 @@ class Offloading:
         await self.refresh(tenant, held)
         headers.update({OFFLOADED_HEADER: str(len(held)), READS_HEADER: "0"})
         api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
-        return with_read_tool(request), ReadBack(tenant, self.store, api, self.rounds, self.metrics())
+        return as_forwarded(request, held), ReadBack(tenant, self.store, api, self.rounds, self.metrics())
 
     async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
         """Restart the time to live of the results a request holds, unless this process did so recently.

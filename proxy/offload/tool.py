@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
@@ -45,6 +46,15 @@ RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _
 
 _REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
+
+
+def as_forwarded(request: ChatRequest | ResponsesRequest, held: Sequence[str]) -> ChatRequest | ResponsesRequest:
+    """The request as it goes upstream with messages holding the offloaded results `held`: with the read tool if any.
+
+    Forwarding and the summary call both take their tools from here: a summary call that lacked the read tool its
+    conversation was forwarded with would share no prefix with it (tools come first), and miss the prompt cache.
+    """
+    return with_read_tool(request) if held else request
 
 
 def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:

@@ -107,11 +107,17 @@ class ResponsesRequest:
         """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
         if messages is None:
             return raw
-        items, instructions = self.units.forwarded_items(messages)
+        return json_bytes(self.fields_with(*self.units.forwarded_items(messages)))
+
+    def fields_with(self, items: list[Item], instructions: str | None) -> dict[str, Any]:
+        """The request's fields, in their order, with these `input` items and `instructions` (its own when None).
+
+        What is forwarded, and what a summary call repeats before its instruction (`proxy.responses.summary`).
+        """
         fields = {**self.body, "input": items}
         if instructions is not None:
             fields["instructions"] = instructions
-        return json_bytes(fields)
+        return fields
 
 
 def _chat_tool(tool: Any) -> Any:

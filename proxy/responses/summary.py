@@ -1,8 +1,9 @@
 """Summary calls for Responses API conversations: the forwarded `input` plus one instruction, to `/v1/responses`.
 
 As for chat completions (`proxy.chat.summaries`), the call repeats the conversation exactly as it was forwarded (the
-same model, instructions, tools and items), so the provider's prompt cache serves all but the instruction; tools
-are disabled (`tool_choice: "none"`) so the model answers in text, and nothing is stored at the provider.
+same model, instructions, tools and items, its fields in the same order), so the provider's prompt cache serves all
+but the instruction; tools are disabled (`tool_choice: "none"`) so the model answers in text, and nothing is stored
+at the provider.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import orjson
 from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE, span_text
 from proxy.config import Settings
 from proxy.engine.messages import Message
-from proxy.responses.items import Units, item_type
+from proxy.responses.items import item_type
+from proxy.responses.request import ResponsesRequest
 
 CALL_FIELDS: Final = ("model", "instructions", "tools", "reasoning", "temperature", "top_p", "user", "metadata")
 """Fields of the conversation's own requests that a summary call keeps; the rest (streaming, storing, continuing a
@@ -23,28 +25,29 @@ stored response, output formats, tool choice) would change what comes back."""
 
 
 def summary_request(
-    body: Mapping[str, Any],
-    units: Units,
+    request: ResponsesRequest,
     messages: Sequence[Message],
     indices: Sequence[int],
     *,
     sections: str,
     settings: Settings,
 ) -> bytes:
-    """The summary call's body: the items `messages` are forwarded as, then the instruction naming the span's items.
+    """The summary call's body: the request as `messages` are forwarded, then the instruction naming the span's items.
 
-    :param units: The request's units, which turn the engine's `messages` back into items.
+    The fields kept are the forwarded request's own (`ResponsesRequest.fields_with`), in its order: the same
+    instructions, tools (the proxy's read tool included when `request` was given it) and items.
+
+    :param request: The request as forwarded (`proxy.offload.tool.as_forwarded`); its units turn the engine's
+        `messages` back into items.
     :param indices: The span to condense, as positions in `messages`.
     """
-    items, instructions, positions = units.forwarded_positions(messages)
+    items, instructions, positions = request.units.forwarded_positions(messages)
     span = [position for index in indices for position in positions[index]]
     instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(span)) + sections
-    document: dict[str, Any] = {key: body[key] for key in CALL_FIELDS if key in body}
-    if instructions is not None:
-        document["instructions"] = instructions
+    fields = request.fields_with([*items, {"role": "user", "content": instruction}], instructions)
+    document: dict[str, Any] = {key: value for key, value in fields.items() if key in CALL_FIELDS or key == "input"}
     if settings.summary_model:
         document["model"] = settings.summary_model
-    document["input"] = [*items, {"role": "user", "content": instruction}]
     document["store"] = False
     if document.get("tools"):
         document["tool_choice"] = "none"

@@ -12,6 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE
 from tests.support.openai_upstream import Reply, ToolCall
 
 TOOLS = [
@@ -25,14 +26,17 @@ TOOLS = [
     }
 ]
 FILE_TEXT = "def handler(event, context):\n    return process(event['records'], retries=3)\n"
+SUMMARY_TEXT = "## Objective\n- review the handlers in src/\n## Work done\n- read src/0.py and src/1.py\n"
+_SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
 
 Turn = Callable[[list[dict[str, Any]]], Awaitable[tuple[dict[str, Any], str]]]
 """One model call: the history so far in, the assistant message and the response's `X-Compaction` header out."""
 
 
-async def run_agent(turn: Turn, tasks: int, steps: int) -> list[str]:
+async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6) -> list[str]:
     """Run `tasks` user tasks of `steps` tool rounds each, keeping the whole history client-side.
 
+    :param result_lines: How many times each tool result repeats `FILE_TEXT` (6 is about 130 tokens).
     :returns: The `X-Compaction` header of every turn, in order.
     """
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
@@ -43,17 +47,25 @@ async def run_agent(turn: Turn, tasks: int, steps: int) -> list[str]:
             message, header = await turn(messages)
             headers.append(header)
             messages.append(message)
-            messages.extend(tool_results(message, final=step == steps - 1))
+            messages.extend(tool_results(message, final=step == steps - 1, lines=result_lines))
             if not message.get("tool_calls"):
                 break
     return headers
 
 
+def is_summary_call(body: dict[str, Any]) -> bool:
+    """Whether a chat-completion body is the proxy's summary call (its last message is the summary instruction)."""
+    last = body["messages"][-1]
+    return last["role"] == "user" and str(last.get("content", "")).startswith(_SUMMARY_MARK)
+
+
 def agent_responder() -> Callable[[dict[str, Any]], Reply]:
-    """A model that reads files until a tool result says FINAL, sometimes two at once."""
+    """A model that reads files until a tool result says FINAL, sometimes two at once, and writes summaries asked."""
     ids = itertools.count(1)
 
     def respond(request: dict[str, Any]) -> Reply:
+        if is_summary_call(request):
+            return Reply(content=SUMMARY_TEXT)
         last = request["messages"][-1]
         if last["role"] == "tool" and str(last.get("content", "")).startswith("FINAL"):
             return Reply(content="All files read; the handler retries three times.")
@@ -68,13 +80,16 @@ def agent_responder() -> Callable[[dict[str, Any]], Reply]:
     return respond
 
 
-def tool_results(message: dict[str, Any], final: bool) -> list[dict[str, Any]]:
-    """The client's answers to an assistant message's tool calls; `final` makes the model stop after them."""
+def tool_results(message: dict[str, Any], final: bool, lines: int = 6) -> list[dict[str, Any]]:
+    """The client's answers to an assistant message's tool calls; `final` makes the model stop after them.
+
+    :param lines: How many times each result repeats `FILE_TEXT`.
+    """
     return [
         {
             "role": "tool",
             "tool_call_id": call["id"],
-            "content": ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * 6,
+            "content": ("FINAL " if final else "") + f"{call['function']['arguments']}\n" + FILE_TEXT * lines,
         }
         for call in message.get("tool_calls") or []
     ]

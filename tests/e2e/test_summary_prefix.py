@@ -1,0 +1,159 @@
+"""A summary call repeats, byte for byte, the prompt the proxy forwarded just before it, so the cache serves it.
+
+The provider's prompt cache serves the longest prefix a prompt shares with an earlier one, and tools come first in
+that prefix: a summary call that differs from the forwarded request in one byte of its tools, or of any message before
+its instruction, is served from the cache only up to that byte. Both APIs are run through the real proxy with tool
+results large enough to be offloaded, so forwarded requests carry the proxy's read tool before summaries are
+written, and every summary call is compared with the forwarded request next to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.chat.summaries import IN_CONTEXT_PREAMBLE
+from proxy.offload.tool import READ_TOOL
+from tests.e2e import test_responses
+from tests.e2e.conftest import MODEL
+from tests.e2e.test_summaries import SUMMARY, settled
+from tests.support.agent_run import TOOLS, agent_responder, run_agent
+from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.responses_api import ResponsesReply, responses_tool_loop_responder
+
+SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
+STRATEGIES = ["summarization", "sliding_window", "middle_out"]
+
+Body = dict[str, Any]
+
+
+def serialized(value: Any) -> str:
+    """The bytes a field is rendered from, in the order it was sent: compact JSON, keys in their own order."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def instruction_of(body: Body, key: str) -> str | None:
+    """The text of a summary call's last message or item (its instruction), None for any other request."""
+    entries = body.get(key)
+    last = entries[-1] if isinstance(entries, list) and entries else None
+    content = last.get("content") if isinstance(last, dict) and last.get("role") == "user" else None
+    return content if isinstance(content, str) and content.startswith(SUMMARY_MARK) else None
+
+
+def check_summary_prefixes(bodies: list[Body], key: str, head: tuple[str, ...]) -> int:
+    """Assert every summary call among `bodies` is the forwarded request next to it plus one instruction.
+
+    The forwarded request the summary was written from is the one right before or right after it (the client waits
+    for each turn's summaries, so nothing else comes between): its `head` fields and its `key` entries (messages or
+    input items), serialized, are those of the summary call before its instruction; a summary written while its turn
+    was being compacted extends the previous turn's request by the client's new messages instead.
+
+    :returns: How many summary calls were compared.
+    """
+    summaries = 0
+    for index, body in enumerate(bodies):
+        if instruction_of(body, key) is None:
+            continue
+        summaries += 1
+        prefix = [serialized(entry) for entry in body[key][:-1]]
+        earlier = [sent for sent in bodies[:index] if instruction_of(sent, key) is None][-1:]
+        later = [sent for sent in bodies[index + 1 :] if instruction_of(sent, key) is None][:1]
+        extended = [
+            sent for sent in (*earlier, *later) if prefix[: len(sent[key])] == [serialized(e) for e in sent[key]]
+        ]
+        assert extended, f"summary call {index} repeats neither forwarded request next to it"
+        sent = max(extended, key=lambda candidate: len(candidate[key]))
+        for field in head:
+            assert serialized(body.get(field)) == serialized(sent.get(field)), f"summary call {index}: {field} differ"
+        order = [name for name in body if name in (*head, key)]
+        assert order == [name for name in sent if name in (*head, key)], f"summary call {index}: fields reordered"
+        assert body["tool_choice"] == "none"
+    return summaries
+
+
+def read_tool_in(body: Body) -> bool:
+    """Whether a request offers the proxy's read tool (in either API's shape)."""
+    return any(READ_TOOL in (tool.get("name"), (tool.get("function") or {}).get("name")) for tool in body["tools"])
+
+
+def settling(proxy: RunningProxy) -> httpx.AsyncClient:
+    """An HTTP client that waits, on each answer, for the summaries its request started, so turns never overlap them."""
+
+    async def wait(_response: httpx.Response) -> None:
+        await settled(proxy)
+
+    return httpx.AsyncClient(event_hooks={"response": [wait]})
+
+
+@pytest.fixture
+async def proxies(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any]]:
+    started = LoopbackProxies(upstream=upstream.base_url, strategies=STRATEGIES)
+    yield started.start
+    await started.close()
+
+
+async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
+    upstream: OpenAIUpstream, proxies: Callable[..., Any]
+) -> None:
+    upstream.responder = agent_responder()
+    proxy = await proxies(context_windows={MODEL: 4096})
+    async with (
+        settling(proxy) as http,
+        openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
+    ):
+
+        async def turn(messages: list[Body]) -> tuple[Body, str]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+            )
+            return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
+
+        await run_agent(turn, tasks=4, steps=20, result_lines=18)
+
+    bodies = [request.json for request in upstream.requests if request.path.endswith("/chat/completions")]
+    assert check_summary_prefixes(bodies, "messages", ("model", "tools")) >= 2
+    summaries = [body for body in bodies if instruction_of(body, "messages") is not None]
+    assert any(read_tool_in(body) for body in summaries), "no summary followed an offloaded result"
+
+
+@pytest.fixture
+async def responses_upstream() -> AsyncIterator[OpenAIUpstream]:
+    agent = responses_tool_loop_responder("read_file", steps=20, arguments=lambda step, _k: {"path": f"f{step}"})
+
+    def respond(request: Body) -> ResponsesReply:
+        return ResponsesReply(text=SUMMARY) if instruction_of(request, "input") is not None else agent(request)
+
+    async with OpenAIUpstream(context_window=32_000, responses_responder=respond) as fake:
+        yield fake
+
+
+async def test_responses_summary_calls_repeat_the_forwarded_input_tools_included(
+    responses_upstream: OpenAIUpstream,
+) -> None:
+    started = LoopbackProxies(
+        upstream=responses_upstream.base_url,
+        context_windows={test_responses.MODEL: 9000},
+        strategies=STRATEGIES,
+    )
+    try:
+        proxy = await started.start()
+        async with (
+            settling(proxy) as http,
+            openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
+        ):
+            await test_responses.run_agent(client, 80, stream=False)
+    finally:
+        await started.close()
+
+    bodies = responses_upstream.responses_requests
+    assert check_summary_prefixes(bodies, "input", ("model", "instructions", "tools")) >= 2
+    summaries = [body for body in bodies if instruction_of(body, "input") is not None]
+    assert any(read_tool_in(body) for body in summaries), "no summary followed an offloaded result"
