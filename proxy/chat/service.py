@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
-from proxy.chat.compacting import Compacting, chain_names
+from proxy.chat.compacting import Compacting, chain_names, report_room
 from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, report_headers
@@ -51,6 +51,7 @@ from proxy.engine import (
     CompactionChain,
     Decision,
     Outcome,
+    Room,
     Summarization,
     Thresholds,
     chain_by_names,
@@ -248,10 +249,9 @@ class ChatCompactionService(OverflowRetry):
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(exchange.offload_off or not measured.decision.compact)
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
-        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
-        exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
+        self._report(exchange, outcome, thresholds)
         result = outcome.result
-        if self.mode is Mode.OBSERVE:
+        if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
             self.metrics.requests.labels("observed" if result else "unchanged").inc()
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
@@ -281,6 +281,12 @@ class ChatCompactionService(OverflowRetry):
             exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
         )
         return await self._forward(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
+
+    def _report(self, exchange: Prepared, outcome: Outcome, thresholds: Thresholds) -> None:
+        """Tell the client (headers), the metrics and the log what was decided for this request."""
+        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
+        exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
+        report_room(outcome.room, self.metrics, exchange.model, thresholds.context_window)
 
     def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
         """Forward a request its bytes show to be under the trigger as it came (see `proxy.chat.byte_bound`)."""
