@@ -46,4 +46,3 @@ async def test_a_plan_that_cut_and_dropped_the_block_replays_it_as_sent() -> Non
     assert view.messages[len(BLOCK)] == note.message
     assert view.messages[len(BLOCK) + 1 :] == grown[5:]
     assert all(message is not cut.message for message in view.messages)
-
