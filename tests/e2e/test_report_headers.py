@@ -71,5 +71,6 @@ def test_the_readme_documents_every_value_and_header() -> None:
         "X-Compaction-Offloaded",
         "X-Compaction-Reads",
         "X-Compaction-Offload: off",
+        "X-Compaction-Instructions",
     ):
         assert f"`{header}" in readme
