@@ -19,6 +19,7 @@ its call and every call with all its results.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,13 +34,15 @@ CLIENT_CONTEXT_OPENINGS = ("<environment_context>", "<user_instructions>", "# AG
 """How a user message a client states its context in begins: such a message, among the leading instructions, belongs
 to them (Codex CLI's environment and its AGENTS.md / user instructions)."""
 
+_CLIENT_CONTEXT = re.compile(r"\s*(?:" + "|".join(map(re.escape, CLIENT_CONTEXT_OPENINGS)) + ")")
+"""Matched at a text's start, whitespace first, without copying the text (a first prompt can be megabytes)."""
+
 
 def is_client_context(message: Message) -> bool:
     """Whether `message` is a user message stating the client's context (see `CLIENT_CONTEXT_OPENINGS`)."""
     if role_of(message) != "user":
         return False
-    first = next(content_texts(message), "")
-    return first.lstrip().startswith(CLIENT_CONTEXT_OPENINGS)
+    return _CLIENT_CONTEXT.match(next(content_texts(message), "")) is not None
 
 
 def leading_block_end(messages: Sequence[Message], meta: Sequence[Mapping[str, Any]] | None = None) -> int:
@@ -80,7 +83,20 @@ def keeps_protected(transcript: Transcript, plan: EditPlan) -> bool:
     if len(plan.entries) < end or any(plan.entries[index] != Kept(index) for index in range(end)):
         return False
     task = latest_user_index(transcript)
-    return task is None or Kept(task) in plan.entries
+    return task is None or _keeps(plan, task)
+
+
+def _keeps(plan: EditPlan, index: int) -> bool:
+    """Whether `plan` keeps source message `index` as it is.
+
+    Plans keep their source's order, so the search runs back from the end and stops at the first original before
+    `index`: the latest user message is near the end, and a plan over a long conversation is not walked whole.
+    """
+    for entry in reversed(plan.entries):
+        position = entry.index if isinstance(entry, Kept) else entry.replaces
+        if position is not None and position <= index:
+            return position == index and isinstance(entry, Kept)
+    return False
 
 
 def with_leading_block(plan: EditPlan, messages: Sequence[Message]) -> EditPlan:
