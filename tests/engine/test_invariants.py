@@ -108,9 +108,10 @@ def test_reaches_target_whenever_the_protected_messages_allow(conversation: Conv
         [ToolResultPruning(min_tokens=0), SlidingWindow(min_keep_steps=0), MiddleOut(min_keep_tokens=0)]
     )
     task = latest_user_index(transcript)
-    protected = transcript.tokens(task) if task is not None else 0
-    # Every other message that must stay can be cut down to its framing and the cut notice (~40 tokens each).
-    floor = protected + 60 * (leading_instructions_end(transcript) + 1)
+    # The leading block and the latest user message stay whole; every other message that must stay can be cut down
+    # to its framing and the cut notice (~40 tokens).
+    protected = transcript.tokens_of(range(leading_instructions_end(transcript)))
+    floor = protected + (transcript.tokens(task) if task is not None else 0) + 60
     target = max(int(transcript.total() * fraction), floor)
     result = chain.compact(transcript, target)
     size = result.tokens_after if result is not None else transcript.total()
