@@ -278,7 +278,8 @@ class MiddleOutCompactor(EngineCompactor):
 
     Other compactors remove whole turns and steps but never the instructions, the latest user message or the newest
     steps. When those alone exceed the target (one enormous tool result, a pasted log), this cuts the middle of the
-    largest message other than the latest user message and says in it how much was removed. A cut tool result stays
+    largest message other than the leading instructions and the latest user message (which stay byte for byte) and
+    says in it how much was removed. A cut tool result stays
     a tool result answering the same call. Put it last in a `ChainCompactor`.
     """
 

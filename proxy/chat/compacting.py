@@ -8,15 +8,35 @@ paid for while the client's own compaction keeps it inside the window.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
 
 from proxy.chat.measured import Measured
+from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.names import shown
 from proxy.chat.summaries import Summaries, SummaryContext
-from proxy.engine import CompactionChain, CompactionResult, Outcome, Summarization, decide
+from proxy.engine import (
+    CompactionChain,
+    CompactionResult,
+    Outcome,
+    Room,
+    Summarization,
+    decide,
+    decision_room,
+)
+
+logger = logging.getLogger("proxy.compaction")
 
 T = TypeVar("T")
+
+_ROOM_LOGS = {
+    Room.OVER_TARGET: "The leading instructions and the tools alone leave no room under the compaction target; the "
+    "rest of the conversation was compacted as far as the rules allow.",
+    Room.OVER_WINDOW: "The leading instructions and the tools alone exceed the context window; the request is "
+    "forwarded as it came, since no compaction may touch them.",
+}
 
 Work = Callable[[Callable[[], T]], Awaitable[T]]
 """Runs CPU work proportional to the whole request (off the event loop when it is large)."""
@@ -40,16 +60,23 @@ class Compacting:
         work: Work[CompactionResult | None],
         chain: CompactionChain,
     ) -> Outcome:
-        """Compact with `chain` when the decision says so (see the module docstring)."""
+        """Compact with `chain` when the decision says so (see the module docstring).
+
+        Not when the leading block and the tools alone exceed the window (`Room.OVER_WINDOW`): nothing compaction
+        may touch would make the request fit.
+        """
         transcript, decision = measured.transcript, measured.decision
         summaries = self.summaries
         if not decision.compact:
             if summaries is not None:
                 self._summarize_ahead(summaries, measured, context)
             return Outcome(decision)
+        room = decision_room(transcript, decision, measured.thresholds)
+        if room is Room.OVER_WINDOW:
+            return Outcome(decision, room=room)
         summary = await summaries.plan(context, transcript, decision.target_tokens) if summaries else None
         if summary is None:
-            return Outcome(decision, await work(lambda: chain.compact(transcript, decision.target_tokens)))
+            return Outcome(decision, await work(lambda: chain.compact(transcript, decision.target_tokens)), room)
         summarized = transcript.edited(summary)
         rest = await work(lambda: chain.compact(summarized, decision.target_tokens))
         result = CompactionResult(
@@ -59,7 +86,7 @@ class Compacting:
             tokens_after=summarized.total() if rest is None else rest.tokens_after,
             strategies=(Summarization.name, *(rest.strategies if rest else ())),
         )
-        return Outcome(decision, result)
+        return Outcome(decision, result, room)
 
     def _summarize_ahead(self, summaries: Summaries, measured: Measured, context: SummaryContext) -> None:
         """Start the next compaction's summary once the conversation passes `precompact_at` of the window."""
@@ -75,3 +102,11 @@ def chain_names(strategies: list[str]) -> list[str]:
     """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
     names = [name for name in strategies if name != Summarization.name]
     return names or ["middle_out"]
+
+
+def report_room(room: Room | None, metrics: CompactionMetrics, model: str | None, window: int) -> None:
+    """Count and log (one line, no content) that the leading block and the tools leave no room (see `Room`)."""
+    if room is None:
+        return
+    metrics.instructions_room.labels(room.name.lower()).inc()
+    logger.warning(_ROOM_LOGS[room], extra={"model": shown(model), "context_window": window})

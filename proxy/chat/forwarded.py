@@ -20,6 +20,10 @@ _USAGE_OPTION: Final = b',"stream_options":{"include_usage":true}}'
 WINDOW_SOURCE_HEADER: Final = "X-Compaction-Window-Source"
 """Response header saying where the request's window came from (`proxy.windows.WindowSource`)."""
 
+INSTRUCTIONS_HEADER: Final = "X-Compaction-Instructions"
+"""Response header saying that the leading instructions and the tools alone reach the target (`over-target`: the
+rest was compacted as far as the rules allow) or exceed the window (`over-window`: forwarded as it came)."""
+
 
 def asks_for_usage(body: Mapping[str, Any]) -> bool:
     """Whether the request already asks a stream for its usage chunk."""
@@ -78,7 +82,8 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
 
     `X-Compaction-Tokens-Before` is always an integer; `X-Compaction-Tokens-Before-Bound: true` says it is an upper
     bound (a request clearly under the trigger is sized by its bytes, not tokenized). `X-Compaction-Reserved` gives the
-    reply's reservation when it, not `compact_at`, set the trigger of a compaction.
+    reply's reservation when it, not `compact_at`, set the trigger of a compaction. `X-Compaction-Instructions` says
+    when the leading instructions and the tools alone leave no room (see `proxy.engine.Room`).
 
     A request of a client that compacts itself, forwarded without compacting, is `deferred`.
 
@@ -93,6 +98,8 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
     }
     if decision.bounded:
         headers["X-Compaction-Tokens-Before-Bound"] = "true"
+    if outcome.room is not None:
+        headers[INSTRUCTIONS_HEADER] = outcome.room.value
     if outcome.result:
         headers["X-Compaction-Tokens-After"] = str(outcome.tokens_after)
         headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)

@@ -123,6 +123,13 @@ class CompactionMetrics:
             ["result"],
             registry=registry,
         )
+        self.instructions_room = Counter(
+            "compaction_proxy_instructions_without_room",
+            "Requests to compact whose leading instructions and tools alone reach the target (over_target: the rest"
+            " compacted as far as the rules allow) or exceed the window (over_window: forwarded as they came).",
+            ["limit"],
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",

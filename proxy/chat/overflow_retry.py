@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from proxy.chat.compacting import report_room
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan
-from proxy.chat.forwarded import WINDOW_SOURCE_HEADER
+from proxy.chat.forwarded import INSTRUCTIONS_HEADER, WINDOW_SOURCE_HEADER
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.overflow import context_overflow
 from proxy.chat.prepared import Prepared
@@ -19,7 +20,7 @@ from proxy.chat.request import ChatRequest
 from proxy.chat.rewrites import RewriteMemory, View
 from proxy.chat.usage import UsageReports
 from proxy.config import Mode, Settings
-from proxy.engine import CompactionResult, Thresholds, Transcript, counter_for_model
+from proxy.engine import Room, Thresholds, Transcript, counter_for_model, leading_room
 from proxy.engine.messages import Message
 from proxy.engine.strategies.offload import held_references
 from proxy.offload.offloading import Offloading
@@ -64,7 +65,8 @@ class OverflowRetry:
     ) -> ForwardPlan | None:
         """The compacted retry of a request whose answer was a context overflow, or None when there is none to make.
 
-        Not after a retry, for a history the provider keeps, in observe mode, or when compaction removes nothing.
+        Not after a retry, for a history the provider keeps, in observe mode, when compaction removes nothing, or
+        when the leading instructions and the tools alone exceed the window (no compaction may touch them).
         """
         overflow = context_overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
@@ -88,11 +90,21 @@ class OverflowRetry:
             return None
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
         staging, strategies = self.offloading.for_request(exchange.offload_off)
+        target = int(thresholds.target_tokens(round(scale * overhead)) / scale)
 
-        def compact() -> CompactionResult | None:
-            return strategies.compact(transcript, int(thresholds.target_tokens(round(scale * overhead)) / scale))
+        def room() -> Room | None:
+            provider_overhead = round(scale * overhead)
+            return leading_room(
+                transcript, target_tokens=target, overhead_tokens=provider_overhead, scale=scale, window=window
+            )
 
-        result = await self._work(exchange, compact, whole=True)
+        over = await self._work(exchange, room, whole=True)
+        if exchange.headers.get(INSTRUCTIONS_HEADER) != over:
+            report_room(over, self.metrics, exchange.model, window)
+        if over is Room.OVER_WINDOW:
+            self.metrics.retries.labels("instructions_over_window").inc()
+            return None
+        result = await self._work(exchange, lambda: strategies.compact(transcript, target), whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
@@ -110,6 +122,8 @@ class OverflowRetry:
         )
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
+        if over is not None:
+            retry.headers[INSTRUCTIONS_HEADER] = over.value
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         held = held_references(result.compacted.meta)

@@ -4,6 +4,9 @@ The client keeps sending its whole, uncompacted history. The plan stored for the
 sent is reapplied, so the upstream sees exactly the rewritten prefix it saw last turn (provider prompt caches keep
 hitting) and the engine only has to look at what is new. A new compaction is composed onto the replayed plan and
 stored for the whole original request.
+
+A replayed plan always opens with the request's leading block as the client sent it (`with_leading_block`): a plan
+remembered before the block was protected, which cut or dropped part of it, does not carry the loss on.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Final
 
 from proxy.chat.known_prefixes import DEFAULT_MAX_BYTES, KnownPrefixes, extended_keys
 from proxy.engine import EditPlan
+from proxy.engine.grouping import with_leading_block
 from proxy.engine.messages import Message, chain_keys
 from proxy.engine.plan import Kept
 from proxy.engine.strategies.offload import held_references
@@ -118,7 +122,7 @@ class RewriteMemory:
             keyed.missed_at = saved
             return None
         stored_at, stored = found[0] + start, found[1]
-        plan = stored.extended(len(keyed.messages))
+        plan = with_leading_block(stored.extended(len(keyed.messages)), keyed.messages)
         keyed.found_at = stored_at
         if len(keyed.messages) - (stored_at + 1) >= RESTORE_AFTER_MESSAGES:
             # Store it at this request's head, so later turns find it in a few steps.

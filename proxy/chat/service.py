@@ -25,7 +25,7 @@ from typing import Any, Final, TypeVar
 from proxy.chat.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.chat.caller import Caller
 from proxy.chat.client_compaction import DEFERRED_HEADER, deferral
-from proxy.chat.compacting import Compacting, chain_names
+from proxy.chat.compacting import Compacting, chain_names, report_room
 from proxy.chat.exact_counts import ExactCounts
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.chat.forwarded import WINDOW_SOURCE_HEADER, asks_for_usage, left_as_sent, report_headers
@@ -52,6 +52,7 @@ from proxy.engine import (
     CompactionChain,
     Decision,
     Outcome,
+    Room,
     Summarization,
     Thresholds,
     chain_by_names,
@@ -246,10 +247,9 @@ class ChatCompactionService(OverflowRetry):
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(exchange.offload_off or not measured.decision.compact)
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
-        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
-        exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
+        self._report(exchange, outcome, thresholds)
         result = outcome.result
-        if self.mode is Mode.OBSERVE:
+        if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
             self.metrics.requests.labels("observed" if result else left_as_sent(thresholds)).inc()
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
@@ -298,6 +298,12 @@ class ChatCompactionService(OverflowRetry):
             self.metrics.client_compaction.labels(deferred.signal).inc()
         reserved = request.reserved_tokens
         return Thresholds(exchange.window, settings.compact_at, settings.compact_to, reserved, deferred is not None)
+
+    def _report(self, exchange: Prepared, outcome: Outcome, thresholds: Thresholds) -> None:
+        """Tell the client (headers), the metrics and the log what was decided for this request."""
+        exchange.headers.update(report_headers(outcome, thresholds, observed=self.mode is Mode.OBSERVE))
+        exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
+        report_room(outcome.room, self.metrics, exchange.model, thresholds.context_window)
 
     def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
         """Forward a request its bytes show to be under the trigger as it came (see `proxy.chat.byte_bound`)."""

@@ -6,7 +6,7 @@ Messages are OpenAI Chat Completions dicts. A `Transcript` wraps a conversation 
 """
 
 from proxy.engine.calibration import Calibration
-from proxy.engine.compaction import Outcome, calibrated_decision, compact_if_needed
+from proxy.engine.compaction import Outcome, Room, calibrated_decision, compact_if_needed, decision_room, leading_room
 from proxy.engine.counting import ApproximateCounter, TiktokenCounter, TokenCounter, counter_for_model
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
 from proxy.engine.strategies import (
@@ -49,6 +49,7 @@ __all__ = [
     "MiddleOut",
     "OffloadStore",
     "Outcome",
+    "Room",
     "SlidingWindow",
     "Strategy",
     "Summarization",
@@ -66,5 +67,7 @@ __all__ = [
     "compact_if_needed",
     "counter_for_model",
     "decide",
+    "decision_room",
     "estimate_tokens",
+    "leading_room",
 ]

@@ -8,19 +8,67 @@ incrementally and calls `decide` with the resulting ratio, so all three decide i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from proxy.engine.calibration import Calibration
+from proxy.engine.grouping import leading_instructions_end
 from proxy.engine.strategies.chain import CompactionChain, CompactionResult
 from proxy.engine.transcript import Transcript
 from proxy.engine.trigger import Anchor, Decision, Thresholds, decide
 
 
+class Room(StrEnum):
+    """What the leading block (instructions and the context a client states up front) and the tools leave.
+
+    Both are never compacted, so when they alone reach the target there is nothing compaction may do about them.
+    """
+
+    OVER_TARGET = "over-target"
+    """They alone leave no room under the target: everything else is compacted as far as the rules allow."""
+    OVER_WINDOW = "over-window"
+    """They alone exceed the window: no compaction can make the request fit, so it goes as it came."""
+
+
+def leading_room(
+    transcript: Transcript, *, target_tokens: int, overhead_tokens: int, scale: float, window: int
+) -> Room | None:
+    """Whether the leading block and the tools leave no room under the target (or in the window); None if they do.
+
+    :param target_tokens: The message budget in local tokens (what the chain aims at).
+    :param overhead_tokens: What is not messages (the tools), in the provider's tokens.
+    :param scale: Provider tokens per local token.
+    :param window: The context window, in the provider's tokens.
+    """
+    lead = transcript.tokens_of(range(leading_instructions_end(transcript)))
+    if round(scale * lead) + overhead_tokens > window:
+        return Room.OVER_WINDOW
+    return Room.OVER_TARGET if lead >= target_tokens else None
+
+
+def decision_room(transcript: Transcript, decision: Decision, thresholds: Thresholds) -> Room | None:
+    """`leading_room` for a decision to compact (None for a decision not to)."""
+    if not decision.compact:
+        return None
+    return leading_room(
+        transcript,
+        target_tokens=decision.target_tokens,
+        overhead_tokens=decision.overhead_tokens,
+        scale=decision.scale,
+        window=thresholds.context_window,
+    )
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """The decision, and the compaction it led to (None when not triggered or when nothing could be removed)."""
+    """The decision, and the compaction it led to (None when not triggered or when nothing could be removed).
+
+    :param room: Set when the leading block and the tools alone reach the target (see `Room`); over the window,
+        nothing is compacted.
+    """
 
     decision: Decision
     result: CompactionResult | None = None
+    room: Room | None = None
 
     @property
     def tokens_after(self) -> int:
@@ -60,8 +108,11 @@ def compact_if_needed(
     *,
     calibration: Calibration | None = None,
 ) -> Outcome:
-    """Decide, and compact when the estimate reaches the trigger."""
+    """Decide, and compact when the estimate reaches the trigger (not when the leading block exceeds the window)."""
     decision = calibrated_decision(transcript, thresholds, overhead_tokens, anchor, calibration=calibration)
     if not decision.compact:
         return Outcome(decision)
-    return Outcome(decision, chain.compact(transcript, decision.target_tokens))
+    room = decision_room(transcript, decision, thresholds)
+    if room is Room.OVER_WINDOW:
+        return Outcome(decision, room=room)
+    return Outcome(decision, chain.compact(transcript, decision.target_tokens), room)

@@ -3,7 +3,8 @@
 The engine works on Chat Completions messages; the Responses API sends `instructions` and a list of `input` items.
 Each item maps onto the engine's units so that the rules the upstream enforces are rules the strategies already keep:
 
-- `instructions` is a leading system message: always kept.
+- `instructions` is a leading system message; with the leading `system`/`developer` items (and a client's stated
+  context among them, see `proxy.engine.grouping`) it is the leading block, which every strategy keeps byte for byte.
 - A `user`, `system` or `developer` message item is one message of that role.
 - Everything the model produced in one go (assistant messages, `reasoning`, `function_call`, `custom_tool_call`,
   built-in tool calls and their outputs, `compaction`, items this module does not know) is one *assistant unit*:

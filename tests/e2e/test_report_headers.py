@@ -73,5 +73,6 @@ def test_the_readme_documents_every_value_and_header() -> None:
         "X-Compaction-Offload: off",
         "X-Compaction-Deferred",
         "X-Compaction-Client: auto | defer | ignore",
+        "X-Compaction-Instructions",
     ):
         assert f"`{header}" in readme

@@ -24,8 +24,44 @@ def _text(draw: st.DrawFn, max_words: int) -> str:
     return " ".join(WORDS[(seed + i * 7) % len(WORDS)] for i in range(count))
 
 
+CLIENT_CONTEXTS = [
+    "<environment_context>\n  <cwd>/repo</cwd>\n  <shell>bash</shell>\n</environment_context>",
+    "<user_instructions>\nAlways run the tests.\n</user_instructions>",
+    "# AGENTS.md instructions for /repo\n\n<INSTRUCTIONS>\nUse ruff.\n</INSTRUCTIONS>",
+]
+"""What Codex CLI states up front in user messages of its own, before the first real prompt."""
+
+
+def _leading_block(draw: st.DrawFn, instruction_words: int, client_context: bool) -> list[dict[str, Any]]:
+    """The leading instructions, with Codex-like stated context among them when `client_context` (parts or text)."""
+    block: list[dict[str, Any]] = [
+        {"role": role, "content": "You are helpful. " + _text(draw, instruction_words)}
+        for role in draw(st.lists(st.sampled_from(["system", "developer"]), max_size=2))
+    ]
+    if client_context:
+        for opening in draw(st.lists(st.sampled_from(CLIENT_CONTEXTS), max_size=2)):
+            text = opening + _text(draw, instruction_words // 4)
+            content: Any = [{"type": "text", "text": text}] if draw(st.booleans()) else text
+            block.insert(draw(st.integers(min_value=0, max_value=len(block))), {"role": "user", "content": content})
+    return block
+
+
 @st.composite
-def conversations(draw: st.DrawFn, max_turns: int = 6, max_steps: int = 4) -> Conversation:
+def conversations(
+    draw: st.DrawFn,
+    max_turns: int = 6,
+    max_steps: int = 4,
+    *,
+    instruction_words: int = 60,
+    client_context: bool = False,
+    checkpoints: bool = False,
+) -> Conversation:
+    """A random agent conversation.
+
+    :param instruction_words: The most words of each leading system or developer message.
+    :param client_context: Put Codex-like stated context (environment, AGENTS.md) among the leading instructions.
+    :param checkpoints: Let some model replies carry a provider compaction checkpoint.
+    """
     messages: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
 
@@ -33,8 +69,8 @@ def conversations(draw: st.DrawFn, max_turns: int = 6, max_steps: int = 4) -> Co
         messages.append(message)
         meta.append({COMPACTION_META_KEY: marker} if marker else {})
 
-    for role in draw(st.lists(st.sampled_from(["system", "developer"]), max_size=2)):
-        add({"role": role, "content": "You are helpful. " + _text(draw, 60)})
+    for message in _leading_block(draw, instruction_words, client_context):
+        add(message)
     if draw(st.booleans()):
         add(
             {"role": "user", "content": "[3 earlier messages were removed.]"},
@@ -70,6 +106,9 @@ def conversations(draw: st.DrawFn, max_turns: int = 6, max_steps: int = 4) -> Co
                 )
         if turn < turns - 1 or draw(st.booleans()):
             add({"role": "assistant", "content": _text(draw, 60)})
+        if checkpoints and draw(st.integers(min_value=0, max_value=3)) == 0:
+            checkpoint = {"type": "opaque", "tokens": 30, "checkpoint": True, "data": f"compaction {turn}"}
+            add({"role": "assistant", "content": [checkpoint]})
     return Conversation(messages, meta)
 
 

@@ -66,11 +66,8 @@ def test_protected_messages_survive_and_pairs_stay_whole(
     output = plan.apply_messages(conversation.messages)
     assert_tool_pairs_intact(output)
 
-    kept_or_replaced = {entry.index for entry in plan.entries if isinstance(entry, Kept)} | {
-        entry.replaces for entry in plan.created() if entry.replaces is not None
-    }
     for index in range(leading_instructions_end(transcript)):
-        assert index in kept_or_replaced, f"instruction {index} was removed"
+        assert plan.entries[index] == Kept(index), f"instruction {index} was changed or removed"
     task = latest_user_index(transcript)
     if task is not None:
         assert Kept(task) in plan.entries, "the latest user message was changed or removed"
@@ -111,9 +108,10 @@ def test_reaches_target_whenever_the_protected_messages_allow(conversation: Conv
         [ToolResultPruning(min_tokens=0), SlidingWindow(min_keep_steps=0), MiddleOut(min_keep_tokens=0)]
     )
     task = latest_user_index(transcript)
-    protected = transcript.tokens(task) if task is not None else 0
-    # Every other message that must stay can be cut down to its framing and the cut notice (~40 tokens each).
-    floor = protected + 60 * (leading_instructions_end(transcript) + 1)
+    # The leading block and the latest user message stay whole; every other message that must stay can be cut down
+    # to its framing and the cut notice (~40 tokens).
+    protected = transcript.tokens_of(range(leading_instructions_end(transcript)))
+    floor = protected + (transcript.tokens(task) if task is not None else 0) + 60
     target = max(int(transcript.total() * fraction), floor)
     result = chain.compact(transcript, target)
     size = result.tokens_after if result is not None else transcript.total()

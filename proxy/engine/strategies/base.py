@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
+from proxy.engine.grouping import keeps_protected, protected_indices
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.engine.transcript import Transcript
 
@@ -13,8 +14,10 @@ from proxy.engine.transcript import Transcript
 class Strategy(ABC):
     """A way of making a conversation smaller.
 
-    Every strategy keeps the engine's invariants: leading instructions and the latest real user message survive,
-    tool calls and their results are kept or removed together, the input is never mutated, and `plan` returns None
+    Every strategy keeps the engine's invariants: the leading block (instructions and the context a client states up
+    front, see `proxy.engine.grouping`) and the latest real user message survive byte for byte, never cut, dropped
+    or summarized (a plan that would change them is refused, see `shrinking`), tool calls and their results are kept
+    or removed together, the input is never mutated, and `plan` returns None
     unless the conversation gets smaller. `target_tokens` is a goal, not a guarantee: a strategy that cannot reach it
     gets as close as its rules allow.
     """
@@ -45,6 +48,9 @@ def replace_until_target(
 ) -> EditPlan | None:
     """Replace messages one at a time, in the order of `candidates`, until the transcript fits `target_tokens`.
 
+    The protected messages (`protected_indices`: the leading block and the latest real user message) are passed
+    over whatever the candidates say.
+
     :param stand_in: Given a message's index and how many tokens the transcript is still over, the message to put in
         its place, or None to leave it. A stand-in that saves nothing is not used.
     :param along: Given the index of a message just replaced, the replacements of other messages that must go with it
@@ -53,11 +59,14 @@ def replace_until_target(
     """
     current = transcript.total()
     entries: list[Entry] = [Kept(index) for index in range(len(transcript))]
+    protected = protected_indices(transcript)
     changed = False
     for index in candidates:
         excess = current - target_tokens
         if excess <= 0:
             break
+        if index in protected:
+            continue
         replacement = stand_in(index, excess)
         if replacement is None:
             continue
@@ -75,7 +84,10 @@ def replace_until_target(
 
 
 def shrinking(transcript: Transcript, plan: EditPlan | None) -> EditPlan | None:
-    """`plan` if it makes the transcript smaller, else None."""
-    if plan is None or plan.is_identity:
+    """`plan` if it makes the transcript smaller and keeps the protected messages as they are, else None.
+
+    Every strategy's plan passes here, which is what makes the protected messages the same for all of them.
+    """
+    if plan is None or plan.is_identity or not keeps_protected(transcript, plan):
         return None
     return plan if transcript.edited(plan).total() < transcript.total() else None

@@ -6,7 +6,6 @@ import heapq
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from proxy.engine.grouping import latest_user_index
 from proxy.engine.plan import Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.transcript import Transcript, created
@@ -24,9 +23,9 @@ class MiddleOut(Strategy):
 
     Earlier strategies remove whole turns and steps but never the instructions, the latest user message or the newest
     steps. When those alone still exceed the target (one enormous tool result, a pasted log), this cuts the middle of
-    the single largest message other than the latest user message, and says in it how much was removed; if that is
-    not enough, the next largest follows. The start and end of a text usually carry its framing and its conclusion,
-    which is why the middle goes.
+    the single largest message other than the protected ones (the leading block and the latest user message, which
+    stay byte for byte), and says in it how much was removed; if that is not enough, the next largest follows. The
+    start and end of a text usually carry its framing and its conclusion, which is why the middle goes.
 
     :param min_keep_tokens: The fewest tokens of a cut message's text to keep (half at each end).
     :param notice: The text put where the middle was; `{removed_tokens}` is substituted.
@@ -42,8 +41,7 @@ class MiddleOut(Strategy):
         self.notice = notice
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
-        task_index = latest_user_index(transcript)
-        candidates = _largest_first(transcript, exclude=task_index)
+        candidates = _largest_first(transcript)
         return replace_until_target(
             transcript, target_tokens, candidates, lambda index, excess: self._cut(transcript, index, excess)
         )
@@ -71,13 +69,13 @@ class MiddleOut(Strategy):
         )
 
 
-def _largest_first(transcript: Transcript, exclude: int | None) -> Iterator[int]:
-    """Message indices, largest first (oldest first among equals), `exclude` left out.
+def _largest_first(transcript: Transcript) -> Iterator[int]:
+    """Message indices, largest first (oldest first among equals).
 
     A heap, not a sort: a conversation of a million messages needs only its few largest, so the order costs
     O(n + k log n) for the k taken.
     """
-    heap = [(-transcript.tokens(index), index) for index in range(len(transcript)) if index != exclude]
+    heap = [(-transcript.tokens(index), index) for index in range(len(transcript))]
     heapq.heapify(heap)
     while heap:
         yield heapq.heappop(heap)[1]
