@@ -110,8 +110,17 @@ class CompactionMetrics:
         )
         self.offload_reads = Counter(
             "compaction_proxy_offload_reads",
-            "Calls of the proxy's read tool it answered itself, by result: served, not_held.",
+            "Calls of the proxy's read tool it answered itself, by result: served (the held text), not_held,"
+            " repeated (read earlier for the same request), too_large (past the round's bytes or the window) and"
+            " left_out (past `offload_reads_per_answer`, or a repeat within one answer).",
             ["result"],
+            registry=registry,
+        )
+        self.offload_declined = Counter(
+            "compaction_proxy_offload_declined",
+            "Requests pruned instead of offloaded because the read tool could not be offered, by reason: name_taken"
+            " (a client tool has its name), tool_limit (`offload_max_tools`).",
+            ["reason"],
             registry=registry,
         )
         self.errors = Counter(
