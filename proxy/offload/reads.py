@@ -154,26 +154,37 @@ class ReadBack:
             self._count("too_large", len(reads.calls))
             return Round(without_tools(body), final=True)
         results: list[str] = []
-        counts = {"served": 0, "not_held": 0}
+        outcomes: list[str] = []
         for call_id, reference in reads.calls:
             text, outcome = await self._answer(reference)
             if outcome == "served":
-                extra = self._bytes(call_id, text) - self._bytes(call_id, _RESERVED)
-                more = None if tokens is None else tokens + self.counter.text_tokens(text)
-                if self._fits(size + extra, more):
-                    size, tokens = size + extra, more
-                    self.read.add(str(reference))
-                else:
+                admitted = self._admitted(
+                    size + self._bytes(call_id, text) - self._bytes(call_id, _RESERVED), tokens, text
+                )
+                if admitted is None:
                     text, outcome = TOO_LARGE, "too_large"
+                else:
+                    size, tokens = admitted
+                    self.read.add(str(reference))
             self._count(outcome)
-            counts[outcome] = counts.get(outcome, 0) + 1
+            outcomes.append(outcome)
             results.append(text)
         asked = asked_again(body, self.api, reads, results, last=last)
         if len(asked) > self.limits.max_bytes:  # what the accounting above cannot miss by much, checked anyway
             return Round(without_tools(body), final=True)
         if tokens is not None:
             self.tokens = tokens
-        return Round(asked, counts["served"], counts["not_held"])
+        return Round(asked, outcomes.count("served"), outcomes.count("not_held"))
+
+    def _admitted(self, size: int, tokens: int | None, text: str) -> tuple[int, int | None] | None:
+        """The request's bytes and tokens with `text` read (`size` counts it already), or None when it would not fit.
+
+        Its bytes are compared first, so a text too large by bytes is never tokenized.
+        """
+        if size > self.limits.max_bytes:
+            return None
+        more = None if tokens is None else tokens + self.counter.text_tokens(text)
+        return (size, more) if self._fits(size, more) else None
 
     async def _answer(self, reference: str | None) -> tuple[str, str]:
         """The text answering a read of `reference` before any bound is applied, and what it is."""

@@ -16,8 +16,9 @@ import pytest
 
 from proxy.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.e2e.test_offload_reads import CLIENT_TOOLS, chat_bodies
+from tests.e2e.test_offload_reads import CLIENT_TOOLS, RESPONSES_TOOLS, chat_bodies
 from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from tests.support.responses_api import FunctionCall, ResponsesReply
 
 WINDOW = 128_000
 MAX_BODY = 1024 * 1024
@@ -44,6 +45,35 @@ def conversation() -> list[dict[str, Any]]:
             {"role": "tool", "tool_call_id": f"call_{k}", "content": result(k)},
         ]
     return [*messages, {"role": "user", "content": "Which run failed?"}]
+
+
+def items() -> list[dict[str, Any]]:
+    """`conversation` as Responses input items."""
+    converted: list[dict[str, Any]] = []
+    for message in conversation():
+        if message["role"] == "tool":
+            converted.append(
+                {"type": "function_call_output", "call_id": message["tool_call_id"], "output": message["content"]}
+            )
+        elif message.get("tool_calls"):
+            call = message["tool_calls"][0]
+            converted.append({"type": "function_call", "call_id": call["id"], "name": "fetch_log", "arguments": "{}"})
+        else:
+            converted.append(message)
+    return converted
+
+
+def hostile_responses(request: dict[str, Any]) -> ResponsesReply:
+    """`hostile("one")` on the Responses API."""
+    if request.get("tool_choice") == "none":
+        return ResponsesReply(text="done reading")
+    (reference, *_) = _REFERENCE.findall(orjson.dumps(request["input"]).decode())
+    arguments = f'{{"reference": "{reference}"}}'
+    return ResponsesReply(
+        function_calls=tuple(
+            FunctionCall(READ_TOOL, arguments, f"read-{len(request['input'])}-{k}") for k in range(100)
+        )
+    )
 
 
 def hostile(which: str) -> Any:
@@ -98,3 +128,27 @@ async def test_a_hostile_model_cannot_grow_the_rounds(
     last = chat_bodies(upstream)[-1]["messages"]
     read_back = [message["content"] for message in last if str(message.get("tool_call_id")).startswith("read-")]
     assert sum(len(text) >= 100_000 for text in read_back) == reads  # each text once, whatever was asked
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_hostile_responses_model_cannot_grow_the_rounds(
+    upstream: OpenAIUpstream, start_proxy: StartProxy, stream: bool
+) -> None:
+    upstream.responses_responder = hostile_responses
+    upstream.context_window = 10 * WINDOW
+    base_url = await start_proxy(context_windows={MODEL: WINDOW}, max_body_bytes=MAX_BODY, offload_read_rounds=ROUNDS)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0) as sdk:
+        raw = await sdk.responses.with_raw_response.create(
+            model=MODEL, input=items(), tools=RESPONSES_TOOLS, stream=stream
+        )
+        if stream:
+            events = [event async for event in raw.parse()]
+            (response,) = [event.response for event in events if event.type == "response.completed"]
+        else:
+            response = raw.parse()
+    assert response.output_text == "done reading"
+    sent = [request.body for request in upstream.requests if request.path.endswith("/responses")]
+    assert max(map(len, sent)) <= MAX_BODY
+    assert max(usage["input_tokens"] for usage in upstream.responses_usages) <= WINDOW
+    assert len(sent) == ROUNDS + 1
+    assert raw.headers["x-compaction-reads"] == "1"
