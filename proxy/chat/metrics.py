@@ -119,7 +119,9 @@ class CompactionMetrics:
         )
         self.offload_reads = Counter(
             "compaction_proxy_offload_reads",
-            "Calls of the proxy's read tool it answered itself, by result: served, not_held.",
+            "Calls of the proxy's read tool it answered itself, by result: served (the held text), not_held,"
+            " repeated (read earlier for the same request), too_large (past the round's bytes or the window) and"
+            " left_out (past `offload_reads_per_answer`, or a repeat within one answer).",
             ["result"],
             registry=registry,
         )
@@ -128,6 +130,13 @@ class CompactionMetrics:
             "Requests to compact whose leading instructions and tools alone reach the target (over_target: the rest"
             " compacted as far as the rules allow) or exceed the window (over_window: forwarded as they came).",
             ["limit"],
+            registry=registry,
+        )
+        self.offload_declined = Counter(
+            "compaction_proxy_offload_declined",
+            "Requests pruned instead of offloaded because the read tool could not be offered, by reason: name_taken"
+            " (a client tool has its name), tool_limit (`offload_max_tools`).",
+            ["reason"],
             registry=registry,
         )
         self.errors = Counter(

@@ -54,6 +54,8 @@ class CompactionSteps(Protocol):
         messages: list[Message] | None,
         chain: list[bytes] | None,
         held: tuple[str, ...] = (),
+        *,
+        tokens: int | None = None,
     ) -> ForwardPlan: ...
 
 
@@ -89,7 +91,7 @@ class OverflowRetry:
         if window is None:
             return None
         thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
-        staging, strategies = self.offloading.for_request(exchange.offload_off)
+        staging, strategies = self.offloading.for_request(request, exchange.offload_off)
         target = int(thresholds.target_tokens(round(scale * overhead)) / scale)
 
         def room() -> Room | None:
@@ -127,4 +129,5 @@ class OverflowRetry:
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         held = held_references(result.compacted.meta)
-        return await self._forward(b"", retry, list(result.compacted.messages), None, held)
+        tokens = round(scale * (result.tokens_after + overhead))
+        return await self._forward(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)

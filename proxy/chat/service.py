@@ -245,7 +245,9 @@ class ChatCompactionService(OverflowRetry):
         context = SummaryContext(scope, chat.path, request, headers, view.chain)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
-        staging, strategies = self.offloading.for_request(exchange.offload_off or not measured.decision.compact)
+        staging, strategies = self.offloading.for_request(
+            request, exchange.offload_off or not measured.decision.compact
+        )
         outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
         self._report(exchange, outcome, thresholds)
         result = outcome.result
@@ -326,14 +328,22 @@ class ChatCompactionService(OverflowRetry):
         messages: list[Message] | None,
         chain: list[bytes] | None,
         held: tuple[str, ...] = (),
+        *,
+        tokens: int | None = None,
     ) -> ForwardPlan:
         """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
 
         :param chain: The chain of what is sent, when already known; computed here otherwise.
         :param held: The references of the offloaded results `messages` hold: when any, the read tool is offered.
+        :param tokens: The estimated prompt tokens of `messages`, when the exchange has no estimate of its own.
         """
         offered = held if messages else ()
-        request, reads = await self.offloading.offer(exchange.request, exchange.tenant, offered, exchange.headers)
+        if exchange.estimate is not None:
+            tokens = exchange.estimate.tokens
+        sized = (exchange.window, tokens)
+        request, reads = await self.offloading.offer(
+            exchange.request, exchange.tenant, offered, exchange.headers, sized
+        )
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 

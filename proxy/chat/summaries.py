@@ -220,7 +220,7 @@ class Summaries:
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
         messages, sections, settings = transcript.messages, self.instruction, self.settings
-        request = as_forwarded(context.request, held_references(transcript.meta))
+        request = as_forwarded(context.request, held_references(transcript.meta), settings.offload_max_tools)
         if isinstance(request, ResponsesRequest):
             body = responses_summary_request(request, messages, indices, sections=sections, settings=settings)
         else:

@@ -189,6 +189,22 @@ class CompactionSettings(BaseModel):
             " `tool_choice: none`, so the model answers with what it has read."
         ),
     )
+    offload_reads_per_answer: int = Field(
+        default=8,
+        ge=1,
+        description=(
+            "Most reads of distinct offloaded results the proxy answers from one model answer; further read calls"
+            " (and repeats of a reference) are left out of the conversation, as client calls made with reads are."
+        ),
+    )
+    offload_max_tools: int = Field(
+        default=128,
+        ge=1,
+        description=(
+            "The read tool is offered only to requests with fewer tools than this (OpenAI accepts 128): a request"
+            " at the limit, or with its own tool named `compaction_proxy_read_result`, is pruned instead of offloaded."
+        ),
+    )
 
     @field_validator("strategies")
     @classmethod

@@ -19,7 +19,8 @@ from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest
 from proxy.config import Settings
-from proxy.engine import CompactionChain
+from proxy.engine import CompactionChain, Thresholds
+from proxy.engine.counting import counter_for_model
 from proxy.engine.strategies.chain import KeepingMore
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload, held_references
@@ -27,8 +28,8 @@ from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.engine.transcript import Transcript
-from proxy.offload.reads import ReadBack
-from proxy.offload.tool import POINTER, as_forwarded
+from proxy.offload.reads import ReadBack, ReadLimits
+from proxy.offload.tool import POINTER, as_forwarded, offer_declined
 from proxy.responses.request import ResponsesRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -38,9 +39,6 @@ OFFLOAD_HEADER: Final = "x-compaction-offload"
 
 OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 """Response header: how many offloaded results the forwarded conversation holds (and the read tool was offered)."""
-
-READS_HEADER: Final = "X-Compaction-Reads"
-"""Response header: how many reads of offloaded results the proxy answered for this request."""
 
 REFRESHES_REMEMBERED: Final = 10_000
 """Sets of offloaded results whose last refresh is remembered (one per conversation holding any, about)."""
@@ -57,8 +55,8 @@ def offload_off(headers: Mapping[str, str]) -> bool:
 class Offloading:
     """Offloading for the proxy's requests.
 
-    :param settings: `offload` and `offload_read_rounds`. Observe mode offloads too, to a staging store that is never
-        persisted, so that it reports the decision enforce mode makes.
+    :param settings: `offload`, its `offload_*` bounds and `max_body_bytes`. Observe mode offloads too, to a staging
+        store that is never persisted, so that it reports the decision enforce mode makes.
     :param store: The state store offloaded texts are kept in.
     :param base: The proxy's chain, which offloading joins.
     :param metrics: The service's metrics now (they move to the app's registry once it exists).
@@ -74,7 +72,7 @@ class Offloading:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = settings.offload
-        self.rounds = settings.offload_read_rounds
+        self.settings = settings
         self.store = store
         self.base = base
         self.metrics = metrics
@@ -82,17 +80,28 @@ class Offloading:
         self.clock = clock
         self._refreshed: OrderedDict[bytes, float] = OrderedDict()
 
-    def for_request(self, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
+    def declined(self, request: ChatRequest | ResponsesRequest) -> bool:
+        """Whether the read tool cannot be offered to this request (see `proxy.offload.tool.offer_declined`)."""
+        return offer_declined(request, self.settings.offload_max_tools) is not None
+
+    def for_request(
+        self, request: ChatRequest | ResponsesRequest, off: bool
+    ) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
-            The setting can turn it off too. Then there is no staging store and the chain is the proxy's.
+            The setting can turn it off too, and so can a request the read tool cannot be offered to (counted):
+            then there is no staging store and the chain is the proxy's, which prunes.
 
         The chain with offloading gives way to the proxy's own where that keeps more of the conversation
         (`KeepingMore`): a reference with its preview frees less than pruning's placeholder, and in a small window
         offloading must never cost whole turns that pruning would have kept.
         """
         if not self.enabled or off:
+            return None, self.base
+        reason = offer_declined(request, self.settings.offload_max_tools)
+        if reason is not None:
+            self.metrics().offload_declined.labels(reason).inc()
             return None, self.base
         staging = StagingOffloadStore()
         strategies = list(self.base.strategies)
@@ -125,18 +134,35 @@ class Offloading:
         tenant: bytes,
         held: tuple[str, ...],
         headers: dict[str, str],
+        sized: tuple[int | None, int | None] = (None, None),
     ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
         """The request to forward holding these offloaded results, and the reads to answer for it.
 
         When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
-        conversation (see `refresh`). Otherwise the request is returned as it is, with no reads.
+        conversation (see `refresh`). Otherwise, or when the read tool cannot be offered to it (a later turn whose
+        client tools changed), the request is returned as it is, with no reads: every call reaches the client.
+
+        :param sized: The request's window and estimated prompt tokens, when known: the rounds stay within them.
         """
-        if not held:
+        if not held or self.declined(request):
             return request, None
         await self.refresh(tenant, held)
-        headers.update({OFFLOADED_HEADER: str(len(held)), READS_HEADER: "0"})
+        window, tokens = sized
+        settings = self.settings
+        room = (
+            Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens).room
+            if window
+            else None
+        )
+        limits = ReadLimits(
+            settings.offload_read_rounds, settings.offload_reads_per_answer, settings.max_body_bytes, room
+        )
         api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
-        return as_forwarded(request, held), ReadBack(tenant, self.store, api, self.rounds, self.metrics())
+        back = ReadBack(
+            tenant, self.store, api, limits, self.metrics(), counter=counter_for_model(request.model), tokens=tokens
+        )
+        headers.update({OFFLOADED_HEADER: str(len(held)), **back.report()})
+        return as_forwarded(request, held, settings.offload_max_tools), back
 
     async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
         """Restart the time to live of the results a request holds, unless this process did so recently.

@@ -26,34 +26,58 @@ from proxy.offload.tool import READ_TOOL, reference_of
 class Reads:
     """What the model asked the proxy to read in one answer, and what goes back into the conversation with it.
 
-    :param calls: `(call id, reference)` of each read call; the reference is None when the arguments name none.
+    :param calls: `(call id, reference)` of each read call kept; the reference is None when the arguments name none.
     :param appended: The messages (chat) or items (Responses) to append before the results: the model's output with
-        only the read calls kept.
+        only the kept read calls.
+    :param left_out: Read calls left out: repeats of a reference within the answer, and calls past the limit.
     """
 
     calls: list[tuple[str, str | None]]
     appended: list[dict[str, Any]] = field(default_factory=list)
+    left_out: int = 0
 
 
-def chat_reads(message: Mapping[str, Any] | None) -> Reads | None:
-    """The reads of a chat answer's message, when its first tool call is the proxy's."""
+def chat_reads(message: Mapping[str, Any] | None, limit: int) -> Reads | None:
+    """The reads of a chat answer's message, when its first tool call is the proxy's (at most `limit`, distinct)."""
     calls = message.get("tool_calls") if message else None
     if not isinstance(calls, list) or not calls or not _is_read_call(calls[0]):
         return None
     assert message is not None
-    kept = [call for call in calls if _is_read_call(call)]
-    assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": kept}
-    return Reads([(call.get("id", ""), reference_of(call["function"].get("arguments"))) for call in kept], [assistant])
+    reads = [call for call in calls if _is_read_call(call)]
+    kept = _kept(reads, lambda call: call["function"].get("arguments"), limit)
+    assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": [call for call, _ in kept]}
+    ids = [(call.get("id", ""), reference) for call, reference in kept]
+    return Reads(ids, [assistant], len(reads) - len(kept))
 
 
-def responses_reads(output: Sequence[Mapping[str, Any]]) -> Reads | None:
-    """The reads of a response's output items, when its first function call is the proxy's."""
+def responses_reads(output: Sequence[Mapping[str, Any]], limit: int) -> Reads | None:
+    """The reads of a response's output items, when its first function call is the proxy's (at most `limit`)."""
     calls = [item for item in output if item.get("type") == "function_call"]
     if not calls or not _is_read(calls[0]):
         return None
-    kept = [dict(item) for item in output if item.get("type") != "function_call" or _is_read(item)]
-    reads = [(item.get("call_id", ""), reference_of(item.get("arguments"))) for item in calls if _is_read(item)]
-    return Reads(reads, kept)
+    reads = [item for item in calls if _is_read(item)]
+    kept = _kept(reads, lambda item: item.get("arguments"), limit)
+    chosen = {id(item) for item, _ in kept}
+    appended = [dict(item) for item in output if item.get("type") != "function_call" or id(item) in chosen]
+    ids = [(item.get("call_id", ""), reference) for item, reference in kept]
+    return Reads(ids, appended, len(reads) - len(kept))
+
+
+def _kept(
+    calls: list[Mapping[str, Any]], arguments: Callable[[Mapping[str, Any]], Any], limit: int
+) -> list[tuple[Mapping[str, Any], str | None]]:
+    """The first `limit` read calls with their references, each reference once (calls naming none are each kept)."""
+    kept: list[tuple[Mapping[str, Any], str | None]] = []
+    seen: set[str] = set()
+    for call in calls:
+        if len(kept) == limit:
+            break
+        reference = reference_of(arguments(call))
+        if reference is None or reference not in seen:
+            kept.append((call, reference))
+        if reference is not None:
+            seen.add(reference)
+    return kept
 
 
 def _is_read(function: Any) -> bool:

@@ -48,13 +48,40 @@ _REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
 
 
-def as_forwarded(request: ChatRequest | ResponsesRequest, held: Sequence[str]) -> ChatRequest | ResponsesRequest:
+def as_forwarded(
+    request: ChatRequest | ResponsesRequest, held: Sequence[str], max_tools: int
+) -> ChatRequest | ResponsesRequest:
     """The request as it goes upstream with messages holding the offloaded results `held`: with the read tool if any.
 
     Forwarding and the summary call both take their tools from here: a summary call that lacked the read tool its
     conversation was forwarded with would share no prefix with it (tools come first), and miss the prompt cache.
+    Never to a request the read tool cannot be offered to (`offer_declined`).
     """
-    return with_read_tool(request) if held else request
+    return with_read_tool(request) if held and offer_declined(request, max_tools) is None else request
+
+
+def offer_declined(request: ChatRequest | ResponsesRequest, max_tools: int) -> str | None:
+    """Why the read tool cannot be offered to this request, or None when it can.
+
+    `name_taken`: one of the client's tools already has its name; offering it again would send the name twice, and
+    the proxy could not tell the client's calls from its own. `tool_limit`: the request already has `max_tools`
+    tools, so one more would be refused. The proxy's tool is never renamed instead: its name is quoted in every
+    pointer rewrite memory replays, which must read the same on every turn.
+    """
+    tools: Any = request.body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    if any(_tool_name(tool) == READ_TOOL for tool in tools):
+        return "name_taken"
+    return "tool_limit" if len(tools) >= max_tools else None
+
+
+def _tool_name(tool: Any) -> Any:
+    """The name a chat tool (`function.name`) or a Responses tool (`name`) declares."""
+    if not isinstance(tool, dict):
+        return None
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, dict) else tool.get("name")
 
 
 def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:

@@ -6,14 +6,16 @@ relaying it would anyway):
 
 - Not a read round: the answer is relayed at once, held bytes first, as any other answer (`relay`).
 - A read round: it is read to its end, the reads are answered from the state store under the caller's tenant,
-  and the upstream is asked again with the calls and their results appended (`rounds.asked_again`). At most
-  `ReadBack.rounds` rounds; the request after the last asks for an answer without tools. When the upstream refuses
-  a request with what was read (what was offloaded may not fit the window again), the request before it is sent
-  once more without tools: the model answers from what it had, and the client never gets an error the read caused.
+  and the upstream is asked again with the calls and their results appended (`ReadBack.next_round`, which keeps
+  every round within the request's bounds). At most `ReadBack.rounds` rounds; the request after the last asks for
+  an answer without tools. When the upstream refuses a request with what was read (what was offloaded may not fit
+  the window again), the request before it is sent once more without tools: the model answers from what it had,
+  and the client never gets an error the read caused.
 
 The client then receives the final answer with the usage of every upstream call made for it added up, and
-`X-Compaction-Reads` saying how many reads were answered. What anchors the next request's estimate is the first
-call's usage: that call is the one that sent what the conversation's next request starts with.
+`X-Compaction-Reads` (`-Not-Held`) saying how many reads were answered with the held text (or found nothing).
+What anchors the next request's estimate is the first call's usage: that call is the one that sent what the
+conversation's next request starts with.
 """
 
 from __future__ import annotations
@@ -28,11 +30,9 @@ import orjson
 from aiohttp import web
 
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan
-from proxy.offload.offloading import READS_HEADER
-from proxy.offload.reads import ReadBack
+from proxy.offload.reads import ReadBack, Round
 from proxy.offload.rounds import (
     Reads,
-    asked_again,
     chat_reads,
     choices_of,
     responses_reads,
@@ -84,29 +84,28 @@ async def answer_reads(
 ) -> web.StreamResponse:
     """Relay the final answer to a request carrying the read tool, answering its read rounds on the way."""
     back: ReadBack = plan.reads
-    body, usages, served, sent, final = plan.body, [], 0, b"", False
+    body, usages, sent, final = plan.body, [], b"", False
     async with contextlib.AsyncExitStack() as later:
         for round_ in range(back.rounds + 1):
-            held = await _hold(request, response, back.api, final=final or round_ == back.rounds)
+            held = await _hold(request, response, back, final=final or round_ == back.rounds)
             if held.reads is None:
                 break
-            results = await back.results(held.reads)
             usages.append(held.usage or {})
-            asked = asked_again(body, back.api, held.reads, results, last=round_ + 1 == back.rounds)
-            response = await later.enter_async_context(send(asked))
-            if not 200 <= response.status < 300:
+            asked = await back.next_round(body, held.reads, last=round_ + 1 == back.rounds)
+            response = await later.enter_async_context(send(asked.body))
+            if 200 <= response.status < 300:
+                back.took(asked)
+            elif not asked.final:
                 # Too large with what was read (or refused): the model answers from what it had before the read.
-                asked, final = without_tools(body), True
-                response = await later.enter_async_context(send(asked))
-            else:
-                served += len(results)
+                asked = Round(without_tools(body), final=True)
+                response = await later.enter_async_context(send(asked.body))
             if not 200 <= response.status < 300:
                 held = Held(b"")
                 break
-            body = asked
+            body, final = asked.body, final or asked.final
         if not usages and not held.cleaned:
             return await relay(request, response, plan, held.head)
-        headers = {**plan.response_headers, READS_HEADER: str(served)}
+        headers = {**plan.response_headers, **back.report()}
         out = await start_response(request, response, extra_headers=headers, drop_length=True)
         answered = 200 <= response.status < 300
         if answered and held.answer is not None:
@@ -126,36 +125,36 @@ async def answer_reads(
     return out
 
 
-async def _hold(request: web.Request, response: aiohttp.ClientResponse, api: Api, *, final: bool) -> Held:
+async def _hold(request: web.Request, response: aiohttp.ClientResponse, back: ReadBack, *, final: bool) -> Held:
     """Read the answer until it is decided (see the module docstring); `final` answers are never read rounds."""
     if not 200 <= response.status < 300 or content_encoding(response.headers) != "identity":
         return Held(b"")
+    api, limit = back.api, back.limits.per_answer
     if response.content_type == "text/event-stream":
-        return await _hold_stream(request, response, api, final=final)
-    limit = request.app[SETTINGS].max_body_bytes
-    head, whole = await _read(request, response, limit)
+        return await _hold_stream(request, response, api, limit, final=final)
+    head, whole = await _read(request, response, request.app[SETTINGS].max_body_bytes)
     parsed = _json(head) if whole else None
     if parsed is None:
         return Held(head)
-    reads = None if final else _reads(parsed, api)
+    reads = None if final else _reads(parsed, api, limit)
     usage = parsed.get("usage")
     cleaned = reads is None and without_reads(parsed, api)
     return Held(head, reads, usage if isinstance(usage, Mapping) else None, parsed, cleaned)
 
 
-def _reads(answer: Mapping[str, Any], api: Api) -> Reads | None:
-    """The reads a whole answer (a completion, or a response object) asks for."""
+def _reads(answer: Mapping[str, Any], api: Api, limit: int) -> Reads | None:
+    """The reads a whole answer (a completion, or a response object) asks for, at most `limit`."""
     if api is Api.RESPONSES:
         output = answer.get("output")
         return (
-            responses_reads([item for item in output if isinstance(item, Mapping)])
+            responses_reads([item for item in output if isinstance(item, Mapping)], limit)
             if isinstance(output, list)
             else None
         )
     choices = answer.get("choices")
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else {}
     message = first.get("message")
-    return chat_reads(message if isinstance(message, Mapping) else None)
+    return chat_reads(message if isinstance(message, Mapping) else None, limit)
 
 
 async def _read(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
@@ -170,8 +169,10 @@ async def _read(request: web.Request, response: aiohttp.ClientResponse, limit: i
     return b"".join(parts), True
 
 
-async def _hold_stream(request: web.Request, response: aiohttp.ClientResponse, api: Api, *, final: bool) -> Held:
-    """Hold a stream until its first decisive event; read a read round to its end."""
+async def _hold_stream(
+    request: web.Request, response: aiohttp.ClientResponse, api: Api, reads: int, *, final: bool
+) -> Held:
+    """Hold a stream until its first decisive event; read a read round to its end (keeping at most `reads`)."""
     limit = request.app[SETTINGS].max_body_bytes
     splitter, raw, size = EventSplitter(), bytearray(), 0
     reply, usage, output, decided = ReplyBuilder(), None, None, None
@@ -191,8 +192,8 @@ async def _hold_stream(request: web.Request, response: aiohttp.ClientResponse, a
             return Held(bytes(raw))
     if not decided:
         return Held(bytes(raw))
-    reads = responses_reads(output or []) if api is Api.RESPONSES else chat_reads(reply.build())
-    return Held(bytes(raw), reads, usage)
+    asked = responses_reads(output or [], reads) if api is Api.RESPONSES else chat_reads(reply.build(), reads)
+    return Held(bytes(raw), asked, usage)
 
 
 def _collect(

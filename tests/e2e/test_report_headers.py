@@ -70,6 +70,7 @@ def test_the_readme_documents_every_value_and_header() -> None:
         "X-Compaction-Tokens-After",
         "X-Compaction-Offloaded",
         "X-Compaction-Reads",
+        "X-Compaction-Reads-Not-Held",
         "X-Compaction-Offload: off",
         "X-Compaction-Deferred",
         "X-Compaction-Client: auto | defer | ignore",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.chat.compacting import chain_names
 from proxy.chat.metrics import CompactionMetrics
+from proxy.chat.request import ChatRequest
 from proxy.config import Settings
 from proxy.engine import Transcript, counter_for_model
 from proxy.engine.strategies.registry import chain_by_names
@@ -19,7 +21,8 @@ WINDOWS = (4096, 8192, 16384)
 
 def removed(offloading: Offloading, transcript: Transcript, target: int, *, off: bool) -> int:
     """How many of the conversation's messages the request's chain removes (neither kept nor stood in for)."""
-    _, chain = offloading.for_request(off)
+    request = ChatRequest.parse(orjson.dumps({"model": "gpt-4o-mini", "messages": transcript.messages}))
+    _, chain = offloading.for_request(request, off)
     result = chain.compact(transcript, target)
     return result.plan.removed_count() if result is not None else 0
 

@@ -43,7 +43,7 @@ def _call(call_id: str, name: str) -> dict[str, Any]:
 def test_asking_again_extends_what_was_forwarded(names: list[str], text: str) -> None:
     calls = [_call(f"c{k}", READ_TOOL if name == "read" else "fetch") for k, name in enumerate(names)]
     forwarded = {"model": "m", "messages": [{"role": "user", "content": text}], "tools": []}
-    reads = chat_reads({"role": "assistant", "content": None, "tool_calls": calls})
+    reads = chat_reads({"role": "assistant", "content": None, "tool_calls": calls}, limit=8)
     if names[0] != "read":
         assert reads is None
         return

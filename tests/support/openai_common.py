@@ -59,6 +59,21 @@ def missing_parameter(param: str) -> OpenAIError:
     return OpenAIError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
 
 
+MAX_TOOLS = 128
+"""The most tools OpenAI accepts on one request, chat completions and Responses alike."""
+
+
+def check_tool_count(tools: object) -> None:
+    """OpenAI's refusal of a `tools` array longer than `MAX_TOOLS`."""
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise OpenAIError(
+            f"Invalid 'tools': array too long. Expected an array with maximum length {MAX_TOOLS}, but got an array "
+            f"with length {len(tools)} instead.",
+            param="tools",
+            code="array_above_max_length",
+        )
+
+
 def invalid_type(param: str, expected: str, value: object) -> OpenAIError:
     """OpenAI's error for a parameter of the wrong JSON type (`expected` as OpenAI words it: "an array")."""
     got = _json_type_name(value)

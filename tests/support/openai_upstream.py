@@ -43,6 +43,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from proxy.engine.encodings import get_encoding
 from tests.support.openai_common import (
     OpenAIError,
+    check_tool_count,
     invalid_type,
     invalid_value,
     json_response,
@@ -207,6 +208,7 @@ def validate_chat_request(body: Mapping[str, Any]) -> None:
     for index, message in enumerate(messages):
         _validate_message(index, message)
     _validate_tool_pairing(messages)
+    check_tool_count(body.get("tools"))
     for param in ("max_tokens", "max_completion_tokens"):
         value = body.get(param)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):

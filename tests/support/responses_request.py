@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
+from tests.support.openai_common import OpenAIError, check_tool_count, invalid_type, invalid_value, missing_parameter
 
 __all__ = ["INCLUDABLE", "KNOWN_PARAMETERS", "check_not_empty", "validate_create_request"]
 
@@ -218,6 +218,7 @@ def _check_tools(tools: Any) -> None:
         return
     if not isinstance(tools, list):
         raise invalid_type("tools", "an array of tools", tools)
+    check_tool_count(tools)
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
