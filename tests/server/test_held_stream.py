@@ -1,0 +1,98 @@
+"""The hold every answer to a compacted request goes through: held only until its first decisive event."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.chat.exchange import Api
+from proxy.server.held_stream import Held, Read, hold
+
+
+def sse(*events: dict[str, object]) -> bytes:
+    return b"".join(f"event: {e.get('type', 'x')}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+def reader(data: bytes, cuts: list[int]) -> Read:
+    points = sorted({0, *(cut % (len(data) + 1) for cut in cuts), len(data)})
+    pieces = [data[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+    async def read() -> bytes:
+        return pieces.pop(0) if pieces else b""
+
+    return read
+
+
+class Opening:
+    """Counts how often the hold opened the client's stream."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def __call__(self) -> None:
+        self.count += 1
+
+
+async def held(
+    data: bytes, api: Api, cuts: list[int] | None = None, *, reads: bool = False, limit: int = 1 << 20
+) -> tuple[Held, int]:
+    opened = Opening()
+    result = await hold(reader(data, cuts or []), api, streamed=True, reads=reads, limit=limit, opened=opened)
+    return result, opened.count
+
+
+OPENING = sse({"type": "response.created"}, {"type": "response.in_progress"})
+ERROR = {"type": "error", "error": {"code": "context_length_exceeded", "message": "too long", "param": "input"}}
+REASONING = {"type": "response.reasoning_summary_text.delta", "delta": "thinking"}
+
+
+@given(cuts=st.lists(st.integers(0, 10_000), max_size=8), reads=st.booleans())
+async def test_an_error_after_the_opening_events_is_a_refusal(cuts: list[int], reads: bool) -> None:
+    data = OPENING + sse(ERROR)
+    result, opened = await held(data, Api.RESPONSES, cuts, reads=reads)
+    assert (result.refusal, result.head, opened) == ({"error": ERROR["error"]}, data, 0)
+
+
+@given(cuts=st.lists(st.integers(0, 10_000), max_size=8), reads=st.booleans())
+async def test_a_chat_stream_that_is_an_error_is_a_refusal(cuts: list[int], reads: bool) -> None:
+    data = b'data: {"error": {"code": "context_length_exceeded", "message": "too long"}}\n\n'
+    result, opened = await held(data, Api.CHAT, cuts, reads=reads)
+    assert (result.refusal, opened) == ({"error": {"code": "context_length_exceeded", "message": "too long"}}, 0)
+
+
+async def test_a_refusal_after_reasoning_is_a_refusal_too() -> None:
+    data = OPENING + sse(REASONING, REASONING, ERROR)
+    result, opened = await held(data, Api.RESPONSES, reads=True)
+    assert (result.refusal, opened) == ({"error": ERROR["error"]}, 1)
+
+
+async def test_a_failed_response_is_a_refusal_and_an_answer_is_not() -> None:
+    failed = {"type": "response.failed", "response": {"error": {"code": "server_error", "message": "oops"}}}
+    assert (await held(OPENING + sse(failed), Api.RESPONSES))[0].refusal == {"error": failed["response"]["error"]}
+    answer = OPENING + sse({"type": "response.output_item.added"}, {"type": "response.completed"})
+    result, _ = await held(answer, Api.RESPONSES, list(range(0, len(answer), 20)))
+    assert result.refusal is None and result.reads is None
+    assert answer.startswith(result.head) and len(result.head) < len(answer)
+
+
+async def test_a_chat_stream_without_the_read_tool_is_decided_at_its_first_chunk() -> None:
+    chunks = b"".join(b'data: {"choices": [{"delta": {"reasoning_content": "hm"}}]}\n\n' for _ in range(50))
+    result, opened = await held(chunks, Api.CHAT, list(range(0, len(chunks), 40)))
+    assert result.refusal is None and len(result.head) <= 80 and opened == 0
+
+
+async def test_reasoning_is_held_with_the_read_tool_but_the_stream_opens_at_once() -> None:
+    thinking = b"".join(b'data: {"choices": [{"delta": {"reasoning_content": "hm"}}]}\n\n' for _ in range(50))
+    content = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+    result, opened = await held(thinking + content + content, Api.CHAT, [60, 120], reads=True)
+    assert (result.refusal, result.reads, opened) == (None, None, 1)
+    assert result.head.startswith(thinking + content)
+
+
+async def test_a_stream_of_opening_events_only_is_held_no_further_than_the_limit() -> None:
+    endless = sse(*[{"type": "response.in_progress", "pad": "x" * 1000}] * 400)
+    result, opened = await held(endless, Api.RESPONSES, list(range(0, len(endless), 4096)), limit=256 * 1024)
+    assert result.refusal is None and 256 * 1024 < len(result.head) <= 256 * 1024 + 4096 and opened == 0
