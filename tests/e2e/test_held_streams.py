@@ -232,3 +232,39 @@ async def test_a_reasoning_stream_gets_its_status_line_before_the_model_decides(
     # The status line came while the model was still reasoning, not once the proxy gave up holding its events.
     assert reasoned_before_headers < HOLD_LIMIT // 8
     assert b"Weighing whether" in received and b"The build failed." in received
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("failure", ["status", "reset"])
+async def test_a_failure_after_the_stream_opened_ends_it_with_an_error_event(
+    upstream: OpenAIUpstream, start_proxy: StartProxy, api: str, failure: str
+) -> None:
+    def fail_what_follows() -> None:
+        if failure == "status":
+            upstream.fail_next(500, times=2)  # the request asking again, and the one asking without tools
+        else:
+            upstream.fail_next(reset=True)
+
+    def chat(request: dict[str, Any]) -> Reply:
+        fail_what_follows()
+        return reading_chat_responder(request)
+
+    def responses(request: dict[str, Any]) -> ResponsesReply:
+        fail_what_follows()
+        return reading_responses_responder(request)
+
+    upstream.responder, upstream.responses_responder = chat, responses
+    async with openai.AsyncOpenAI(base_url=await start_proxy(), api_key="k", max_retries=0) as sdk:
+        if api == "chat":
+            raw = await sdk.chat.completions.with_raw_response.create(
+                model=MODEL, messages=conversation(), tools=CLIENT_TOOLS, stream=True
+            )
+        else:
+            raw = await sdk.responses.with_raw_response.create(
+                model=MODEL, input=response_items(), tools=RESPONSES_TOOLS, stream=True
+            )
+        assert raw.http_response.status_code == 200  # sent before the model decided to read
+        with pytest.raises(openai.APIError) as raised:
+            _ = [event async for event in raw.parse()]
+    expected = "The upstream could not be reached" if failure == "reset" else "The server had an error"
+    assert raised.value.message.startswith(expected)

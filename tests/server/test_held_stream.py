@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.chat.exchange import Api
+from proxy.offload.tool import READ_TOOL
 from proxy.server.held_stream import Held, Read, hold
 
 
@@ -96,3 +97,53 @@ async def test_a_stream_of_opening_events_only_is_held_no_further_than_the_limit
     endless = sse(*[{"type": "response.in_progress", "pad": "x" * 1000}] * 400)
     result, opened = await held(endless, Api.RESPONSES, list(range(0, len(endless), 4096)), limit=256 * 1024)
     assert result.refusal is None and 256 * 1024 < len(result.head) <= 256 * 1024 + 4096 and opened == 0
+
+
+CHAT_EVENTS = {
+    "role": {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+    "reasoning": {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
+    "content": {"choices": [{"index": 0, "delta": {"content": "hi"}}]},
+    "read": {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"tool_calls": [{"index": 0, "id": "r", "function": {"name": READ_TOOL, "arguments": "{}"}}]},
+            }
+        ]
+    },
+    "client call": {
+        "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]}}]
+    },
+    "error": {"error": {"code": "context_length_exceeded", "message": "too long"}},
+}
+
+
+def expected(kinds: list[str], reads: bool) -> tuple[str, int]:
+    """What the hold decides for chat events of these kinds, and how often it opens the client's stream."""
+    if kinds and kinds[0] == "error":
+        return "refusal", 0
+    if not reads:
+        return "relay", 0
+    for kind in kinds:
+        if kind == "error":
+            return "refusal", 1
+        if kind in {"content", "client call"}:
+            return "relay", 1
+        if kind == "read":
+            return "read round", 1
+    return "relay", int(bool(kinds))
+
+
+@given(
+    kinds=st.lists(st.sampled_from(sorted(CHAT_EVENTS)), max_size=8),
+    cuts=st.lists(st.integers(0, 10_000), max_size=8),
+    reads=st.booleans(),
+)
+async def test_a_chat_stream_is_decided_by_its_first_decisive_event_however_it_is_cut(
+    kinds: list[str], cuts: list[int], reads: bool
+) -> None:
+    data = b"".join(b"data: " + json.dumps(CHAT_EVENTS[kind]).encode() + b"\n\n" for kind in kinds)
+    result, opened = await held(data + b"data: [DONE]\n\n", Api.CHAT, cuts, reads=reads)
+    decided = "refusal" if result.refusal else "read round" if result.reads else "relay"
+    assert (decided, opened) == expected(kinds, reads)
+    assert (data + b"data: [DONE]\n\n").startswith(result.head)
