@@ -17,7 +17,8 @@ Responses reasoning item and its summary events) are held too, but the client is
 first event past the opening (the stream was not refused at its start) `opened` is awaited, which sends the client
 the status line and headers. The events themselves stay held until the decision: relaying a reasoning event early
 would show the client a read round's reasoning, and in a Responses stream a `response.created` and item indexes the
-next round's stream would contradict. The held bytes are bounded by `limit`, past which the answer is relayed.
+next round's stream would contradict. The held bytes are bounded, past which the answer is relayed: by
+`OPENING_LIMIT` until the stream is past its opening, then by `limit`.
 
 A non-streamed answer (only held with the read tool offered) is read whole, as relaying it would anyway.
 """
@@ -52,6 +53,8 @@ from proxy.server.sse import EventSplitter, event_data
 OPENING_EVENTS: Final = frozenset({"response.created", "response.in_progress", "response.queued"})
 """Events a Responses stream opens with, before it either refuses or starts answering."""
 
+OPENING_LIMIT: Final = 256 * 1024
+"""The most bytes of opening events held (they are a few hundred bytes each); past it the stream is relayed."""
 ERROR_BODY_LIMIT: Final = 1024 * 1024
 """An error answer is buffered (to show it to `complete()` before deciding on a retry) up to this many bytes."""
 
@@ -86,7 +89,7 @@ async def hold(read: Read, api: Api, *, streamed: bool, reads: bool, limit: int,
 
     :param streamed: It is an uncompressed event stream; other answers are held only when `reads`, and read whole.
     :param reads: The read tool was offered and this answer may be a read round.
-    :param limit: The most bytes held.
+    :param limit: The most bytes held of an answer past its opening (`max_body_bytes`).
     """
     if streamed:
         return await _hold_stream(read, api, reads=reads, limit=limit, opened=opened)
@@ -125,7 +128,7 @@ async def _hold_stream(read: Read, api: Api, *, reads: bool, limit: int, opened:
                 if decided is False:
                     return Held(bytes(raw))
             usage, output = _collect(parsed, api, reply, usage, output)
-        if len(raw) > limit:
+        if len(raw) > (limit if started else min(limit, OPENING_LIMIT)):
             return Held(bytes(raw))
     if not decided:
         return Held(bytes(raw))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.chat.exchange import Api
 from proxy.offload.tool import READ_TOOL
-from proxy.server.held_stream import Held, Read, hold
+from proxy.server.held_stream import OPENING_LIMIT, Held, Read, hold
 
 
 def sse(*events: dict[str, object]) -> bytes:
@@ -93,10 +94,17 @@ async def test_reasoning_is_held_with_the_read_tool_but_the_stream_opens_at_once
     assert result.head.startswith(thinking + content)
 
 
-async def test_a_stream_of_opening_events_only_is_held_no_further_than_the_limit() -> None:
+@pytest.mark.parametrize("reads", [False, True])
+async def test_a_stream_of_opening_events_only_is_held_no_further_than_the_opening_limit(reads: bool) -> None:
     endless = sse(*[{"type": "response.in_progress", "pad": "x" * 1000}] * 400)
-    result, opened = await held(endless, Api.RESPONSES, list(range(0, len(endless), 4096)), limit=256 * 1024)
-    assert result.refusal is None and 256 * 1024 < len(result.head) <= 256 * 1024 + 4096 and opened == 0
+    result, opened = await held(endless, Api.RESPONSES, list(range(0, len(endless), 4096)), reads=reads)
+    assert result.refusal is None and OPENING_LIMIT < len(result.head) <= OPENING_LIMIT + 4096 and opened == 0
+
+
+async def test_reasoning_is_held_no_further_than_the_limit() -> None:
+    endless = OPENING + sse(*[{**REASONING, "delta": "x" * 1000}] * 400)
+    result, opened = await held(endless, Api.RESPONSES, list(range(0, len(endless), 4096)), reads=True, limit=300_000)
+    assert result.reads is None and 300_000 < len(result.head) <= 300_000 + 4096 and opened == 1
 
 
 CHAT_EVENTS = {
