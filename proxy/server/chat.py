@@ -224,8 +224,7 @@ async def _hold(
     request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, api: Api, reply: ClientReply
 ) -> Held:
     """The answer to `plan`, held until it is decided (see `proxy.server.held_stream`)."""
-    reads = plan.reads is not None and plan.reads.rounds > 0
-    return await hold_response(request, response, plan, reply, api=api, reads=reads)
+    return await hold_response(request, response, plan, reply, api=api, reads=plan.reads is not None)
 
 
 async def _relay_answer(

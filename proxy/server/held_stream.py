@@ -84,22 +84,26 @@ class Held:
     cleaned: bool = False
 
 
-async def hold(read: Read, api: Api, *, streamed: bool, reads: bool, limit: int, opened: Opened) -> Held:
+async def hold(
+    read: Read, api: Api, *, streamed: bool, offered: bool, reads: bool, limit: int, opened: Opened
+) -> Held:
     """Read a 2xx answer until it is decided (see the module docstring).
 
-    :param streamed: It is an uncompressed event stream; other answers are held only when `reads`, and read whole.
-    :param reads: The read tool was offered and this answer may be a read round.
+    :param streamed: It is an uncompressed event stream; other answers are held only when `offered`, and read whole
+        (so that read calls can be taken out of them).
+    :param offered: The read tool was offered.
+    :param reads: The read tool was offered and this answer may be a read round (it is not the last allowed).
     :param limit: The most bytes held of an answer past its opening (`max_body_bytes`).
     """
     if streamed:
         return await _hold_stream(read, api, reads=reads, limit=limit, opened=opened)
-    if not reads:
+    if not offered:
         return Held(b"")
     head, whole = await _read(read, limit)
     parsed = _json(head) if whole else None
     if parsed is None:
         return Held(head)
-    asked = _reads(parsed, api)
+    asked = _reads(parsed, api) if reads else None
     usage = parsed.get("usage")
     cleaned = asked is None and without_reads(parsed, api)
     return Held(head, None, asked, usage if isinstance(usage, Mapping) else None, parsed, cleaned)
@@ -241,6 +245,7 @@ async def hold_response(
         lambda: upstream.read_chunk(response),
         api,
         streamed=response.content_type == "text/event-stream",
+        offered=plan.reads is not None,
         reads=reads,
         limit=request.app[SETTINGS].max_body_bytes,
         opened=lambda: reply.start(response, extra_headers=early, drop_length=True),

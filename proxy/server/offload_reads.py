@@ -69,8 +69,9 @@ async def answer_reads(
         while held.reads is not None:
             results = await back.results(held.reads)
             usages.append(held.usage or {})
-            asked = asked_again(body, back.api, held.reads, results, last=len(usages) == back.rounds)
-            response, held = await ask(asked, final=len(usages) == back.rounds)
+            last = len(usages) >= back.rounds
+            asked = asked_again(body, back.api, held.reads, results, last=last)
+            response, held = await ask(asked, final=last)
             if refused(response, held):
                 # Too large with what was read (or refused): the model answers from what it had before the read.
                 asked = without_tools(body)

@@ -42,7 +42,8 @@ async def held(
     data: bytes, api: Api, cuts: list[int] | None = None, *, reads: bool = False, limit: int = 1 << 20
 ) -> tuple[Held, int]:
     opened = Opening()
-    result = await hold(reader(data, cuts or []), api, streamed=True, reads=reads, limit=limit, opened=opened)
+    read = reader(data, cuts or [])
+    result = await hold(read, api, streamed=True, offered=reads, reads=reads, limit=limit, opened=opened)
     return result, opened.count
 
 
