@@ -84,9 +84,7 @@ class Held:
     cleaned: bool = False
 
 
-async def hold(
-    read: Read, api: Api, *, streamed: bool, offered: bool, reads: bool, limit: int, opened: Opened
-) -> Held:
+async def hold(read: Read, api: Api, *, streamed: bool, offered: bool, reads: bool, limit: int, opened: Opened) -> Held:
     """Read a 2xx answer until it is decided (see the module docstring).
 
     :param streamed: It is an uncompressed event stream; other answers are held only when `offered`, and read whole
