@@ -118,7 +118,7 @@ async def _hold_stream(read: Read, api: Api, *, reads: bool, limit: int, opened:
             if parsed is None:
                 continue
             if decided is None:
-                if api is Api.RESPONSES and parsed.get("type") in OPENING_EVENTS:
+                if api is Api.RESPONSES and _opening(parsed):
                     continue
                 refusal = refusal_of(parsed)
                 if refusal is not None or not reads:
@@ -136,6 +136,11 @@ async def _hold_stream(read: Read, api: Api, *, reads: bool, limit: int, opened:
         return Held(bytes(raw))
     asked = responses_reads(output or []) if api is Api.RESPONSES else chat_reads(reply.build())
     return Held(bytes(raw), None, asked, usage)
+
+
+def _opening(event: Mapping[str, Any]) -> bool:
+    kind = event.get("type")
+    return isinstance(kind, str) and kind in OPENING_EVENTS
 
 
 def refusal_of(event: Mapping[str, Any]) -> Mapping[str, Any] | None:

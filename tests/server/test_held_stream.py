@@ -72,6 +72,13 @@ async def test_a_refusal_after_reasoning_is_a_refusal_too() -> None:
     assert (result.refusal, opened) == ({"error": ERROR["error"]}, 1)
 
 
+@pytest.mark.parametrize("reads", [False, True])
+async def test_an_event_of_an_odd_shape_is_relayed(reads: bool) -> None:
+    data = OPENING + sse({"type": ["response.created"]}, {"type": {"error": 1}, "error": "x"})
+    result, _ = await held(data, Api.RESPONSES, reads=reads)
+    assert (result.refusal, result.reads) == (None, None)
+
+
 async def test_a_failed_response_is_a_refusal_and_an_answer_is_not() -> None:
     failed = {"type": "response.failed", "response": {"error": {"code": "server_error", "message": "oops"}}}
     assert (await held(OPENING + sse(failed), Api.RESPONSES))[0].refusal == {"error": failed["response"]["error"]}
