@@ -17,9 +17,9 @@ import contextlib
 import logging
 import time
 from functools import partial
-from typing import Final
 
 import aiohttp
+import orjson
 from aiohttp import web
 from yarl import URL
 
@@ -31,19 +31,23 @@ from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, answered, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers
+from proxy.server.held_stream import (
+    ERROR_BODY_LIMIT,
+    Held,
+    end_with_error,
+    hold_response,
+    read_capped,
+    relay_failure,
+)
 from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
-from proxy.server.relay import Transform, finish, pump, start_response, write
+from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
 from proxy.server.sse import StopReason, StreamObserver
-from proxy.server.stream_prelude import Prelude, read_prelude
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(SERVER_LOGGER)
-
-ERROR_BODY_LIMIT: Final = 1024 * 1024
-"""An error answer is buffered (to show it to `complete()` before deciding on a retry) up to this many bytes."""
 
 
 async def read_body(request: web.Request, limit: int, pause_limit: float) -> bytes | None:
@@ -127,15 +131,23 @@ async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) ->
         return errors.error_response(
             plan.status, plan.message, type_="invalid_request_error", code=plan.code, param=plan.param
         )
+    reply = ClientReply(request, api)
     try:
         if plan is None:
             return await _forward_unplanned(request, target, body)
-        return await _forward_planned(request, target, plan)
+        return await _forward_planned(request, target, plan, api, reply)
     except UpstreamError as exc:
         record.error = exc.kind
-        if isinstance(exc, UpstreamTimeout):
-            return errors.upstream_timeout(str(exc))
-        return errors.upstream_unreachable(str(exc))
+        failed = (
+            errors.upstream_timeout(str(exc))
+            if isinstance(exc, UpstreamTimeout)
+            else errors.upstream_unreachable(str(exc))
+        )
+        if reply.out is None:
+            return failed
+        # A held stream was opened (see `proxy.server.held_stream`): the failure can only be told inside it.
+        await end_with_error(request, reply, orjson.loads(failed.text or "{}")["error"])
+        return reply.out
 
 
 async def _inflated(body: bytes, coding: str, limit: int, max_members: int) -> bytes:
@@ -173,10 +185,13 @@ async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> 
         return out
 
 
-async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan) -> web.StreamResponse:
+async def _forward_planned(
+    request: web.Request, target: URL, plan: ForwardPlan, api: Api, reply: ClientReply
+) -> web.StreamResponse:
     """Forward the plan's body; on a refusal let `complete()` decide on one retry with a new plan.
 
-    A refusal is a non-2xx answer, or a stream that opens with one (see `proxy.server.stream_prelude`).
+    A refusal is a non-2xx answer, or a stream refused after it began (see `proxy.server.held_stream`), with or
+    without the read tool offered.
     """
     record = request[RECORD]
     sent = time.perf_counter()
@@ -184,14 +199,13 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
-            # A plan offering the read tool holds its stream back itself (see `proxy.server.offload_reads`).
-            prelude = await _prelude(request, response) if plan.reads is None else Prelude(b"")
-            refused = prelude.refusal is not None
-            retry = await _complete(request, plan, ChatOutcome(400, error_body=prelude.refusal)) if refused else None
+            held = await _hold(request, response, plan, api, reply)
+            refused = held.refusal is not None
+            retry = await _complete(request, plan, ChatOutcome(400, error_body=held.refusal)) if refused else None
             if retry is None:
-                return await _relay_answer(request, target, response, plan, prelude.data)
+                return await _relay_answer(request, target, response, plan, held=held, reply=reply)
         else:
-            error, whole = await _read_capped(request, response, ERROR_BODY_LIMIT)
+            error, whole = await read_capped(request, response, ERROR_BODY_LIMIT)
             encoding = content_encoding(response.headers)
             outcome = outcome_from_body(response.status, error if whole else None, encoding)
             retry = await _complete(request, plan, outcome)
@@ -203,42 +217,31 @@ async def _forward_planned(request: web.Request, target: URL, plan: ForwardPlan)
     async with _send(request, target, retry.body, plain=retry.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
-        return await _relay_answer(request, target, response, retry)
+        held = await _hold(request, response, retry, api, reply)
+        return await _relay_answer(request, target, response, retry, held=held, reply=reply)
+
+
+async def _hold(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, api: Api, reply: ClientReply
+) -> Held:
+    """The answer to `plan`, held until it is decided (see `proxy.server.held_stream`)."""
+    return await hold_response(request, response, plan, reply, api=api, reads=plan.reads is not None)
 
 
 async def _relay_answer(
-    request: web.Request, target: URL, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes = b""
+    request: web.Request,
+    target: URL,
+    response: aiohttp.ClientResponse,
+    plan: ForwardPlan,
+    *,
+    held: Held,
+    reply: ClientReply,
 ) -> web.StreamResponse:
-    """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first.
-
-    :param head: The answer's first bytes, already read (a stream's opening events; never with the read tool).
-    """
+    """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
     if plan.reads is None:
-        return await _relay_chat(request, response, plan, head)
+        return await _relay_chat(request, response, plan, held, reply)
     send = partial(_send, request, target, plain=True)
-    return await answer_reads(request, response, plan, send=send, relay=_relay_chat, complete=_complete)
-
-
-async def _prelude(request: web.Request, response: aiohttp.ClientResponse) -> Prelude:
-    """The opening events of an uncompressed stream, held back (nothing for any other answer)."""
-    if response.content_type != "text/event-stream" or content_encoding(response.headers) != "identity":
-        return Prelude(b"")
-    upstream = request.app[UPSTREAM]
-    return await read_prelude(lambda: upstream.read_chunk(response))
-
-
-async def _read_capped(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """Read up to `limit` bytes of the body; return them and whether that was the whole body."""
-    upstream = request.app[UPSTREAM]
-    parts: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await upstream.read_chunk(response)
-        if not chunk:
-            return b"".join(parts), True
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts), False
+    return await answer_reads(request, response, plan, held, reply, send=send, relay=_relay_chat, complete=_complete)
 
 
 async def _relay_buffered(
@@ -252,17 +255,22 @@ async def _relay_buffered(
 
 
 async def _relay_chat(
-    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes = b""
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, held: Held, reply: ClientReply
 ) -> web.StreamResponse:
     """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
 
-    :param head: The answer's first bytes, already read from `response` (a stream's opening events, see
-        `proxy.server.stream_prelude`; a held answer, see `proxy.server.offload_reads`).
+    :param held: The answer as held (see `proxy.server.held_stream`): its first bytes, already read, go first.
+    :param reply: The client's response, already started when a held stream was opened early.
     """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     encoding = content_encoding(response.headers)
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
+    if reply.out is not None and not streamed:
+        error = await relay_failure(request, reply, response)
+        await _complete(request, plan, ChatOutcome(response.status, error_body=error))
+        return reply.out
+    head = held.head
     observer: StreamObserver | None = None
     edited: EditedStream | None = None
     collector: Collector | None = None
@@ -281,7 +289,7 @@ async def _relay_chat(
         strip = False
         collector = Collector(settings.max_body_bytes)
         transform = collector
-    out = await start_response(request, response, extra_headers=plan.response_headers, drop_length=strip)
+    out = await reply.start(response, extra_headers=plan.response_headers, drop_length=strip)
     relayed_head = transform(head) if head and transform is not None else head
     if (relayed_head and not await write(request, out, relayed_head)) or not await pump(
         request, out, response, transform

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from proxy.chat.exchange import Api
 from proxy.server.headers import client_response_headers
 from proxy.server.keys import RECORD, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
@@ -38,6 +39,34 @@ async def start_response(
     await out.prepare(request)
     request[RECORD].status = response.status
     return out
+
+
+class ClientReply:
+    """The response to the client, started at most once: early by a held stream, else when the answer is relayed.
+
+    See `proxy.server.held_stream` for when a stream's status and headers go out before its answer is decided.
+
+    :param api: The request's wire format: what an error told inside the stream looks like.
+    """
+
+    def __init__(self, request: web.Request, api: Api) -> None:
+        self.request = request
+        self.api = api
+        self.out: web.StreamResponse | None = None
+
+    async def start(
+        self,
+        response: aiohttp.ClientResponse,
+        *,
+        extra_headers: dict[str, str] | None = None,
+        drop_length: bool = False,
+    ) -> web.StreamResponse:
+        """The client's response: started with `response`'s status and headers unless it was already."""
+        if self.out is None:
+            self.out = await start_response(
+                self.request, response, extra_headers=extra_headers, drop_length=drop_length
+            )
+        return self.out
 
 
 async def write(request: web.Request, out: web.StreamResponse, data: bytes) -> bool:

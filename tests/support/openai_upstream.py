@@ -527,6 +527,8 @@ class OpenAIUpstream:
     :param responses_overflow_in_stream: Refuse a streamed Responses request over the window inside the stream
         (`response.created`, `response.in_progress`, then an `error` event), as OpenAI does for some models,
         instead of with a 400 before the stream.
+    :param chat_overflow_in_stream: Refuse a streamed chat completion over the window inside a 200 stream (one
+        `data: {"error": {...}}` event), as some OpenAI-compatible servers do, instead of with a 400.
     :param stream_digests: Add `X-Stream-Sha256` (sha256 of the SSE body about to be sent, when not cut) and
         `X-Stream-Sha256-Without-Usage` (of the body the same completion would have had without
         `stream_options.include_usage`) to every streamed answer, so a test can check relayed streams byte for byte
@@ -560,6 +562,7 @@ class OpenAIUpstream:
         stream_digests: bool = False,
         responses_responder: ResponsesResponder | None = None,
         responses_overflow_in_stream: bool = False,
+        chat_overflow_in_stream: bool = False,
     ) -> None:
         self.responder: Responder = responder or default_responder
         self.context_window = context_window
@@ -581,6 +584,7 @@ class OpenAIUpstream:
         if responses_responder is not None:
             self.responses_service.responder = responses_responder
         self.responses_overflow_in_stream = responses_overflow_in_stream
+        self.chat_overflow_in_stream = chat_overflow_in_stream
         self.responses_usages: list[dict[str, Any]] = []
         self._host = host
         self._port = port
@@ -759,7 +763,10 @@ class OpenAIUpstream:
         completion_budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
         window = self.window_for(model)
         if len(sequence) + completion_budget > window:
-            raise context_length_error(window, len(sequence), completion_budget)
+            error = context_length_error(window, len(sequence), completion_budget)
+            if body.get("stream") and self.chat_overflow_in_stream:
+                return await self._send_events(request, [_sse_event(error.body)], b"", {})
+            raise error
         cached = self.prompt_cache.cached_tokens(model, sequence)
         completion = self._complete(
             body,
