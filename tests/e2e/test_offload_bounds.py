@@ -123,11 +123,12 @@ async def test_a_hostile_model_cannot_grow_the_rounds(
     assert max(map(len, sent)) <= MAX_BODY
     assert max(usage["prompt_tokens"] for usage in upstream.usages) <= WINDOW
     assert len(sent) == ROUNDS + 1
-    reads = int(raw.headers["x-compaction-reads"])
-    assert 1 <= reads <= (1 if which == "one" else offloaded)
     last = chat_bodies(upstream)[-1]["messages"]
     read_back = [message["content"] for message in last if str(message.get("tool_call_id")).startswith("read-")]
-    assert sum(len(text) >= 100_000 for text in read_back) == reads  # each text once, whatever was asked
+    reads = sum(len(text) >= 100_000 for text in read_back)  # each text once, whatever was asked
+    assert 1 <= reads <= (1 if which == "one" else offloaded)
+    # A stream's headers go out before the model decides to read: only a whole answer says how many were read.
+    assert raw.headers.get("x-compaction-reads") == (None if stream else str(reads))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -151,4 +152,4 @@ async def test_a_hostile_responses_model_cannot_grow_the_rounds(
     assert max(map(len, sent)) <= MAX_BODY
     assert max(usage["input_tokens"] for usage in upstream.responses_usages) <= WINDOW
     assert len(sent) == ROUNDS + 1
-    assert raw.headers["x-compaction-reads"] == "1"
+    assert raw.headers.get("x-compaction-reads") == (None if stream else "1")
