@@ -63,6 +63,7 @@ from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
+from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
 
 logger = logging.getLogger("proxy.compaction")
@@ -115,6 +116,10 @@ class ChatCompactionService(OverflowRetry):
         self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
         self.unknown_models = UnknownModels()
+        events = getattr(self.store, "events", None)
+        if isinstance(events, StoreEvents):
+            events.count_rejected = lambda kind: self.metrics.state_records_rejected.labels(kind).inc()
+            events.count_evicted = lambda reason: self.metrics.offload_evictions.labels(reason).inc()
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
