@@ -315,7 +315,9 @@ class ChatCompactionService(OverflowRetry):
         :param held: The references of the offloaded results `messages` hold: when any, the read tool is offered.
         """
         offered = held if messages else ()
-        request, reads = await self.offloading.offer(exchange.request, exchange.tenant, offered, exchange.headers)
+        request, reads = await self.offloading.offer(
+            exchange.request, exchange.tenant, offered, exchange.headers, lambda: self._originals(exchange)
+        )
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
 
@@ -336,6 +338,11 @@ class ChatCompactionService(OverflowRetry):
             context=exchange,
             reads=reads,
         )
+
+    async def _originals(self, exchange: Prepared) -> list[Message]:
+        """The request's messages as the client sent them, parsed again when they were `release`d."""
+        request = exchange.parsed if exchange.parsed is not None else await self._parse(exchange.raw, Api.CHAT)
+        return request.messages
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""

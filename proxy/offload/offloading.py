@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 from xxhash import xxh3_128_digest
@@ -20,6 +20,7 @@ from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest
 from proxy.config import Mode, Settings
 from proxy.engine import CompactionChain
+from proxy.engine.messages import Message
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload
 from proxy.engine.strategies.sliding_window import SlidingWindow
@@ -111,18 +112,21 @@ class Offloading:
         tenant: bytes,
         held: tuple[str, ...],
         headers: dict[str, str],
+        originals: Callable[[], Awaitable[Sequence[Message]]] | None = None,
     ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
         """The request to forward holding these offloaded results, and the reads to answer for it.
 
         When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
-        conversation (see `refresh`). Otherwise the request is returned as it is, with no reads.
+        conversation (see `refresh`), and one the store no longer holds is read from `originals`, the client's
+        messages, and stored again (see `proxy.offload.reads`). Otherwise the request is returned as it is.
         """
         if not held:
             return request, None
         await self.refresh(tenant, held)
         headers.update({OFFLOADED_HEADER: str(len(held)), READS_HEADER: "0"})
         api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
-        return with_read_tool(request), ReadBack(tenant, self.store, api, self.rounds, self.metrics())
+        back = ReadBack(tenant, self.store, api, self.rounds, self.metrics(), frozenset(held), originals)
+        return with_read_tool(request), back
 
     async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
         """Restart the time to live of the results a request holds, unless this process did so recently.
