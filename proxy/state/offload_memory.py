@@ -1,12 +1,12 @@
 """The offloaded results of the in-memory store: bounded in entries and bytes, and fair between tenants.
 
 One least-recently-used queue for every tenant would let one tenant's flood of offloaded results evict every other
-tenant's for good. Here a write that takes the store over its budget evicts the writer's own least recently used
-results first, for as long as the writer holds more than an even share of the budget (the budget divided among the
-tenants holding any) and more than the result just written; only a writer within its share evicts the least
+tenant's for good. Here a write that takes the store over its budget evicts the writer's own least recently used results
+first, for as long as the writer holds more than an even share of the budget, in bytes or in entries (the budget divided
+among the tenants holding any), and more than the result just written; only a writer within its share evicts the least
 recently used result of anyone, which is then a result of a tenant holding more than its share or an old one. So a
-tenant flooding alone, or a few of them, evicts only its own results, and a single tenant (a sidecar) still has the
-whole budget.
+tenant flooding alone evicts only its own results (a tenant within half the budget keeps all of its own while another
+writes results of up to half the budget each), and a single tenant (a sidecar) still has the whole budget.
 
 What is evicted is not lost for good either way: a conversation re-sends its originals every turn, and a read of a
 result no longer held is answered from them and stores it again (`proxy.offload.reads`).
@@ -99,12 +99,17 @@ class TenantOffloads:
         self._bytes += cost
         while len(self._order) > self._max_entries or self._bytes > self._max_bytes:
             own = self._tenants.get(tenant)
-            if own and len(own) > 1 and self._held[tenant] * len(self._tenants) > self._max_bytes:
+            if own and len(own) > 1 and self._over_share(tenant, own):
                 self._forget(tenant, next(iter(own)))
                 self._events.evict("share")
             else:
                 self._forget(*next(iter(self._order)))
                 self._events.evict("budget")
+
+    def _over_share(self, tenant: bytes, own: OrderedDict[str, tuple[float, str, int]]) -> bool:
+        """Whether the tenant holds more than an even share of the bytes or of the entries."""
+        tenants = len(self._tenants)
+        return self._held[tenant] * tenants > self._max_bytes or len(own) * tenants > self._max_entries
 
     def _forget(self, tenant: bytes, reference: str) -> None:
         results = self._tenants.get(tenant)

@@ -19,6 +19,10 @@ caller's tenant, lookups find the longest stored prefix of a conversation), with
   if that is still what is stored (compare-and-set), retrying a few times if another write slipped in between.
 - **Bounded connections.** A blocking pool of `max_connections`: a burst of requests queues for a connection
   instead of failing.
+- **Trusting no record.** Whoever can write to the Redis (another deployment sharing it through `key_prefix`, say)
+  can write anything under any key. A plan is checked against the prefix its key names before anything proportional
+  to what it claims is built (`codec.decode_plan`); a record failing that, or unreadable, counts as absent and is
+  reported to `events` (counted, one WARNING per process).
 - **Failing fast.** Timeouts are short and a refused connection is retried once without backoff, so a Redis that is
   down costs a request milliseconds; the service treats the store's error as its own and forwards unchanged.
 
