@@ -81,8 +81,8 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
     The record comes from outside the process: whoever can write to the store could make a few bytes claim millions
     of kept messages. So it is checked against the prefix it was found for before anything proportional to what it
     claims is built: its source length must be `source_length`, and its runs of kept messages, checked in one pass
-    over what was read, must lie inside it and keep at most `source_length` messages in all. Only then are the runs
-    expanded: a plan never costs more than the request it is replayed onto.
+    over what was read, must lie inside it, the plan holding at most `source_length` entries in all. Only then are
+    the runs expanded: a plan never costs more than the request it is replayed onto.
 
     :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version over `source_length`.
     """
@@ -112,15 +112,21 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
 
 
 def _check_runs(items: list[Any], source_length: int) -> None:
-    """Check every run of kept messages lies inside the source and all of them keep at most `source_length`."""
-    kept = 0
+    """Check every run of kept messages lies inside the source, and the plan has at most `source_length` entries.
+
+    A compaction never makes a conversation longer: each strategy replaces messages one for one or several by one,
+    so a plan the proxy made, composed turn after turn, holds at most as many entries as its source.
+    """
+    entries = 0
     for item in items:
         if isinstance(item, list):
             if len(item) != 2 or not all(_is_index(bound) for bound in item) or not item[0] < item[1] <= source_length:
                 raise PlanDecodeError("malformed run of kept messages")
-            kept += item[1] - item[0]
-    if kept > source_length:
-        raise PlanDecodeError("more kept messages than the prefix holds")
+            entries += item[1] - item[0]
+        else:
+            entries += 1
+    if entries > source_length:
+        raise PlanDecodeError("more entries than the prefix holds messages")
 
 
 def _decode_created(item: dict[str, Any], source_length: int) -> Created:
