@@ -76,19 +76,22 @@ class ReadBack:
         return texts
 
     async def _restore(self, references: set[str]) -> dict[str, str]:
-        """The texts of these held references found in the re-sent originals, stored again under the tenant."""
+        """The texts of these held references found in the re-sent originals, stored again under the tenant.
+
+        When storing them fails (logged, counted), they still answer this request's reads.
+        """
         if self.originals is None:
             return {}
+        restored = await asyncio.to_thread(resent_originals, await self.originals(), references)
+        if not restored:
+            return restored
         try:
-            messages = await self.originals()
-            restored = await asyncio.to_thread(resent_originals, messages, references)
-            if restored:
-                await self.store.save_offloaded(self.tenant, restored)
+            await self.store.save_offloaded(self.tenant, restored)
         except Exception as error:
-            log_failure(logger, "Storing re-sent offloaded results again failed; the model is told so.", error)
+            log_failure(logger, "Storing re-sent offloaded results again failed; they answer this request only.", error)
             self.metrics.errors.inc()
-            return {}
-        self.metrics.offload_restored.inc(len(restored))
+        else:
+            self.metrics.offload_restored.inc(len(restored))
         return restored
 
     async def _text(self, reference: str) -> str | None:
