@@ -139,6 +139,27 @@ class CompactionMetrics:
             ["reason"],
             registry=registry,
         )
+        self.state_records_rejected = Counter(
+            "compaction_proxy_state_records_rejected",
+            "Records read from the state store and ignored as not fitting the request they were found for (a plan"
+            " over another prefix, claiming more kept messages than it has, unreadable), by kind: rewrite, anchor.",
+            ["kind"],
+            registry=registry,
+        )
+        self.offload_evictions = Counter(
+            "compaction_proxy_offload_evictions",
+            "Offloaded results the in-memory store let go before their time, by reason: share (the writing tenant's"
+            " own, beyond its share of state_offload_max_bytes), budget (the least recently used of anyone's),"
+            " too_large (larger than the whole budget, not kept).",
+            ["reason"],
+            registry=registry,
+        )
+        self.offload_restored = Counter(
+            "compaction_proxy_offload_restored",
+            "Offloaded results no longer held that a read found in the conversation's re-sent original and stored"
+            " again.",
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",

@@ -116,12 +116,11 @@ class RewriteMemory:
         saved = getattr(self.store, "rewrites_saved", None)
         start = len(known.chain) if known is not None and saved is not None and known.missed_at == saved else 0
         since = known.found_at if known is not None and not start else None
-        chain = keyed.chain[start:] if start else keyed.chain  # no copy of the whole chain when looking over all of it
-        found = await latest_from(partial(self.store.latest_rewrite, scope), chain, since)
+        found = await latest_from(partial(self.store.latest_rewrite, scope), keyed.chain, since, start)
         if found is None:
             keyed.missed_at = saved
             return None
-        stored_at, stored = found[0] + start, found[1]
+        stored_at, stored = found
         plan = with_leading_block(stored.extended(len(keyed.messages)), keyed.messages)
         keyed.found_at = stored_at
         if len(keyed.messages) - (stored_at + 1) >= RESTORE_AFTER_MESSAGES:

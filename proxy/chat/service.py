@@ -65,6 +65,7 @@ from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
 from proxy.state import StateStore, open_store
+from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
 
 logger = logging.getLogger("proxy.compaction")
@@ -117,6 +118,10 @@ class ChatCompactionService(OverflowRetry):
         self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
         self.unknown_models = UnknownModels()
+        events = getattr(self.store, "events", None)
+        if isinstance(events, StoreEvents):
+            events.count_rejected = lambda kind: self.metrics.state_records_rejected.labels(kind).inc()
+            events.count_evicted = lambda reason: self.metrics.offload_evictions.labels(reason).inc()
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
@@ -342,7 +347,12 @@ class ChatCompactionService(OverflowRetry):
             tokens = exchange.estimate.tokens
         sized = (exchange.window, tokens)
         request, reads = await self.offloading.offer(
-            exchange.request, exchange.tenant, offered, exchange.headers, sized
+            exchange.request,
+            exchange.tenant,
+            offered,
+            exchange.headers,
+            sized=sized,
+            originals=lambda: self._originals(exchange),
         )
         chat = isinstance(request, ChatRequest)
         ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
@@ -364,6 +374,11 @@ class ChatCompactionService(OverflowRetry):
             context=exchange,
             reads=reads,
         )
+
+    async def _originals(self, exchange: Prepared) -> list[Message]:
+        """The request's messages as the client sent them, parsed again when they were `release`d."""
+        request = exchange.parsed if exchange.parsed is not None else await self._parse(exchange.raw, Api.CHAT)
+        return request.messages
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""

@@ -71,7 +71,8 @@ class StateSettings(BaseModel):
         gt=0,
         description=(
             "Bound, in bytes, on the offloaded tool results the in-memory store holds for the proxy's read tool"
-            " (`offload`); the least recently used go first."
+            " (`offload`), shared fairly between tenants: a tenant holding more than an even share evicts its own"
+            " least recently used first. A read of a result let go is answered from the re-sent original."
         ),
     )
     tenant_key: SecretStr = Field(

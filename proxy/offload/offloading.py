@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 from xxhash import xxh3_128_digest
@@ -21,6 +21,7 @@ from proxy.chat.request import ChatRequest
 from proxy.config import Settings
 from proxy.engine import CompactionChain, Thresholds
 from proxy.engine.counting import counter_for_model
+from proxy.engine.messages import Message
 from proxy.engine.strategies.chain import KeepingMore
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOffload, held_references
@@ -134,13 +135,17 @@ class Offloading:
         tenant: bytes,
         held: tuple[str, ...],
         headers: dict[str, str],
+        *,
         sized: tuple[int | None, int | None] = (None, None),
+        originals: Callable[[], Awaitable[Sequence[Message]]] | None = None,
     ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
         """The request to forward holding these offloaded results, and the reads to answer for it.
 
         When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
-        conversation (see `refresh`). Otherwise, or when the read tool cannot be offered to it (a later turn whose
-        client tools changed), the request is returned as it is, with no reads: every call reaches the client.
+        conversation (see `refresh`), and one the store no longer holds is read from `originals`, the client's
+        messages, and stored again (see `proxy.offload.reads`). Otherwise, or when the read tool cannot be offered to
+        it (a later turn whose client tools changed), the request is returned as it is, with no reads: every call
+        reaches the client.
 
         :param sized: The request's window and estimated prompt tokens, when known: the rounds stay within them.
         """
@@ -159,7 +164,15 @@ class Offloading:
         )
         api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
         back = ReadBack(
-            tenant, self.store, api, limits, self.metrics(), counter=counter_for_model(request.model), tokens=tokens
+            tenant,
+            self.store,
+            api,
+            limits,
+            self.metrics(),
+            counter=counter_for_model(request.model),
+            tokens=tokens,
+            held=frozenset(held),
+            originals=originals,
         )
         headers.update({OFFLOADED_HEADER: str(len(held)), **back.report()})
         return as_forwarded(request, held, settings.offload_max_tools), back

@@ -9,11 +9,20 @@ model asks: each text is sent at most once per request (a later read of the same
 above), and a read whose text would take the next round's request past `max_body_bytes`, or past the window's room
 counting what is read, is answered with a short "too large" result instead. When even the model's calls with short
 results do not fit, the round asks for an answer without tools (`tool_choice: none`) and reads nothing.
+
+A result the store no longer holds (evicted, expired, lost with a Redis) is not lost while its conversation goes on:
+the client re-sends the original in full every turn, and the rewrite replayed on it still points at it. A read of a
+reference the forwarded request holds that the store misses is answered from the request's own tool results (the
+one whose text, as sent or JSON-minified as it was offloaded, has that reference) and stored again, so the rest of
+the conversation reads it from the store. Only the request's own references are looked for, in its own messages:
+nothing of another tenant's can be found this way, and a guessed reference costs no search.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,6 +32,9 @@ from proxy.chat.exchange import Api
 from proxy.chat.metrics import CompactionMetrics
 from proxy.engine.counting import TokenCounter
 from proxy.engine.json_bytes import json_bytes
+from proxy.engine.messages import Message, content_text, is_tool_result
+from proxy.engine.strategies.json_minify import minified
+from proxy.engine.strategies.offload import content_reference
 from proxy.failures import log_failure
 from proxy.offload.rounds import Reads, asked_again, without_tools
 from proxy.state import StateStore
@@ -103,6 +115,8 @@ class ReadBack:
     :param metrics: Where reads are counted.
     :param counter: Counts the tokens of what is read.
     :param tokens: The estimated prompt tokens of the forwarded request, None when unknown (no token bound then).
+    :param held: The references of the offloaded results the forwarded request holds.
+    :param originals: The request's messages as the client sent them, where a result the store misses is found.
     """
 
     def __init__(
@@ -115,6 +129,8 @@ class ReadBack:
         *,
         counter: TokenCounter,
         tokens: int | None,
+        held: frozenset[str] = frozenset(),
+        originals: Callable[[], Awaitable[Sequence[Message]]] | None = None,
     ) -> None:
         self.tenant = tenant
         self.store = store
@@ -123,6 +139,8 @@ class ReadBack:
         self.metrics = metrics
         self.counter = counter
         self.tokens = tokens if limits.room is not None else None
+        self.held = held
+        self.originals = originals
         self.read: set[str] = set()
         self.served = 0
         self.not_held = 0
@@ -191,7 +209,28 @@ class ReadBack:
         if reference is not None and reference in self.read:
             return REPEATED, "repeated"
         text = await self._text(reference) if reference else None
+        if text is None and reference in self.held:
+            text = (await self._restore({reference})).get(reference)
         return (NOT_HELD, "not_held") if text is None else (text, "served")
+
+    async def _restore(self, references: set[str]) -> dict[str, str]:
+        """The texts of these held references found in the re-sent originals, stored again under the tenant.
+
+        When storing them fails (logged, counted), they still answer this request's reads.
+        """
+        if self.originals is None:
+            return {}
+        restored = await asyncio.to_thread(resent_originals, await self.originals(), references)
+        if not restored:
+            return restored
+        try:
+            await self.store.save_offloaded(self.tenant, restored)
+        except Exception as error:
+            log_failure(logger, "Storing re-sent offloaded results again failed; they answer this request only.", error)
+            self.metrics.errors.inc()
+        else:
+            self.metrics.offload_restored.inc(len(restored))
+        return restored
 
     async def _text(self, reference: str) -> str | None:
         """The text under `reference`; None also when the store fails (logged, counted): the model is told so."""
@@ -222,3 +261,23 @@ class ReadBack:
     def _count(self, outcome: str, times: int = 1) -> None:
         if times:
             self.metrics.offload_reads.labels(outcome).inc(times)
+
+
+def resent_originals(messages: Sequence[Message], references: Collection[str]) -> dict[str, str]:
+    """The texts, among the tool results of `messages`, that were offloaded under these references.
+
+    A result is offloaded as sent, or JSON-minified when `json_minify` rewrote it first: both are tried. One pass,
+    hashing each tool result at most twice; it stops once every reference is found.
+    """
+    found: dict[str, str] = {}
+    for message in messages:
+        if len(found) == len(references):
+            break
+        if not is_tool_result(message):
+            continue
+        text = content_text(message)
+        for candidate in (text, minified(text)):
+            if candidate and (reference := content_reference(candidate)) in references:
+                found[reference] = candidate
+                break
+    return found

@@ -13,12 +13,15 @@ overwrite another's records, even for byte-identical conversations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final, Protocol, TypeVar
 
 from proxy.engine.plan import EditPlan
 
 V = TypeVar("V")
+
+logger = logging.getLogger("proxy.state")
 
 OFFLOAD_REFRESH_SHARE: Final = 1 / 8
 """Offloaded results are refreshed at most once per this share of the state's time to live, and kept this share
@@ -30,19 +33,60 @@ def offload_ttl(ttl_seconds: float) -> float:
     return ttl_seconds * (1 + OFFLOAD_REFRESH_SHARE)
 
 
+class StoreEvents:
+    """What a state store refused or let go, reported to whoever counts it (the compaction service's metrics).
+
+    A record read from a shared store comes from outside the process: one that does not fit the request it was found
+    for is treated as absent and counted here; the first of each kind is logged as a WARNING (never its contents),
+    the rest only counted, so a store full of them cannot write a log line per request.
+    """
+
+    def __init__(self) -> None:
+        self.count_rejected: Callable[[str], None] = _ignore
+        """Called with the record's kind (`rewrite`, `anchor`) for each record refused; set by the service."""
+        self.count_evicted: Callable[[str], None] = _ignore
+        """Called with the reason for each offloaded result the in-memory store let go early; set by the service."""
+        self._warned: set[str] = set()
+
+    def reject(self, kind: str) -> None:
+        """Count a stored record of `kind` that was refused, warning the first time."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning(
+                "A stored %s did not fit the conversation it was found for and was ignored; further ones are only"
+                " counted (compaction_proxy_state_records_rejected).",
+                kind,
+            )
+        self.count_rejected(kind)
+
+    def evict(self, reason: str) -> None:
+        """Count an offloaded result let go before its time (see `proxy.state.offload_memory`)."""
+        self.count_evicted(reason)
+
+
+def _ignore(_kind: str) -> None:
+    """Count nothing (until the service says where to count)."""
+
+
 class StateStore(Protocol):
     """Where rewrites and anchors live: in memory for a sidecar, Redis for replicas behind one Service."""
 
-    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
-        """The rewrite stored for the longest prefix of `chain`: (index of its last message, plan), or None."""
+    async def latest_rewrite(
+        self, tenant: bytes, chain: Sequence[bytes], start: int = 0
+    ) -> tuple[int, EditPlan] | None:
+        """The rewrite stored for the longest prefix of `chain` ending at `start` or later: (its last index, plan).
+
+        None when there is none. A record whose plan is not over exactly the prefix it is stored under (one that came
+        from outside the proxy) is treated as absent, and reported to `StoreEvents.reject`.
+        """
         ...
 
     async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> None:
         """Remember `plan` for the original prefix whose chain ends in `chain_key`."""
         ...
 
-    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, int] | None:
-        """The anchor stored for the longest prefix of `chain`: (index of its last message, tokens), or None."""
+    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes], start: int = 0) -> tuple[int, int] | None:
+        """The anchor stored for the longest prefix of `chain` ending at `start` or later: (its last index, tokens)."""
         ...
 
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
@@ -67,17 +111,21 @@ class StateStore(Protocol):
 
 
 async def latest_from(
-    latest: Callable[[Sequence[bytes]], Awaitable[tuple[int, V] | None]], chain: Sequence[bytes], since: int | None
+    latest: Callable[[Sequence[bytes], int], Awaitable[tuple[int, V] | None]],
+    chain: Sequence[bytes],
+    since: int | None,
+    start: int = 0,
 ) -> tuple[int, V] | None:
-    """What `latest` (a store's lookup, bound to a tenant) finds for `chain`, looking from `since` first.
+    """What `latest` (a store's lookup, bound to a tenant) finds for `chain` from `start`, looking from `since` first.
 
     A conversation's record was found at `since` on its last turn. While that record is stored, the longest stored
     prefix of `chain` ends there or later, so only the chain from there is looked up: for Redis, one `MGET` of the
     new part instead of the chain's last `scan_limit` keys. When nothing is found there (the record expired, or the
-    chain is not the one the hint was found on), the whole chain is looked up: the answer is always the full one.
+    chain is not the one the hint was found on), the chain from `start` is looked up: the answer is always the full
+    one.
     """
-    if since is not None and 0 < since < len(chain):
-        found = await latest(chain[since:])
+    if since is not None and start < since < len(chain):
+        found = await latest(chain, since)
         if found is not None:
-            return found[0] + since, found[1]
-    return await latest(chain)
+            return found
+    return await latest(chain, start)

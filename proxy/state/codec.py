@@ -75,10 +75,16 @@ def encode_entry(entry: Entry) -> bytes:
     return orjson.dumps(_encode_created(entry), default=_default)
 
 
-def decode_plan(data: bytes) -> EditPlan:
-    """The plan `encode_plan` wrote.
+def decode_plan(data: bytes, source_length: int) -> EditPlan:
+    """The plan `encode_plan` wrote for a prefix of `source_length` messages (the prefix its key names).
 
-    :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version.
+    The record comes from outside the process: whoever can write to the store could make a few bytes claim millions
+    of kept messages. So it is checked against the prefix it was found for before anything proportional to what it
+    claims is built: its source length must be `source_length`, and its runs of kept messages, checked in one pass
+    over what was read, must lie inside it, the plan holding at most `source_length` entries in all. Only then are
+    the runs expanded: a plan never costs more than the request it is replayed onto.
+
+    :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version over `source_length`.
     """
     try:
         document = orjson.loads(data)
@@ -86,22 +92,41 @@ def decode_plan(data: bytes) -> EditPlan:
         raise PlanDecodeError("not JSON") from error
     if not isinstance(document, list) or len(document) != 3:
         raise PlanDecodeError("not a plan")
-    version, source_length, items = document
+    version, length, items = document
     if version != FORMAT_VERSION:
         raise PlanDecodeError(f"unknown plan format version {version!r}")
-    if not _is_index(source_length) or not isinstance(items, list):
+    if not _is_index(length) or not isinstance(items, list):
         raise PlanDecodeError("malformed plan header")
+    if length != source_length:
+        raise PlanDecodeError("a plan over another prefix than the one it is stored under")
+    _check_runs(items, length)
     entries: list[Entry] = []
+    for item in items:
+        if isinstance(item, list):
+            entries.extend(Kept(index) for index in range(item[0], item[1]))
+        elif isinstance(item, dict):
+            entries.append(_decode_created(item, length))
+        else:
+            raise PlanDecodeError("malformed plan entry")
+    return EditPlan(length, tuple(entries))
+
+
+def _check_runs(items: list[Any], source_length: int) -> None:
+    """Check every run of kept messages lies inside the source, and the plan has at most `source_length` entries.
+
+    A compaction never makes a conversation longer: each strategy replaces messages one for one or several by one,
+    so a plan the proxy made, composed turn after turn, holds at most as many entries as its source.
+    """
+    entries = 0
     for item in items:
         if isinstance(item, list):
             if len(item) != 2 or not all(_is_index(bound) for bound in item) or not item[0] < item[1] <= source_length:
                 raise PlanDecodeError("malformed run of kept messages")
-            entries.extend(Kept(index) for index in range(item[0], item[1]))
-        elif isinstance(item, dict):
-            entries.append(_decode_created(item, source_length))
+            entries += item[1] - item[0]
         else:
-            raise PlanDecodeError("malformed plan entry")
-    return EditPlan(source_length, tuple(entries))
+            entries += 1
+    if entries > source_length:
+        raise PlanDecodeError("more entries than the prefix holds messages")
 
 
 def _decode_created(item: dict[str, Any], source_length: int) -> Created:

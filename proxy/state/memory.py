@@ -15,12 +15,10 @@ from typing import Final, Generic, TypeVar
 import orjson
 
 from proxy.engine.plan import Created, EditPlan
-from proxy.state.base import offload_ttl
+from proxy.state.base import StoreEvents, offload_ttl
+from proxy.state.offload_memory import RECORD_OVERHEAD, TenantOffloads
 
 V = TypeVar("V")
-
-RECORD_OVERHEAD: Final = 200
-"""Bytes one record costs besides its value: the key, the expiry, the dict slot."""
 
 DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
 """What the rewrites of an in-memory store hold at most unless told otherwise."""
@@ -68,12 +66,6 @@ class _ExpiringLRU(Generic[V]):
         """What the entries held now cost, as charged."""
         return self._bytes
 
-    def touch(self, key: bytes) -> None:
-        """Restart the time to live of the entry under `key`, if it is held."""
-        value = self.get(key)
-        if value is not None:
-            self.put(key, value)
-
     def get(self, key: bytes) -> V | None:
         entry = self._entries.get(key)
         if entry is None:
@@ -102,9 +94,9 @@ class _ExpiringLRU(Generic[V]):
         if entry is not None:
             self._bytes -= entry[2]
 
-    def latest(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, V] | None:
-        """The value for the longest prefix of `chain`, scanning from the newest message back."""
-        for index in range(len(chain) - 1, -1, -1):
+    def latest(self, tenant: bytes, chain: Sequence[bytes], start: int) -> tuple[int, V] | None:
+        """The value for the longest prefix of `chain` ending at `start` or later, scanning from the newest back."""
+        for index in range(len(chain) - 1, start - 1, -1):
             value = self.get(tenant + chain[index])
             if value is not None:
                 return index, value
@@ -119,8 +111,8 @@ class MemoryStore:
     :param ttl_seconds: How long a record lives after it was last written (an offloaded result: `offload_ttl`).
     :param max_bytes: What the rewrites may hold in all (see `plan_bytes`); the least recently used go first, and a
         single rewrite larger than this is not kept. Anchors are small and bounded by `max_entries`.
-    :param offload_max_bytes: What offloaded results may hold in all (UTF-8 bytes plus `RECORD_OVERHEAD` each); the
-        least recently used go first.
+    :param offload_max_bytes: What offloaded results may hold in all (UTF-8 bytes plus `RECORD_OVERHEAD` each),
+        shared fairly between tenants (see `TenantOffloads`).
     """
 
     def __init__(
@@ -137,26 +129,24 @@ class MemoryStore:
         self.anchors: _ExpiringLRU[int] = _ExpiringLRU(
             max_entries, ttl_seconds, clock, max_entries * RECORD_OVERHEAD, lambda _tokens: RECORD_OVERHEAD
         )
-        self.offloads: _ExpiringLRU[str] = _ExpiringLRU(
-            max_entries,
-            offload_ttl(ttl_seconds),
-            clock,
-            offload_max_bytes,
-            lambda text: RECORD_OVERHEAD + len(text.encode("utf-8", "surrogatepass")),
-        )
+        self.events = StoreEvents()
+        """Where offloaded results let go early are counted."""
+        self.offloads = TenantOffloads(max_entries, offload_ttl(ttl_seconds), clock, offload_max_bytes, self.events)
 
-    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
-        """The rewrite for the longest stored prefix of `chain`."""
-        return self.rewrites.latest(tenant, chain)
+    async def latest_rewrite(
+        self, tenant: bytes, chain: Sequence[bytes], start: int = 0
+    ) -> tuple[int, EditPlan] | None:
+        """The rewrite for the longest stored prefix of `chain` from `start` (the proxy's own plans: no check)."""
+        return self.rewrites.latest(tenant, chain, start)
 
     async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> None:
         """Store a rewrite."""
         self.rewrites.put(tenant + chain_key, plan)
         self.rewrites_saved += 1
 
-    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, int] | None:
-        """The anchor for the longest stored prefix of `chain`."""
-        return self.anchors.latest(tenant, chain)
+    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes], start: int = 0) -> tuple[int, int] | None:
+        """The anchor for the longest stored prefix of `chain` from `start`."""
+        return self.anchors.latest(tenant, chain, start)
 
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:
         """Store an anchor."""
@@ -165,16 +155,16 @@ class MemoryStore:
     async def save_offloaded(self, tenant: bytes, contents: Mapping[str, str]) -> None:
         """Store offloaded results."""
         for reference, content in contents.items():
-            self.offloads.put(tenant + reference.encode(), content)
+            self.offloads.put(tenant, reference, content)
 
     async def offloaded(self, tenant: bytes, reference: str) -> str | None:
         """An offloaded result of the tenant."""
-        return self.offloads.get(tenant + reference.encode())
+        return self.offloads.get(tenant, reference)
 
     async def touch_offloaded(self, tenant: bytes, references: Sequence[str]) -> None:
         """Keep offloaded results alive."""
         for reference in references:
-            self.offloads.touch(tenant + reference.encode())
+            self.offloads.touch(tenant, reference)
 
     @property
     def offloaded_bytes(self) -> int:

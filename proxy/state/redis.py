@@ -19,6 +19,10 @@ caller's tenant, lookups find the longest stored prefix of a conversation), with
   if that is still what is stored (compare-and-set), retrying a few times if another write slipped in between.
 - **Bounded connections.** A blocking pool of `max_connections`: a burst of requests queues for a connection
   instead of failing.
+- **Trusting no record.** Whoever can write to the Redis (another deployment sharing it through `key_prefix`, say)
+  can write anything under any key. A plan is checked against the prefix its key names before anything proportional
+  to what it claims is built (`codec.decode_plan`); a record failing that, or unreadable, counts as absent and is
+  reported to `events` (counted, one WARNING per process).
 - **Failing fast.** Timeouts are short and a refused connection is retried once without backoff, so a Redis that is
   down costs a request milliseconds; the service treats the store's error as its own and forwards unchanged.
 
@@ -42,7 +46,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from proxy.engine.plan import EditPlan
-from proxy.state.base import offload_ttl
+from proxy.state.base import StoreEvents, offload_ttl
 from proxy.state.codec import PlanDecodeError, decode_plan, encode_plan, supersedes
 
 logger = logging.getLogger("proxy.state.redis")
@@ -111,6 +115,8 @@ class RedisStore:
         )
         self._redis: Redis = Redis(connection_pool=self._pool)
         self._save_rewrite = self._redis.register_script(_SAVE_REWRITE)
+        self.events = StoreEvents()
+        """Where records refused as not fitting are reported."""
 
     def rewrite_key(self, tenant: bytes, chain_key: bytes) -> str:
         """The key of the rewrite stored for a tenant's prefix."""
@@ -120,22 +126,31 @@ class RedisStore:
         """The key of the anchor stored for a tenant's sent prefix."""
         return f"{self._prefix}a:{tenant.hex()}:{chain_key.hex()}"
 
-    async def _newest_first(self, kind: str, tenant: bytes, chain: Sequence[bytes]) -> list[tuple[int, bytes]]:
-        """The stored values among the last `scan_limit` prefixes of `chain`, newest first, fetched in one MGET."""
-        if not chain:
+    async def _newest_first(
+        self, kind: str, tenant: bytes, chain: Sequence[bytes], start: int
+    ) -> list[tuple[int, bytes]]:
+        """The stored values among the last `scan_limit` prefixes of `chain` from `start`, newest first (one MGET)."""
+        indices = range(len(chain) - 1, max(start, len(chain) - self._scan_limit) - 1, -1)
+        if not indices:
             return []
-        indices = range(len(chain) - 1, max(0, len(chain) - self._scan_limit) - 1, -1)
         keys = [f"{self._prefix}{kind}:{tenant.hex()}:{chain[index].hex()}" for index in indices]
         values: list[Any] = await self._redis.mget(keys)
         return [(index, value) for index, value in zip(indices, values, strict=True) if value is not None]
 
-    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, EditPlan] | None:
-        """The rewrite for the longest stored prefix of `chain`; a record this build cannot read counts as absent."""
-        for index, value in await self._newest_first("r", tenant, chain):
+    async def latest_rewrite(
+        self, tenant: bytes, chain: Sequence[bytes], start: int = 0
+    ) -> tuple[int, EditPlan] | None:
+        """The rewrite for the longest stored prefix of `chain` from `start`.
+
+        A record that is not a plan over exactly the prefix its key names (unreadable, another format version, or
+        written by someone else sharing the Redis) counts as absent: it is checked before it is expanded, so it costs
+        its bytes, never what it claims (`codec.decode_plan`).
+        """
+        for index, value in await self._newest_first("r", tenant, chain, start):
             try:
-                return index, decode_plan(value)
+                return index, decode_plan(value, index + 1)
             except PlanDecodeError:
-                logger.warning("Skipping an unreadable stored rewrite.")
+                self.events.reject("rewrite")
         return None
 
     async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> None:
@@ -148,8 +163,9 @@ class RedisStore:
             if current is None:
                 return
             try:
-                stored = decode_plan(current)
+                stored = decode_plan(current, plan.source_length)
             except PlanDecodeError:
+                self.events.reject("rewrite")
                 replacing = current  # unreadable (corrupt, or another format version): ours is better than nothing
                 continue
             if not supersedes(plan, stored):
@@ -157,13 +173,13 @@ class RedisStore:
             replacing = current
         logger.warning("A rewrite kept changing under concurrent saves; the stored one was left in place.")
 
-    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> tuple[int, int] | None:
-        """The anchor for the longest stored prefix of `chain`."""
-        for index, value in await self._newest_first("a", tenant, chain):
+    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes], start: int = 0) -> tuple[int, int] | None:
+        """The anchor for the longest stored prefix of `chain` from `start`; an unreadable one counts as absent."""
+        for index, value in await self._newest_first("a", tenant, chain, start):
             try:
                 return index, int(value)
             except ValueError:
-                logger.warning("Skipping an unreadable stored anchor.")
+                self.events.reject("anchor")
         return None
 
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> None:

@@ -56,13 +56,13 @@ class RaisingStore:
         self.calls += 1
         raise ConnectionError("state store unavailable")
 
-    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes]) -> NoReturn:
+    async def latest_rewrite(self, tenant: bytes, chain: Sequence[bytes], start: int = 0) -> NoReturn:
         self._fail()
 
     async def save_rewrite(self, tenant: bytes, chain_key: bytes, plan: EditPlan) -> NoReturn:
         self._fail()
 
-    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes]) -> NoReturn:
+    async def latest_anchor(self, tenant: bytes, chain: Sequence[bytes], start: int = 0) -> NoReturn:
         self._fail()
 
     async def save_anchor(self, tenant: bytes, chain_key: bytes, tokens: int) -> NoReturn:

@@ -42,13 +42,19 @@ def created_entries(draw: st.DrawFn, source_length: int) -> Created:
 
 @st.composite
 def plans(draw: st.DrawFn) -> EditPlan:
-    """Arbitrary plans: kept indices in any order (runs, gaps, repeats) mixed with created messages."""
+    """Arbitrary plans: kept indices in any order (runs, gaps, repeats) mixed with created messages.
+
+    At most `source_length` entries in all, as a compaction never makes a conversation longer (what a reader checks).
+    """
     source_length = draw(st.integers(min_value=0, max_value=80))
     entries: list[Entry] = []
     for _ in range(draw(st.integers(min_value=0, max_value=10))):
-        if source_length and draw(st.booleans()):
+        room = source_length - len(entries)
+        if not room:
+            break
+        if draw(st.booleans()):
             start = draw(st.integers(min_value=0, max_value=source_length - 1))
-            stop = draw(st.integers(min_value=start + 1, max_value=source_length))
+            stop = draw(st.integers(min_value=start + 1, max_value=min(source_length, start + room)))
             entries.extend(Kept(index) for index in range(start, stop))
         else:
             entries.append(draw(created_entries(source_length)))
@@ -58,7 +64,7 @@ def plans(draw: st.DrawFn) -> EditPlan:
 @settings(max_examples=100, deadline=None)
 @given(plans())
 def test_round_trip_is_exact(plan: EditPlan) -> None:
-    decoded = decode_plan(encode_plan(plan))
+    decoded = decode_plan(encode_plan(plan), plan.source_length)
     assert decoded == plan
     assert encode_plan(decoded) == encode_plan(plan)
 
@@ -66,7 +72,9 @@ def test_round_trip_is_exact(plan: EditPlan) -> None:
 @settings(max_examples=50, deadline=None)
 @given(plans())
 def test_created_messages_keep_their_key_order(plan: EditPlan) -> None:
-    for original, decoded in zip(plan.created(), decode_plan(encode_plan(plan)).created(), strict=True):
+    for original, decoded in zip(
+        plan.created(), decode_plan(encode_plan(plan), plan.source_length).created(), strict=True
+    ):
         assert list(decoded.message) == list(original.message)
         assert orjson.dumps(decoded.message) == orjson.dumps(original.message)
 
@@ -96,7 +104,7 @@ def test_kept_runs_are_start_stop_pairs() -> None:
 
 def test_mapping_proxies_in_meta_are_encoded() -> None:
     entry = Created({"role": "user", "content": "x"}, MappingProxyType({COMPACTION_META_KEY: {"strategy": "s"}}))
-    decoded = decode_plan(encode_plan(EditPlan(1, (entry,))))
+    decoded = decode_plan(encode_plan(EditPlan(1, (entry,))), 1)
     assert decoded.entries[0] == Created({"role": "user", "content": "x"}, {COMPACTION_META_KEY: {"strategy": "s"}})
 
 
@@ -115,11 +123,16 @@ def test_mapping_proxies_in_meta_are_encoded() -> None:
         b'[1, 3, [{"m": "text", "t": {}}]]',
         b'[1, 3, [{"m": {}, "t": {}, "r": 3}]]',
         b"[1, 3]",
+        b"[1, 4, [[0, 3]]]",  # a plan over another prefix than the three messages its key names
+        b"[1, 5000000, [[0, 5000000]]]",
+        b"[1, 3, [[0, 3], [0, 3]]]",  # more kept messages than the prefix holds
+        b"[1, 3, [[0, 2], [1, 3]]]",
+        b'[1, 3, [[0, 3], {"m": {}, "t": {}}]]',  # more entries than the prefix holds messages
     ],
 )
 def test_unreadable_bytes_raise(data: bytes) -> None:
     with pytest.raises(PlanDecodeError):
-        decode_plan(data)
+        decode_plan(data, 3)
 
 
 def _note(text: str, replaces: int | None = None) -> Created:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import openai
 import pytest
 
+from proxy.chat.caller import Caller
 from proxy.chat.metrics import CompactionMetrics
 from proxy.config import Settings
 from proxy.engine import CompactionChain, SlidingWindow
@@ -170,5 +171,37 @@ async def test_a_result_offloaded_on_one_replica_is_read_on_another(upstream: Op
         assert raw.headers["x-compaction-reads"] == "1"
         assert raw.headers["x-compaction"] == "unchanged"  # the first replica's rewrite replayed: no new offload
         assert upstream.chat_requests[-1]["messages"][-1]["content"] == LOG
+    finally:
+        await proxies.close()
+
+
+async def test_a_result_redis_lost_is_read_from_the_resent_original_and_stored_again(
+    upstream: OpenAIUpstream, redis_url: str
+) -> None:
+    """Redis evicts under its own memory policy: a result it lost is found in the original the client re-sends."""
+    proxies = LoopbackProxies(
+        upstream=upstream.base_url,
+        context_windows={"gpt-4o-mini": 4096},
+        state_url=redis_url,
+        tenant_key=uuid.uuid4().hex,
+    )
+    try:
+        proxy = await proxies.start()
+        store = proxy.service.store
+        assert isinstance(store, RedisStore)
+        history = conversation()
+        async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-alice", max_retries=0) as sdk:
+            turn = await sdk.chat.completions.create(model="gpt-4o-mini", messages=history, tools=CLIENT_TOOLS)
+            tenant = Caller.of({"authorization": "Bearer sk-alice"}, proxy.settings).tenant
+            assert await store._redis.delete(store.offload_key(tenant, content_reference(LOG))) == 1
+            history += [{"role": "assistant", "content": turn.choices[0].message.content}]
+            history += [{"role": "user", "content": "Once more?"}]
+            raw = await sdk.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini", messages=history, tools=CLIENT_TOOLS
+            )
+        assert raw.headers["x-compaction"] == "unchanged"  # the rewrite replayed: the reference went upstream
+        assert raw.parse().choices[0].message.content == f"found {SECRET}"
+        assert upstream.chat_requests[-1]["messages"][-1]["content"] == LOG
+        assert await store.offloaded(tenant, content_reference(LOG)) == LOG  # stored again
     finally:
         await proxies.close()

@@ -38,6 +38,14 @@ def _key(number: int) -> bytes:
     return hashlib.blake2b(f"race:{number}".encode(), digest_size=16).digest()
 
 
+PREFIX = [hashlib.blake2b(f"race-prefix:{index}".encode(), digest_size=16).digest() for index in range(9)]
+"""The chain before a key: a plan over ten messages is stored under the tenth element of its chain."""
+
+
+def _chain(key: bytes) -> list[bytes]:
+    return [*PREFIX, key]
+
+
 @pytest.fixture
 async def replicas(redis_url: str) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
     prefix = f"race:{uuid.uuid4().hex}:"
@@ -56,7 +64,7 @@ async def _race(replicas: tuple[RedisStore, RedisStore], plan_a: EditPlan, plan_
         pair = [a.save_rewrite(TENANT, _key(number), plan_a), b.save_rewrite(TENANT, _key(number), plan_b)]
         saves.extend(pair if number % 2 else reversed(pair))
     await asyncio.gather(*saves)
-    found = await asyncio.gather(*(b.latest_rewrite(TENANT, [_key(number)]) for number in range(KEYS)))
+    found = await asyncio.gather(*(b.latest_rewrite(TENANT, _chain(_key(number))) for number in range(KEYS)))
     assert all(entry is not None for entry in found)
     return [entry[1] for entry in found if entry is not None]
 
@@ -79,7 +87,7 @@ async def test_incomparable_compactions_keep_the_first_written(replicas: tuple[R
     a, b = replicas
     await a.save_rewrite(TENANT, _key(0), DROP_FOUR)
     await b.save_rewrite(TENANT, _key(0), PRUNE_SEVEN)
-    assert await a.latest_rewrite(TENANT, [_key(0)]) == (0, DROP_FOUR)
+    assert await a.latest_rewrite(TENANT, _chain(_key(0))) == (9, DROP_FOUR)
     # Raced, exactly one of the two is stored per key, and both replicas read that same one.
     results = await _race(replicas, PRUNE_SEVEN, DROP_FOUR)
     assert set(map(id, results)) and all(plan in (PRUNE_SEVEN, DROP_FOUR) for plan in results)
@@ -105,6 +113,6 @@ async def test_a_write_between_judging_and_replacing_is_not_overwritten(
 
     a._save_rewrite = script_with_interference  # type: ignore[assignment]
     await a.save_rewrite(TENANT, key, DROP_FOUR)
-    assert await a.latest_rewrite(TENANT, [key]) == (0, LATER)
+    assert await a.latest_rewrite(TENANT, _chain(key)) == (9, LATER)
     assert len(calls) == 2, "A tried to replace DROP_THREE once, found LATER instead, and left it"
     assert calls[0] == b"" and calls[1] != b""

@@ -34,7 +34,7 @@ def chain(length: int, conversation: str = "c") -> list[bytes]:
 
 def compacted(length: int, text: str = "[earlier messages were removed]") -> EditPlan:
     note = Created({"role": "user", "content": text}, {COMPACTION_META_KEY: {"strategy": "sliding_window"}})
-    return EditPlan(length, (Kept(0), note, *(Kept(index) for index in range(length // 2, length))))
+    return EditPlan(length, (Kept(0), note, *(Kept(index) for index in range(max(2, length // 2), length))))
 
 
 async def test_nothing_stored_finds_nothing(store: StateStore) -> None:
