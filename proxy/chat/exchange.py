@@ -52,6 +52,8 @@ class ForwardPlan:
     :param context: Opaque state the compaction side needs back in `ChatOutcome`.
     :param reads: The proxy's read tool was added: how the server answers the model's calls to it (a
         `proxy.offload.reads.ReadBack`), or None.
+    :param failed_open: The compaction side failed and forwards the client's bytes unchanged: the stage that failed,
+        for the server to count with its own fail-opens (`compaction_proxy_fail_open_total`); None when it did not.
     """
 
     body: bytes
@@ -60,6 +62,7 @@ class ForwardPlan:
     strip_usage_chunk: bool = False
     context: Any = None
     reads: Any = None
+    failed_open: str | None = None
 
 
 @dataclass(frozen=True)

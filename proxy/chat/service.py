@@ -60,7 +60,7 @@ from proxy.engine import (
 )
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.strategies.offload import held_references
-from proxy.failures import log_failure
+from proxy.failures import OutageLog
 from proxy.offload.offloading import Offloading, offload_off
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.stateful import ProviderChains
@@ -118,6 +118,7 @@ class ChatCompactionService(OverflowRetry):
         self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
         self.unknown_models = UnknownModels()
+        self.failures = OutageLog(logger, getattr(self.store, "outage_errors", ()), "The state store")
         events = getattr(self.store, "events", None)
         if isinstance(events, StoreEvents):
             events.count_rejected = lambda kind: self.metrics.state_records_rejected.labels(kind).inc()
@@ -168,9 +169,12 @@ class ChatCompactionService(OverflowRetry):
                 return await self._prepare_provider_state(chat, request, headers, caller)
             plan = await self._prepare(chat, request, headers, caller, extension)
         except Exception as error:
-            log_failure(logger, "Compaction failed; forwarding the request unchanged.", error)
+            self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
-            return ForwardPlan(body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"})
+            return ForwardPlan(
+                body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"}, failed_open="compact"
+            )
+        self.failures.answered()
         if not isinstance(exchange := plan.context, Prepared) or not isinstance(exchange.parsed, ChatRequest):
             return plan
         if splices is not None:
@@ -398,7 +402,7 @@ class ChatCompactionService(OverflowRetry):
                 return None
             return await self._retry_after_overflow(exchange, outcome)
         except Exception as error:
-            log_failure(logger, "Recording the upstream's answer failed; it is relayed as it was.", error)
+            self.failures.failed("Recording the upstream's answer failed; it is relayed as it was.", error)
             self.metrics.errors.inc()
             return None
 

@@ -86,6 +86,10 @@ async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan |
     except Exception as exc:
         _fail_open(request, "prepare", exc)
         return None
+    if plan.failed_open is not None:
+        # The compaction side logged its own failure; the server counts every fail-open in one place.
+        request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
+        request[RECORD].fail_open.append(plan.failed_open)
     return plan
 
 

@@ -68,7 +68,8 @@ class ProxyMetrics:
         )
         self.fail_open = Counter(
             "compaction_proxy_fail_open",
-            "Chat requests forwarded unchanged because the compaction side raised, by stage (prepare, complete;"
+            "Chat requests forwarded unchanged because the compaction side failed, by stage (compact: deciding it"
+            " failed, a state store that does not answer included; prepare, complete: the compaction side raised;"
             " inspect: inspecting the answer stream raised, the rest of it was relayed uninspected).",
             ["stage"],
             registry=self.registry,

@@ -43,7 +43,9 @@ from typing import Any, Final
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.engine.plan import EditPlan
 from proxy.state.base import StoreEvents, offload_ttl
@@ -66,6 +68,10 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return current
 """
+
+
+OUTAGE_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What a Redis that does not answer raises: an outage to report once, not a failure to log per request."""
 
 
 class RedisStore:
@@ -117,6 +123,8 @@ class RedisStore:
         self._save_rewrite = self._redis.register_script(_SAVE_REWRITE)
         self.events = StoreEvents()
         """Where records refused as not fitting are reported."""
+        self.outage_errors: tuple[type[BaseException], ...] = OUTAGE_ERRORS
+        """What this store raises while it does not answer (see `proxy.failures.OutageLog`)."""
 
     def rewrite_key(self, tenant: bytes, chain_key: bytes) -> str:
         """The key of the rewrite stored for a tenant's prefix."""
