@@ -18,6 +18,7 @@ unchanged: the proxy must never fail a request that would have succeeded without
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
@@ -58,6 +59,7 @@ from proxy.engine import (
     chain_by_names,
     counter_for_model,
 )
+from proxy.engine.encodings import load_shipped
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.strategies.offload import held_references
 from proxy.failures import OutageLog
@@ -130,6 +132,14 @@ class ChatCompactionService(OverflowRetry):
         self.usage.metrics = self.exact.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
+
+    async def warm_up(self) -> None:
+        """Load the tokenizers before the first request, off the event loop.
+
+        Loading one takes about half a second; loaded by the first request that needs it, it would hold the loop, and
+        every other request and `/healthz` with it, that long.
+        """
+        await asyncio.to_thread(load_shipped)
 
     async def aclose(self) -> None:
         """Release the state store, the summary client and the worker threads (called at app cleanup)."""

@@ -59,7 +59,8 @@ def create_app(
     :param settings: The validated settings.
     :param chat: Decides what each chat completion forwards; `PassThrough` (forward as received) when None. If it
         has a `register_metrics(registry)` method, that is called once here with the app's registry; if it has an
-        async `aclose()`, that is awaited when the app cleans up.
+        async `warm_up()`, that is awaited on startup, before the proxy listens; if it has an async `aclose()`, that
+        is awaited when the app cleans up.
     :param registry: The Prometheus registry `/metrics` serves; a fresh one per app when None.
     """
     metrics = ProxyMetrics(registry)
@@ -80,6 +81,7 @@ def create_app(
     health.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_upstream_client)
+    app.on_startup.append(_warm_up)
     app.on_startup.append(_ready)
     app.on_shutdown.append(_stopping)
     app.on_cleanup.append(_close_chat)
@@ -99,6 +101,12 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await session.close()
+
+
+async def _warm_up(app: web.Application) -> None:
+    warm_up = getattr(app[CHAT], "warm_up", None)
+    if callable(warm_up):
+        await warm_up()
 
 
 async def _ready(app: web.Application) -> None:

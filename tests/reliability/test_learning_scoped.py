@@ -127,7 +127,7 @@ async def test_a_per_request_window_is_not_remembered(
     upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession
 ) -> None:
     messages = conversation("billing")
-    _, headers, _ = await send(http, proxy, messages, **TENANT_A, **{"X-Context-Window": "1"})
+    _, headers, _ = await send(http, proxy, messages, **TENANT_A, **{"X-Context-Window": "300"})
     assert headers["X-Compaction"] == "compacted"  # the override applied to that request, whatever came out
     for question in ("And then?", "Why?"):
         messages = [*messages, {"role": "assistant", "content": "It drained."}, {"role": "user", "content": question}]

@@ -107,3 +107,9 @@ def get_encoding(name: str) -> tiktoken.Encoding:
         raise ValueError(f"Unknown encoding {name!r}; the package ships {', '.join(SHIPPED_ENCODINGS)}.")
     with _load_lock:
         return _load(name)
+
+
+def load_shipped() -> None:
+    """Load every shipped encoding now (a second or so, best off the event loop), so no request waits for one."""
+    for name in SHIPPED_ENCODINGS:
+        get_encoding(name)
