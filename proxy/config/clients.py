@@ -10,7 +10,13 @@ from proxy.config.kinds import MIB, LogFormat, LogLevel, PositiveSeconds
 class ClientSettings(BaseModel):
     """The address, the limits on what a client may send, the optional proxy keys, shutdown and logging."""
 
-    host: str = Field(default="0.0.0.0", description="Interface the proxy listens on (`0.0.0.0`: all IPv4).")
+    host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Interface the proxy listens on. Loopback by default: the proxy forwards its clients' credentials, so it"
+            " answers other hosts only when asked to (`0.0.0.0`: every IPv4 interface, as the container image sets)."
+        ),
+    )
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port the proxy listens on; 0 picks a free one.")
     max_body_bytes: int = Field(
         default=64 * MIB,

@@ -11,6 +11,7 @@ from typing import Final
 
 from aiohttp import web
 
+from proxy import __version__
 from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
 from proxy.server.app import create_app, runner_options
@@ -63,9 +64,13 @@ async def serve_async(settings: Settings, chat: ChatCompaction | None = None) ->
             "listening",
             extra={
                 "fields": {
+                    "version": __version__,
                     "addresses": listener.addresses,
                     "upstream": settings.upstream,
                     "mode": settings.mode.value,
+                    "state_store": settings.state_url.split(":", 1)[0],
+                    "strategies": ",".join(settings.strategies),
+                    "offload": settings.offload,
                     "max_connections": listener.limit,
                     "pid": os.getpid(),
                 }

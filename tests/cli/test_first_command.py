@@ -7,6 +7,8 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy import __version__
+from proxy.engine.strategies.registry import DEFAULT_CHAIN
 from tests.support.process_proxy import ProcessProxy
 
 
@@ -18,7 +20,9 @@ async def test_serve_with_no_flags_is_healthy_and_ready() -> None:
     async with proxy:
         record = await proxy.wait_for_log(lambda line: line.get("message") == "listening")
         assert record["upstream"] == "https://api.openai.com" and record["mode"] == "enforce"
-        assert record["addresses"][0].startswith("0.0.0.0:")
+        assert record["addresses"][0].startswith("127.0.0.1:")  # loopback unless asked: it forwards credentials
+        assert record["version"] == __version__ and record["state_store"] == "memory"
+        assert record["strategies"] == ",".join(DEFAULT_CHAIN) and record["offload"] is True
         async with aiohttp.ClientSession() as http:
             for path, expected in (("/healthz", {"status": "ok"}), ("/readyz", {"status": "ready"})):
                 async with http.get(proxy.url + path) as response:

@@ -23,7 +23,7 @@ def cli_command() -> list[str]:
 def test_defaults() -> None:
     settings = load_settings(environ={})
     assert settings.upstream == "https://api.openai.com"
-    assert (settings.host, settings.port, settings.mode) == ("0.0.0.0", 8080, Mode.ENFORCE)
+    assert (settings.host, settings.port, settings.mode) == ("127.0.0.1", 8080, Mode.ENFORCE)
     assert settings.strategies == list(DEFAULT_CHAIN), "the proxy's default chain is the engine's"
     assert settings.superseded_tools == []
     assert settings.max_body_bytes == 64 * 1024 * 1024
