@@ -20,6 +20,10 @@ TENANT_HEADERS: Final = (*CREDENTIAL_HEADERS, "x-proxy-key", "proxy-authorizatio
 be the only credential a caller sends when the gateway holds the provider's)."""
 
 
+PLACEHOLDERS: Final = ("replace-me", "replace_me", "changeme", "change-me")
+"""Text that marks a tenant key copied from an example without being replaced: every deployment would share it."""
+
+
 def _random_tenant_key() -> SecretStr:
     return SecretStr(secrets.token_urlsafe(32))
 
@@ -100,8 +104,13 @@ class StateSettings(BaseModel):
     @field_validator("tenant_key")
     @classmethod
     def _check_tenant_key(cls, value: SecretStr) -> SecretStr:
-        if len(value.get_secret_value()) < 16:
+        key = value.get_secret_value()
+        if len(key) < 16:
             raise ValueError("must be at least 16 characters")
+        if any(placeholder in key.lower() for placeholder in PLACEHOLDERS):
+            raise ValueError(
+                "is still the example's placeholder; generate one with `openssl rand -hex 32` and set it everywhere"
+            )
         return value
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Mode, Settings, load_settings
@@ -117,3 +118,12 @@ def test_serve_with_a_bad_environment_value_exits_2_with_one_line() -> None:
     assert len(lines) == 1, result.stderr
     assert "port" in lines[0] and "COMPACTION_PROXY_PORT" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_the_example_secrets_placeholder_is_refused() -> None:
+    secret = yaml.safe_load((Path(__file__).parents[2] / "deploy/kubernetes/gateway/secret.yaml").read_text())
+    placeholder = secret["stringData"]["tenant-key"]
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"COMPACTION_PROXY_TENANT_KEY": placeholder})
+    assert "placeholder" in str(caught.value) and "openssl rand -hex 32" in str(caught.value)
+    assert placeholder not in str(caught.value)  # a secret's value is never echoed, placeholder or not
