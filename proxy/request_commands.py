@@ -20,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.chat.client_compaction import deferral
+from proxy.chat.compacting import chain_names
 from proxy.chat.metrics import CompactionMetrics
 from proxy.chat.request import ChatRequest, InvalidChatRequest
 from proxy.config import ClientCompaction, load_settings
@@ -34,7 +35,7 @@ from proxy.engine import (
     compact_if_needed,
     counter_for_model,
 )
-from proxy.engine.strategies.offload import held_references
+from proxy.engine.strategies.offload import ToolResultOffload, held_references
 from proxy.offload.offloading import Offloading
 from proxy.offload.tool import with_read_tool
 from proxy.responses.request import ResponsesRequest
@@ -42,7 +43,7 @@ from proxy.state.memory import MemoryStore
 
 USAGE_ERROR = 2
 
-OFFLINE_STRATEGIES: Final = tuple(name for name in STRATEGY_NAMES if name != "summarization")
+OFFLINE_STRATEGIES: Final = (*(name for name in STRATEGY_NAMES if name != "summarization"), ToolResultOffload.name)
 """The strategies `compact` can run: summarization needs the upstream, and these commands never call it."""
 
 
@@ -129,7 +130,7 @@ def compact_command(args: argparse.Namespace) -> int:
         if unknown:
             offline = ", ".join(OFFLINE_STRATEGIES)
             raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
-        base = chain_by_names(settings.strategies, superseded_tools=settings.superseded_tools)
+        base = chain_by_names(chain_names(settings.strategies), superseded_tools=settings.superseded_tools)
         request, counter = _load(args)
         thresholds = Thresholds(args.context_window, settings.compact_at, settings.compact_to, request.reserved_tokens)
     except ValueError as error:

@@ -23,6 +23,7 @@ from proxy.engine import (
     Outcome,
     Room,
     Summarization,
+    ToolResultOffload,
     decide,
     decision_room,
 )
@@ -99,8 +100,12 @@ class Compacting:
 
 
 def chain_names(strategies: list[str]) -> list[str]:
-    """The strategies the chain runs: summarization is the proxy's own step before it, middle-out the fallback."""
-    names = [name for name in strategies if name != Summarization.name]
+    """The strategies the chain runs.
+
+    Summarization is the proxy's own step before the chain, offloading joins it per request
+    (`proxy.offload.offloading`), and middle-out is the fallback when nothing else is named.
+    """
+    names = [name for name in strategies if name not in (Summarization.name, ToolResultOffload.name)]
     return names or ["middle_out"]
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from proxy.config.kinds import ClientCompaction, Mode, ProviderState
+from proxy.engine.strategies.offload import ToolResultOffload
 from proxy.engine.strategies.registry import DEFAULT_CHAIN
 
 DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
@@ -46,9 +47,10 @@ class CompactionSettings(BaseModel):
         default_factory=lambda: list(DEFAULT_STRATEGIES),
         description=(
             "The compaction chain, in order; each runs only while the conversation is still over the target."
-            " Names are those of the engine's strategies (`duplicate_results`, `superseded_results`, `json_minify`,"
-            " `tool_result_pruning`, `sliding_window`, `summarization`, `middle_out`). From the environment: a JSON"
-            " list or comma-separated names."
+            " Names are those of the engine's strategies (`provider_compaction`, `duplicate_results`,"
+            " `superseded_results`, `json_minify`, `tool_result_pruning`, `sliding_window`, `summarization`,"
+            " `middle_out`) and `tool_result_offloading`, which places offloading (with `offload` on, it runs before"
+            " the first lossy step unless named). From the environment: a JSON list or comma-separated names."
         ),
     )
     superseded_tools: list[str] = Field(
@@ -215,6 +217,15 @@ class CompactionSettings(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("a strategy may appear only once")
         return names
+
+    @model_validator(mode="after")
+    def _check_offloading_named(self) -> CompactionSettings:
+        if ToolResultOffload.name in self.strategies and not self.offload:
+            raise ValueError(
+                f"strategies names {ToolResultOffload.name} but offload is off; remove it from strategies, or turn"
+                " offload on"
+            )
+        return self
 
     @field_validator("window_probes")
     @classmethod

@@ -45,7 +45,20 @@ REFRESHES_REMEMBERED: Final = 10_000
 """Sets of offloaded results whose last refresh is remembered (one per conversation holding any, about)."""
 
 LOSSY: Final = frozenset({ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name})
-"""Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`)."""
+"""Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`), unless the
+configured chain names `tool_result_offloading` where it should run."""
+
+
+def offload_position(strategies: Sequence[str], chain: Sequence[str]) -> int | None:
+    """Where in `chain` (the names the proxy's chain runs) the configured `strategies` place offloading, if they do.
+
+    Offloading goes after every step named before it that the chain runs (summarization is the proxy's own step,
+    before the chain, so it places nothing).
+    """
+    if ToolResultOffload.name not in strategies:
+        return None
+    before = strategies[: list(strategies).index(ToolResultOffload.name)]
+    return sum(1 for name in before if name in chain)
 
 
 def offload_off(headers: Mapping[str, str]) -> bool:
@@ -77,6 +90,7 @@ class Offloading:
         self.store = store
         self.base = base
         self.metrics = metrics
+        self.position = offload_position(settings.strategies, [strategy.name for strategy in base.strategies])
         self.refresh_every = settings.state_ttl_seconds * OFFLOAD_REFRESH_SHARE
         self.clock = clock
         self._refreshed: OrderedDict[bytes, float] = OrderedDict()
@@ -106,7 +120,9 @@ class Offloading:
             return None, self.base
         staging = StagingOffloadStore()
         strategies = list(self.base.strategies)
-        at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
+        at = self.position
+        if at is None:
+            at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
         strategies.insert(at, ToolResultOffload(staging, pointer=POINTER))
         return staging, KeepingMore(CompactionChain(strategies), self.base)
 
