@@ -54,6 +54,7 @@ class ForwardPlan:
         `proxy.offload.reads.ReadBack`), or None.
     :param failed_open: The compaction side failed and forwards the client's bytes unchanged: the stage that failed,
         for the server to count with its own fail-opens (`compaction_proxy_fail_open_total`); None when it did not.
+    :param model: The model the request names, fit for a log line (the access line names it); None when unread.
     """
 
     body: bytes
@@ -63,6 +64,7 @@ class ForwardPlan:
     context: Any = None
     reads: Any = None
     failed_open: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,7 @@ class ChatCompactionService(OverflowRetry):
             response_headers={"X-Compaction": "provider-state" if observed else state},
             stream=request.stream,
             context=exchange,
+            model=shown(model),
         )
 
     async def _prepare(
@@ -332,7 +333,11 @@ class ChatCompactionService(OverflowRetry):
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.requests.labels(left_as_sent(thresholds)).inc()
         return ForwardPlan(
-            body=raw, response_headers=dict(exchange.headers), stream=exchange.request.stream, context=exchange
+            body=raw,
+            response_headers=dict(exchange.headers),
+            stream=exchange.request.stream,
+            context=exchange,
+            model=shown(exchange.model),
         )
 
     async def _view(self, exchange: Prepared) -> View:
@@ -387,6 +392,7 @@ class ChatCompactionService(OverflowRetry):
             strip_usage_chunk=ask_usage,
             context=exchange,
             reads=reads,
+            model=shown(exchange.model),
         )
 
     async def _originals(self, exchange: Prepared) -> list[Message]:

@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.server.errors import internal_error
 from proxy.server.keys import METRICS, RECORD, SETTINGS
-from proxy.server.logging import ACCESS_LOGGER, SERVER_LOGGER
+from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
 from proxy.server.record import RequestRecord
 from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind
@@ -48,6 +48,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
         conversation_id=_conversation_id(request, settings.conversation_header),
     )
     request[RECORD] = record
+    named = REQUEST_ID.set(record.request_id)
     metrics.in_flight.inc()
     try:
         response = await handler(request)
@@ -76,6 +77,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         metrics.in_flight.dec()
         _account(request, record)
+        REQUEST_ID.reset(named)
 
 
 def _account(request: web.Request, record: RequestRecord) -> None:
@@ -99,6 +101,10 @@ def _account(request: web.Request, record: RequestRecord) -> None:
         "bytes_in": record.bytes_in,
         "bytes_out": record.bytes_out,
         "conversation_id": record.conversation_id,
+        "model": record.model,
+        "compaction": record.compaction,
+        "tokens_before": record.tokens_before,
+        "tokens_after": record.tokens_after,
         "retried": record.retried or None,
         "stripped_usage": record.stripped_usage or None,
         "fail_open": ",".join(record.fail_open) or None,

@@ -86,11 +86,22 @@ async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan |
     except Exception as exc:
         _fail_open(request, "prepare", exc)
         return None
+    record = request[RECORD]
     if plan.failed_open is not None:
         # The compaction side logged its own failure; the server counts every fail-open in one place.
         request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
-        request[RECORD].fail_open.append(plan.failed_open)
+        record.fail_open.append(plan.failed_open)
+    record.model = plan.model
+    decided = plan.response_headers
+    record.compaction = decided.get("X-Compaction")
+    record.tokens_before = _count(decided.get("X-Compaction-Tokens-Before"))
+    record.tokens_after = _count(decided.get("X-Compaction-Tokens-After"))
     return plan
+
+
+def _count(header: str | None) -> int | None:
+    """A token count the compaction side reported in a header, as a number for the access line."""
+    return int(header) if header is not None and header.isdigit() else None
 
 
 async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Final
 
@@ -64,9 +65,16 @@ def redacted_exception(exc_info: ExcInfo) -> str:
     return "".join(parts)
 
 
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+"""The request being handled (set by the access-log middleware): every line logged while handling it names it, so
+the access line and, say, "Compacted a conversation." can be matched."""
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, "fields", None)
-    extra = {key: value for key, value in record.__dict__.items() if key not in _RESERVED}
+    request_id = REQUEST_ID.get()
+    extra = {"request_id": request_id} if request_id is not None else {}
+    extra.update((key, value) for key, value in record.__dict__.items() if key not in _RESERVED)
     if isinstance(fields, dict):
         extra.update(fields)
     return extra

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -10,7 +11,9 @@ from proxy.server.routes import RouteKind
 
 @dataclass
 class RequestRecord:
-    """Facts about one request: no bodies and no header values other than the conversation id.
+    """Facts about one request: no bodies and no header values other than the conversation id and the model.
+
+    `request_id` is new per request and names it in every line logged while it is handled (`REQUEST_ID`).
 
     :param method: HTTP method.
     :param route: Route kind (bounded label).
@@ -20,6 +23,12 @@ class RequestRecord:
     method: str
     route: RouteKind
     conversation_id: str | None = None
+    request_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    model: str | None = None
+    compaction: str | None = None
+    """What compaction did (the `X-Compaction` value sent back)."""
+    tokens_before: int | None = None
+    tokens_after: int | None = None
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     upstream_status: int | None = None

@@ -210,6 +210,25 @@ async def test_logs_of_a_full_run_carry_no_credentials_and_no_message_text(
         assert text not in logs
 
 
+async def test_the_access_line_says_what_compaction_did_and_shares_its_id_with_the_compaction_line(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession, captured_logs: io.StringIO
+) -> None:
+    async with OpenAIUpstream(context_window=4096) as upstream:
+        proxy = await make_proxy(upstream.base_url, context_windows={MODEL: 16_384})
+        for window in ("3000", "16384"):
+            status, _, _ = await post_chat(
+                http, proxy, chat_body(messages=conversation(30, "m")), **{"X-Context-Window": window}
+            )
+            assert status == 200
+    records = [json.loads(line) for line in captured_logs.getvalue().splitlines()]
+    compacted, unchanged = [r for r in records if r["logger"] == ACCESS_LOGGER and r.get("route") == "chat_completions"]
+    assert (compacted["model"], compacted["compaction"], unchanged["compaction"]) == (MODEL, "compacted", "unchanged")
+    assert compacted["tokens_after"] < compacted["tokens_before"]
+    [decision] = [record for record in records if record["message"] == "Compacted a conversation."]
+    assert decision["request_id"] == compacted["request_id"] != unchanged["request_id"]
+    assert decision["tokens_after"] == compacted["tokens_after"]
+
+
 # ---- only ever the configured upstream ---------------------------------------------------------------------------
 
 
