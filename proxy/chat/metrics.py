@@ -166,9 +166,16 @@ class CompactionMetrics:
             registry=registry,
         )
 
-    def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
-        """Count one compaction."""
-        self.requests.labels("compacted").inc()
+    def record_compaction(
+        self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int, *, retry: bool = False
+    ) -> None:
+        """Count one compaction by strategy and tokens, and as a request's outcome unless `retry`.
+
+        The retry after an overflow is no new request: it was counted when it was first decided, and `retries`
+        counts the retry.
+        """
+        if not retry:
+            self.requests.labels("compacted").inc()
         for strategy in strategies:
             self.compactions.labels(strategy).inc()
         self.tokens_before.observe(tokens_before)

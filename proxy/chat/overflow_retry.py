@@ -130,4 +130,7 @@ class OverflowRetry:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         held = held_references(result.compacted.meta)
         tokens = round(scale * (result.tokens_after + overhead))
+        retry.headers["X-Compaction-Tokens-After"] = str(tokens)
+        before = round(scale * (result.tokens_before + overhead))
+        self.metrics.record_compaction(result.strategies, before, tokens, retry=True)
         return await self._forward(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)

@@ -72,8 +72,15 @@ async def test_overflow_is_compacted_and_retried_once(upstream: OpenAIUpstream, 
     assert status == 200, reply
     assert headers["X-Compaction"] == "compacted-after-overflow"
     assert headers["X-Compaction-Context-Window"] == "4096"
+    assert int(headers["X-Compaction-Tokens-After"]) <= 0.4 * 4096
     chat = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
     assert len(chat) == 2  # the rejected original, then one compacted retry
+    # The retry's compaction is counted as one (by strategy and tokens), the request once, as first decided.
+    async with aiohttp.ClientSession() as http, http.get(base_url.removesuffix("/v1") + "/metrics") as response:
+        metrics = await response.text()
+    assert "compaction_proxy_tokens_after_count 1.0" in metrics
+    assert 'compaction_proxy_overflow_retries_total{result="compacted"} 1.0' in metrics
+    assert 'compaction_proxy_chat_requests_total{outcome="compacted"}' not in metrics
     # The learned window holds for the next request: compacted up front, no second rejection.
     status, headers, _ = await post(base_url, history(21))
     assert status == 200
