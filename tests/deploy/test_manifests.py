@@ -358,7 +358,9 @@ def check_proxy_settings(docs: list[Doc], tmp_path: Path, external_secrets: Iter
                 if ref["name"] in external_secrets:
                     environ[item["name"]] = "redis://external:6379/0" if "STATE_URL" in item["name"] else "k" * 32
                 else:
-                    environ[item["name"]] = secret_data(secrets[ref["name"]])[ref["key"]]
+                    value = secret_data(secrets[ref["name"]])[ref["key"]]
+                    # The example's placeholder, replaced as its instructions say (the proxy refuses it as it is).
+                    environ[item["name"]] = "k" * 32 if value.startswith("REPLACE-ME") else value
             config_path = environ.get(ENV_PREFIX + "CONFIG")
             if config_path:
                 mount = next(m for m in container["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))

@@ -21,6 +21,9 @@ from proxy.state.redis import RedisStore
 TENANT = b"r" * 16
 KEYS = 150
 
+RACE_TIMEOUT = 30.0
+"""Seconds a raced command may wait for a connection and for Redis: a bound against a hang, not a measure."""
+
 
 def _note(text: str, replaces: int | None = None) -> Created:
     return Created({"role": "user", "content": text}, {COMPACTION_META_KEY: {"strategy": "test"}}, replaces)
@@ -49,7 +52,9 @@ def _chain(key: bytes) -> list[bytes]:
 @pytest.fixture
 async def replicas(redis_url: str) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
     prefix = f"race:{uuid.uuid4().hex}:"
-    first, second = RedisStore(redis_url, 60, prefix), RedisStore(redis_url, 60, prefix)
+    # 150 saves at once per replica queue for its 64 connections: on a loaded machine a wait can pass the default
+    # second, and the store then fails the save as it must; these tests are about what the races leave, not timeouts.
+    first, second = (RedisStore(redis_url, 60, prefix, timeout_seconds=RACE_TIMEOUT) for _ in range(2))
     yield first, second
     await first.close()
     await second.close()
