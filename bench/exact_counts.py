@@ -28,11 +28,11 @@ from typing import Any
 
 import aiohttp
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.config.compaction import DEFAULT_COUNT_PROBES
 from proxy.engine import counter_for_model
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.service import ChatCompactionService
 from tests.real_upstream.conftest import llama_server_binary, smollm2_gguf, start_llama_server, stop
 from tests.support.counting_upstream import CountingUpstream
 

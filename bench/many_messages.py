@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.exchange import IncomingChat
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import counter_for_model
+from proxy.pipeline.exchange import IncomingChat
+from proxy.pipeline.service import ChatCompactionService
 
 MODEL = "gpt-4.1"
 COMPACTING_WINDOW = 10_000

@@ -2,7 +2,8 @@
 
 Runs the proxy's compaction side exactly as the server does (parse, rewrite memory, anchor, count, decide,
 compact, serialize), without sockets. `resend_ms` is the steady state: the request extends one the proxy handled
-unchanged, so it is recognized from its bytes and only the new messages are worked on (`proxy.chat.splice`).
+unchanged, so it is recognized from its bytes and only the new messages are worked on
+(`proxy.formats.chat_completions.splice`).
 `full_path_resend_ms` is the same request through a service that parses every request in full, the reference the
 shortcut is tested against; `after_compaction_ms` is the turn right after the compaction.
 
@@ -20,10 +21,10 @@ from typing import Any
 
 import orjson
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import TiktokenCounter, counter_for_model
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.service import ChatCompactionService
 
 MODEL = "gpt-4.1"
 PARAGRAPH = (

@@ -3,8 +3,9 @@
 `bench.resend` times the compaction decision alone; this sends the same requests over sockets, as an agent does: each
 turn is the last one's body plus an assistant tool call and its result, posted to the proxy and to the bare relay (in
 alternating order, so a noisy neighbour hits both alike), both in front of the instant upstream. The proxy recognizes
-each turn from its bytes and works on the two new messages only (`proxy.chat.splice`); the relay forwards the same
-bytes without reading them. The first turns are not measured: the proxy sees the conversation for the first time.
+each turn from its bytes and works on the two new messages only (`proxy.formats.chat_completions.splice`); the
+relay forwards the same bytes without reading them. The first turns are not measured: the proxy sees the
+conversation for the first time.
 
     python -m bench.resend_wire --relay URL --proxy URL [--tokens 400000] [--turns 30]
 

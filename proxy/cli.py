@@ -22,7 +22,7 @@ from proxy.request_commands import add_compact, add_count
 from proxy.settings_flags import add_settings_flags, settings_from_args
 
 if TYPE_CHECKING:
-    from proxy.chat.exchange import ChatCompaction
+    from proxy.pipeline.exchange import ChatCompaction
 
 PROG = "compaction-proxy"
 
@@ -42,13 +42,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_chat_compaction(settings: Settings) -> ChatCompaction:
-    """Return the compaction side for these settings: `proxy.chat.service` when present, else `PassThrough`."""
+    """Return the compaction side for these settings: `proxy.pipeline.service` when present, else `PassThrough`."""
     try:
-        service: Any = importlib.import_module("proxy.chat.service")
+        service: Any = importlib.import_module("proxy.pipeline.service")
     except ModuleNotFoundError as exc:
-        if exc.name != "proxy.chat.service":
+        if exc.name != "proxy.pipeline.service":
             raise
-        from proxy.chat.exchange import PassThrough
+        from proxy.pipeline.exchange import PassThrough
 
         return PassThrough()
     chat: ChatCompaction = service.build_chat_compaction(settings)

@@ -19,10 +19,6 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.chat.client_compaction import deferral
-from proxy.chat.compacting import chain_names
-from proxy.chat.metrics import CompactionMetrics
-from proxy.chat.request import ChatRequest, InvalidChatRequest
 from proxy.config import ClientCompaction, load_settings
 from proxy.engine import (
     DEFAULT_CHAIN,
@@ -36,9 +32,14 @@ from proxy.engine import (
     counter_for_model,
 )
 from proxy.engine.strategies.offload import ToolResultOffload, held_references
-from proxy.offload.offloading import Offloading
-from proxy.offload.tool import with_read_tool
-from proxy.responses.request import ResponsesRequest
+from proxy.formats.chat_completions.request import ChatRequest
+from proxy.formats.responses.request import ResponsesRequest
+from proxy.pipeline.client_compaction import deferral
+from proxy.pipeline.compacting import chain_names
+from proxy.pipeline.metrics import CompactionMetrics
+from proxy.pipeline.offload.offloading import Offloading
+from proxy.pipeline.offload.tool import with_read_tool
+from proxy.pipeline.requests import InvalidChatRequest
 from proxy.state.memory import MemoryStore
 
 USAGE_ERROR = 2

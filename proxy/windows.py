@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from proxy.chat.names import name_key, shown
 from proxy.engine.bounded import BoundedCache
+from proxy.names import name_key, shown
 
 logger = logging.getLogger("proxy.compaction")
 

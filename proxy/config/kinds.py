@@ -52,7 +52,7 @@ class ProviderState(StrEnum):
 
 
 class ClientCompaction(StrEnum):
-    """What the proxy does for a client that compacts its conversation itself (see `proxy.chat.client_compaction`)."""
+    """What the proxy does for a client that compacts its conversation itself (`proxy.pipeline.client_compaction`)."""
 
     AUTO = "auto"
     """Defer to the client where it is recognized (its headers, its own compaction request or items, its context

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from proxy.chat.names import name_key, shown
 from proxy.config import Settings
 from proxy.discovery.client import CredentialsNeeded, ProbeClient, cancel, credentials_of
 from proxy.discovery.probes import PROBES, Finding, Probe
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
+from proxy.names import name_key, shown
 from proxy.windows import MAX_LEARNED, ContextWindows, Window, WindowSource
 
 logger = logging.getLogger("proxy.compaction")

@@ -15,7 +15,7 @@ documented fields are read; anything else is None, and the caller falls back to 
 - `vllm_tokenize`: vLLM's (and SGLang's) `POST /tokenize` with `messages` renders and counts the whole conversation
   in one call and answers `count`. It has no way to count only a tail, so each new request costs the server one
   render of the conversation; re-sent requests whose prompt was counted before ask nothing (see
-  `proxy.chat.exact_counts`).
+  `proxy.pipeline.exact_counts`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The aiohttp reverse proxy: forwards every request to the configured upstream.
 
-Chat completions pass through a `ChatCompaction` (see `proxy.chat.exchange`) on their way.
+Chat completions pass through a `ChatCompaction` (see `proxy.pipeline.exchange`) on their way.
 
 Importing this package imports aiohttp; `import proxy` alone does not.
 """

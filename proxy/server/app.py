@@ -9,8 +9,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.chat.exchange import ChatCompaction, PassThrough
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction, PassThrough
 from proxy.server import health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth

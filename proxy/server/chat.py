@@ -23,9 +23,9 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
+from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.chat.exchange import ChatOutcome
-from proxy.responses.answers import Answer, answer_of
+from proxy.formats.responses.answers import Answer, answer_of
+from proxy.pipeline.exchange import ChatOutcome
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.sse import StopReason, StreamObserver
 

@@ -33,9 +33,10 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.chat.exchange import Api, ForwardPlan
-from proxy.offload.reads import NOT_HELD_HEADER, READS_HEADER
-from proxy.offload.rounds import (
+from proxy.formats.responses.answers import FINAL_EVENTS
+from proxy.pipeline.exchange import Api, ForwardPlan
+from proxy.pipeline.offload.reads import NOT_HELD_HEADER, READS_HEADER
+from proxy.pipeline.offload.rounds import (
     Reads,
     chat_reads,
     choices_of,
@@ -43,7 +44,6 @@ from proxy.offload.rounds import (
     stream_decision,
     without_reads,
 )
-from proxy.responses.answers import FINAL_EVENTS
 from proxy.server.headers import content_encoding
 from proxy.server.keys import SETTINGS, UPSTREAM
 from proxy.server.relay import ClientReply, finish, write

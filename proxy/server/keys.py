@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.record import RequestRecord

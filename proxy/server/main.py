@@ -12,8 +12,8 @@ from typing import Final
 from aiohttp import web
 
 from proxy import __version__
-from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction
 from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
 from proxy.server.keys import CHAT, READINESS

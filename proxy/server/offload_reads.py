@@ -28,10 +28,10 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan
-from proxy.offload.reads import ReadBack, Round
-from proxy.offload.rounds import summed, without_tools
-from proxy.responses.answers import chat_usage
+from proxy.formats.responses.answers import chat_usage
+from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan
+from proxy.pipeline.offload.reads import ReadBack, Round
+from proxy.pipeline.offload.rounds import summed, without_tools
 from proxy.server.decoding import outcome_from_body
 from proxy.server.held_stream import Held, hold_response, refused, relay_failure
 from proxy.server.offload_streams import EditedStream, StreamEdits

@@ -15,10 +15,10 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.chat.exchange import Api
-from proxy.offload.rounds import choices_of, summed, without_reads
-from proxy.offload.tool import READ_TOOL
-from proxy.responses.answers import FINAL_EVENTS
+from proxy.formats.responses.answers import FINAL_EVENTS
+from proxy.pipeline.exchange import Api
+from proxy.pipeline.offload.rounds import choices_of, summed, without_reads
+from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.server.sse import EventSplitter, StreamObserver, event_data, rewrite_event
 
 _READ_TOOL_BYTES: Final = READ_TOOL.encode()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from proxy.chat.exchange import Api
+from proxy.pipeline.exchange import Api
 from proxy.server.headers import client_response_headers
 from proxy.server.keys import RECORD, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER

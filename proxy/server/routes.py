@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Final
 from urllib.parse import unquote
 
-from proxy.chat.exchange import Api
+from proxy.pipeline.exchange import Api
 
 _CHAT_PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
 """`/v1/chat/completions`, with any base-path prefix (`/openai/v1/...`, `/api/v1/...`) or the Azure form

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.responses.answers import FINAL_EVENTS, Answer, answer_of
+from proxy.formats.responses.answers import FINAL_EVENTS, Answer, answer_of
 from proxy.server.reply import ReplyBuilder
 
 MAX_PENDING: Final = 8 * 1024 * 1024

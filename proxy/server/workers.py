@@ -21,8 +21,8 @@ import signal
 import socket
 from types import FrameType
 
-from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 from proxy.server.main import serve
 

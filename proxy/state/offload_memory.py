@@ -9,7 +9,7 @@ tenant flooding alone evicts only its own results (a tenant within half the budg
 writes results of up to half the budget each), and a single tenant (a sidecar) still has the whole budget.
 
 What is evicted is not lost for good either way: a conversation re-sends its originals every turn, and a read of a
-result no longer held is answered from them and stores it again (`proxy.offload.reads`).
+result no longer held is answered from them and stores it again (`proxy.pipeline.offload.reads`).
 """
 
 from __future__ import annotations

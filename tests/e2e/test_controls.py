@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.chat.prepared import RELEASE_FROM_BYTES
+from proxy.pipeline.prepared import RELEASE_FROM_BYTES
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream
 

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.offload.reads import TOO_LARGE
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.offload.reads import TOO_LARGE
+from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, WINDOW, StartProxy
 from tests.e2e.test_offload_reads import (
     CLIENT_TOOLS,

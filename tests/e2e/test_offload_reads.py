@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from proxy.engine.strategies.offload import content_reference
-from proxy.offload.reads import NOT_HELD, REPEATED, TOO_LARGE
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE
+from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder

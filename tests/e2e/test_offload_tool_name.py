@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import (
     CLIENT_TOOLS,

@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.chat.exact_counts import COUNT_HEADER
 from proxy.config import Settings
 from proxy.discovery.budgeted import Outcome
 from proxy.discovery.input_tokens import ResponsesInputTokens
+from proxy.pipeline.exact_counts import COUNT_HEADER
 from tests.reliability.conftest import wait_for
 from tests.support.proxies import LoopbackProxies
 

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e.test_responses import MODEL, TOOLS, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies

@@ -26,8 +26,8 @@ from hooks.compaction import (
     TiktokenTokenCounter,
     ToolResultPruningCompactor,
 )
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.hooks.conftest import SEARCH, stepping_responder

@@ -1,6 +1,6 @@
 """A small request whose bytes are under the trigger is forwarded as it came, and decided by its size alone.
 
-`proxy.chat.byte_bound`: the proxy parses such a request but hashes, counts and remembers nothing of it. What the
+`proxy.pipeline.byte_bound`: the proxy parses such a request but hashes, counts and remembers nothing of it. What the
 client sees says so (`X-Compaction-Tokens-Before` is the body's length, marked as a bound); what the upstream sees is
 the client's body byte for byte, streamed or not; media are never sized by their bytes; and the request keeps what
 the proxy owes every request: a retry after an overflow, and the window it learns from the usage report.

@@ -15,8 +15,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_same_decision import API_KEY_VAR, STEPS, TASK, agent_at

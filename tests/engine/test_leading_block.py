@@ -3,7 +3,7 @@
 The leading block is the system and developer messages a conversation opens with, and the context a client states
 up front in user messages of its own (Codex CLI's `<environment_context>`, `<user_instructions>`, AGENTS.md). No
 strategy, in any order the registry allows, at any target, may cut, drop or summarize it, neither on the first
-compaction nor on a later one over the marked output of the first. (Replays: `tests/chat/test_replayed_block.py`.)
+compaction nor on a later one over the marked output of the first. (Replays: `tests/pipeline/test_replayed_block.py`.)
 
 The block is stated here on its own, as the README states it, not taken from the engine's definition.
 """

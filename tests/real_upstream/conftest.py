@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"

@@ -16,9 +16,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
-from proxy.chat.exchange import ChatCompaction
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 from proxy.server.keys import METRICS
 from tests.support.openai_upstream import OpenAIUpstream

@@ -14,10 +14,10 @@ from typing import Any, NoReturn
 import aiohttp
 import pytest
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import CompactionChain, SlidingWindow, Strategy, Transcript
 from proxy.engine.plan import EditPlan
+from proxy.pipeline.service import ChatCompactionService
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, post_chat, wait_for
 from tests.support.openai_upstream import OpenAIUpstream
 

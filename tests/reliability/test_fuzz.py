@@ -23,10 +23,11 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.chat.request import ChatRequest, InvalidChatRequest
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import STRATEGY_NAMES, Thresholds, Transcript, chain_by_names, compact_if_needed, counter_for_model
+from proxy.formats.chat_completions.request import ChatRequest
+from proxy.pipeline.requests import InvalidChatRequest
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 from proxy.server.logging import JsonFormatter
 from tests.support.openai_upstream import OpenAIUpstream

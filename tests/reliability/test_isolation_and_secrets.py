@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings, load_settings
 from proxy.engine import CompactionChain, Strategy, Transcript
 from proxy.engine.plan import EditPlan
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server.auth import key_matches
 from proxy.server.logging import ACCESS_LOGGER, JsonFormatter, TextFormatter, logfmt_value
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat

@@ -7,10 +7,10 @@ import json
 import time
 from pathlib import Path
 
-from proxy.chat.exchange import ChatOutcome, IncomingChat
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import EditPlan
+from proxy.pipeline.exchange import ChatOutcome, IncomingChat
+from proxy.pipeline.service import ChatCompactionService
 from proxy.state.memory import MemoryStore
 
 CONVERSATIONS = 100_000

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.chat.exchange import ChatCompaction
 from proxy.config import Settings
+from proxy.pipeline.exchange import ChatCompaction
 from proxy.server import create_app
 from tests.server.helpers import MakeProxy, Proxy
 from tests.support.openai_upstream import OpenAIUpstream

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat, PassThrough
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, PassThrough
 
 
 @dataclass

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI, OpenAI
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.server.keys import METRICS
 from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
 from tests.support.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.chat.exchange import PassThrough
+from proxy.pipeline.exchange import PassThrough
 from proxy.server.keys import READINESS
 from tests.server.helpers import MakeProxy, Proxy
 from tests.server.test_config import cli_command

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.chat.exchange import Api
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.exchange import Api
+from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.server.held_stream import OPENING_LIMIT, Held, Read, hold
 
 

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.service import ChatCompactionService
 from tests.server.helpers import MakeProxy
 from tests.support.private_ca import PrivateCA, ServerCertificate
 

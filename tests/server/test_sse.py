@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.chat.exchange import ChatOutcome
+from proxy.pipeline.exchange import ChatOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
 from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
 

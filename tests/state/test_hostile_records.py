@@ -20,8 +20,8 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.chat.caller import Caller
 from proxy.engine.messages import chain_keys, message_key
+from proxy.pipeline.caller import Caller
 from proxy.state.redis import RedisStore
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy

@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Callable
 import openai
 import pytest
 
-from proxy.chat.caller import Caller
-from proxy.chat.metrics import CompactionMetrics
 from proxy.config import Settings
 from proxy.engine import CompactionChain, SlidingWindow
 from proxy.engine.strategies.offload import content_reference
-from proxy.offload.offloading import Offloading
+from proxy.pipeline.caller import Caller
+from proxy.pipeline.metrics import CompactionMetrics
+from proxy.pipeline.offload.offloading import Offloading
 from proxy.state import MemoryStore, StateStore
 from proxy.state.memory import RECORD_OVERHEAD
 from proxy.state.redis import RedisStore

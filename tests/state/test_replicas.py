@@ -21,7 +21,7 @@ import openai
 import pytest
 import redis.exceptions
 
-from proxy.chat.service import ChatCompactionService
+from proxy.pipeline.service import ChatCompactionService
 from proxy.state.redis import RedisStore
 from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from proxy.chat.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.chat.rewrites import RESTORE_AFTER_MESSAGES
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
 from proxy.engine import COMPACTION_META_KEY, counter_for_model
 from proxy.engine.plan import Created, EditPlan, Kept
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.rewrites import RESTORE_AFTER_MESSAGES
+from proxy.pipeline.service import ChatCompactionService
 from proxy.state import MemoryStore, StateStore, open_store
 from proxy.state.base import latest_from
 from proxy.state.codec import encode_plan

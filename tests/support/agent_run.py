@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.support.openai_upstream import Reply, ToolCall
 
 TOOLS = [

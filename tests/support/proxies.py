@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestServer
 
-from proxy.chat.service import ChatCompactionService
 from proxy.config import Settings
+from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.offload.tool import READ_TOOL
 from tests.support.openai_upstream import Reply, ToolCall
 from tests.support.responses_api import FunctionCall, ResponsesReply
 

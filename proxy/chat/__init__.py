@@ -1,1 +1,0 @@
-"""Chat-completion handling between the HTTP server and the engine: what to forward, and what to remember after."""

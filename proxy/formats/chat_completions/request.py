@@ -1,0 +1,76 @@
+"""A chat-completion request body (`POST /v1/chat/completions`), parsed once and checked just enough for compaction.
+
+A JSON object with a `messages` list of objects, within the proxy's limits (see `proxy.pipeline.requests`); the
+Azure-style deployment path names the model when the body does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.engine.messages import Message
+from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A parsed chat-completion request.
+
+    :param body: The whole parsed body; never modified.
+    :param messages: `body["messages"]`.
+    """
+
+    body: Mapping[str, Any]
+    messages: list[Message]
+
+    @property
+    def model(self) -> str | None:
+        """The requested model, if named."""
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
+        return reserved(self.body, "max_completion_tokens", "max_tokens")
+
+    @property
+    def overhead_fields(self) -> Mapping[str, Any]:
+        """The fields the engine counts besides the messages (the tools): the body itself."""
+        return self.body
+
+    @property
+    def stream(self) -> bool:
+        """Whether a streamed (SSE) response was asked for."""
+        return self.body.get("stream") is True
+
+    @classmethod
+    def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> ChatRequest:
+        """Parse and check a request body.
+
+        :raises InvalidChatRequest: If it is not JSON, not an object, or has no list of message objects.
+        :raises RequestOverLimit: If it holds more messages or content parts than `limits` allow.
+        """
+        body = json_object(raw)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise InvalidChatRequest("The request has no `messages` list.")
+        checked_objects(messages, "messages", limits)
+        return cls(body=body, messages=messages)
+
+    def with_messages(self, messages: list[Message]) -> bytes:
+        """The request body with its messages replaced, every other field as it was."""
+        return orjson.dumps({**self.body, "messages": messages})
+
+
+def deployment_name(path: str) -> str | None:
+    """The deployment in an Azure-style path `/openai/deployments/{name}/chat/completions`."""
+    parts = path.strip("/").split("/")
+    if "deployments" in parts:
+        position = parts.index("deployments") + 1
+        return parts[position] if position < len(parts) else None
+    return None

@@ -1,0 +1,50 @@
+"""A small request sized by its bytes: when even that bound is under the trigger, nothing else is worked out.
+
+Every token a BPE tokenizer makes covers at least one byte, and a request's JSON spends more bytes on each
+message's framing (`{"role":"user","content":""}`) than a chat template spends tokens, so a body's length bounds
+its token count from above, calibrated as the engine's own bounds are. A request whose bound is under the trigger
+cannot need compacting, and most requests of an agent's early turns are such: the proxy forwards the body as it
+came, without hashing its messages, looking up anchors and rewrites, or remembering it for the next turn. That
+leaves the first turns after the bound of a conversation without a usage anchor: they are counted locally, long
+before the trigger is near.
+
+Where the upstream counts prompts exactly (`count_probes`), its count is asked for instead: a local model's window
+is small, and the count tells how close to it the conversation is.
+
+Media do not fit the bound (a 40-byte image URL can cost a thousand tokens), so a request with an image, audio or
+file part is measured the full way. A conversation that was compacted under a lower trigger (a larger
+`max_tokens`, a smaller `X-Context-Window`) and whose next request fits even without its rewrite is forwarded
+whole, as it came.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from proxy.engine.messages import Message
+from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES
+
+SIZED_BELOW_BYTES: Final = SPLICE_FROM_BYTES
+"""Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead (see
+`proxy.formats.chat_completions.splice`), which costs less than the parse this needs."""
+
+TEXT_PARTS: Final = frozenset({"text", "refusal"})
+"""Content part types whose tokens their bytes bound; any other (an image, audio, a file) is measured the full way."""
+
+
+def byte_bound(raw: bytes, messages: list[Message], scale: float) -> int | None:
+    """An upper bound on the tokens the provider counts for the request `raw`, or None when it holds media.
+
+    :param messages: The request's messages, parsed from `raw`.
+    :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
+    """
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and not all(
+            isinstance(part, dict) and part.get("type") in TEXT_PARTS for part in content
+        ):
+            return None
+        if "audio" in message:
+            return None
+    return math.ceil(scale * len(raw))

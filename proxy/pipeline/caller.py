@@ -1,0 +1,53 @@
+"""Who sent a request, as its headers say: the tenant its credentials make, its window override, its state scope."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from xxhash import xxh3_128_digest
+
+from proxy.config import Settings
+from proxy.pipeline.exchange import Api
+from proxy.pipeline.reports import requested_window
+
+CONTEXT_WINDOW_HEADER: Final = "x-context-window"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, read once per request.
+
+    :param tenant: A keyed hash of its credential headers: all state is scoped by it, and no key is ever stored.
+    :param requested_window: The window `X-Context-Window` asks for, if it asks for one.
+    :param warning: What to answer in `X-Compaction-Warning` when that header is not a window.
+    :param scope: The state scope: the tenant, under the window override if there is one (see `state_scope`).
+    """
+
+    tenant: bytes
+    requested_window: int | None
+    warning: str | None
+    scope: bytes
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str], settings: Settings, api: Api = Api.CHAT) -> Caller:
+        """The caller of a request with these headers (lower-cased names), in this wire format."""
+        tenant = bytes.fromhex(settings.tenant_of(headers))
+        requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
+        return cls(tenant, requested, warning, state_scope(tenant, requested, api))
+
+
+def state_scope(tenant: bytes, requested_window: int | None, api: Api = Api.CHAT) -> bytes:
+    """The state scope of a request: its tenant, under a per-request window override and its wire format.
+
+    A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
+    request's override is never remembered for the conversation's later turns without it. A Responses API
+    conversation has a scope of its own: its rewrites stand for items, which a chat completion's messages are not.
+    """
+    scope = tenant
+    if requested_window is not None and requested_window > 0:
+        scope = xxh3_128_digest(scope + b"\0x-context-window\0" + str(requested_window).encode())
+    if api is not Api.CHAT:
+        scope = xxh3_128_digest(scope + b"\0api\0" + api.value.encode())
+    return scope

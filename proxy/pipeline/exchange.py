@@ -1,0 +1,131 @@
+"""The contract between the HTTP server and chat-completion compaction.
+
+The server owns sockets, headers and streaming; the compaction side owns parsing, state and the engine. They meet
+here: the server hands over an `IncomingChat` and gets back a `ForwardPlan` saying what to send upstream; when the
+upstream has answered, the server reports the outcome with `ChatOutcome` so usage can anchor the next estimate.
+A request the proxy will not forward at all (over its limits) gets a `Refusal` instead, which the server answers
+OpenAI-style.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class Api(StrEnum):
+    """The wire format of a request compaction sees."""
+
+    CHAT = "chat_completions"
+    """`POST /v1/chat/completions`: `messages`."""
+    RESPONSES = "responses"
+    """`POST /v1/responses`: `instructions` and `input` items."""
+
+
+@dataclass(frozen=True)
+class IncomingChat:
+    """A chat-completion request as the client sent it.
+
+    :param body: The raw request body, exactly as received.
+    :param headers: The client's request headers (case-insensitive mapping).
+    :param path: The request path, e.g. `/v1/chat/completions` or an Azure deployment path.
+    :param api: The wire format, from the path.
+    """
+
+    body: bytes
+    headers: Mapping[str, str]
+    path: str
+    api: Api = Api.CHAT
+
+
+@dataclass
+class ForwardPlan:
+    """What the server forwards upstream for one chat completion, and how it relays the answer.
+
+    :param body: The body to send upstream: the client's own bytes when nothing was changed.
+    :param response_headers: Headers to add to the response the client receives (what compaction did).
+    :param stream: Whether the request asked for a streamed (SSE) response.
+    :param strip_usage_chunk: The proxy asked the upstream for a usage chunk the client did not ask for, so the
+        server must drop the usage-only final chunk from the stream it relays.
+    :param context: Opaque state the compaction side needs back in `ChatOutcome`.
+    :param reads: The proxy's read tool was added: how the server answers the model's calls to it (a
+        `proxy.pipeline.offload.reads.ReadBack`), or None.
+    :param failed_open: The compaction side failed and forwards the client's bytes unchanged: the stage that failed,
+        for the server to count with its own fail-opens (`compaction_proxy_fail_open_total`); None when it did not.
+    :param model: The model the request names, fit for a log line (the access line names it); None when unread.
+    """
+
+    body: bytes
+    response_headers: dict[str, str] = field(default_factory=dict)
+    stream: bool = False
+    strip_usage_chunk: bool = False
+    context: Any = None
+    reads: Any = None
+    failed_open: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the proxy answers itself with an OpenAI-style error instead of forwarding it.
+
+    :param status: HTTP status (400 for a request over the proxy's limits).
+    :param message: What is wrong and what to do; never quotes the request.
+    :param code: The stable machine-readable code.
+    :param param: The request field at fault.
+    """
+
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """What the upstream answered to a forwarded chat completion.
+
+    :param status: The upstream's HTTP status.
+    :param usage: The `usage` object the upstream reported (final chunk when streaming), if any, with a chat
+        completion's field names (a Responses API usage is renamed; see `proxy.formats.responses.answers`).
+    :param reply: The assistant message of the first choice, reassembled from the deltas when streaming:
+        `{"role": "assistant", "content": ..., "tool_calls": [...]}` (a response's output items as the engine sees
+        them); None when there was none.
+    :param error_body: The parsed JSON error body of a non-2xx answer, if it was JSON.
+    :param response_id: The id of a Responses API answer, which a later request may continue from.
+    """
+
+    status: int
+    usage: Mapping[str, Any] | None = None
+    reply: Mapping[str, Any] | None = None
+    error_body: Mapping[str, Any] | None = None
+    response_id: str | None = None
+
+
+class ChatCompaction(Protocol):
+    """Decides what the upstream receives for each chat completion and learns from what it answers."""
+
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
+        """Return what to forward for this request, or why it is refused.
+
+        Must never raise: on any internal error, forward as received.
+        """
+        ...
+
+    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+        """Record the upstream's answer; return a plan to retry with (once) after a context overflow, else None."""
+        ...
+
+
+class PassThrough:
+    """A `ChatCompaction` that changes nothing: forwards every request as received and learns nothing."""
+
+    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+        """Forward the client's bytes unchanged."""
+        return ForwardPlan(body=chat.body)
+
+    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+        """Never retry."""
+        return None

@@ -1,0 +1,104 @@
+"""The proxy's read tool: its definition in both wire formats, and what a request holding offloaded results gets.
+
+The tool is added to a forwarded request only when its conversation holds offloaded results, after the client's own
+tools, so the request's prefix (tools come first in what the provider caches) is the same on every turn that holds
+them. Whether a conversation holds them is read from the compaction metadata of the messages forwarded, which
+rewrite memory replays turn after turn: the same messages always get the same tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any, Final
+
+import orjson
+
+from proxy.engine.strategies.offload import REFERENCE_PREFIX
+from proxy.formats.chat_completions.request import ChatRequest
+from proxy.formats.responses.request import ResponsesRequest
+
+READ_TOOL: Final = "compaction_proxy_read_result"
+"""The name of the proxy's read tool; the model calls it with `{"reference": ...}`."""
+
+POINTER: Final = (
+    "Tool result offloaded ({characters} characters) under reference '{reference}'. To read it in full, call "
+    f"{READ_TOOL} with this reference. Preview: {{preview}}"
+)
+"""What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool."""
+
+_DESCRIPTION: Final = (
+    "Read the full text of an earlier tool result that was offloaded to save context. Pass the reference quoted in "
+    "its placeholder."
+)
+_PARAMETERS: Final = {
+    "type": "object",
+    "properties": {"reference": {"type": "string", "description": "The reference quoted in the placeholder."}},
+    "required": ["reference"],
+    "additionalProperties": False,
+}
+CHAT_TOOL: Final = {
+    "type": "function",
+    "function": {"name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS},
+}
+RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS}
+
+_REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
+"""What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
+
+
+def as_forwarded(
+    request: ChatRequest | ResponsesRequest, held: Sequence[str], max_tools: int
+) -> ChatRequest | ResponsesRequest:
+    """The request as it goes upstream with messages holding the offloaded results `held`: with the read tool if any.
+
+    Forwarding and the summary call both take their tools from here: a summary call that lacked the read tool its
+    conversation was forwarded with would share no prefix with it (tools come first), and miss the prompt cache.
+    Never to a request the read tool cannot be offered to (`offer_declined`).
+    """
+    return with_read_tool(request) if held and offer_declined(request, max_tools) is None else request
+
+
+def offer_declined(request: ChatRequest | ResponsesRequest, max_tools: int) -> str | None:
+    """Why the read tool cannot be offered to this request, or None when it can.
+
+    `name_taken`: one of the client's tools already has its name; offering it again would send the name twice, and
+    the proxy could not tell the client's calls from its own. `tool_limit`: the request already has `max_tools`
+    tools, so one more would be refused. The proxy's tool is never renamed instead: its name is quoted in every
+    pointer rewrite memory replays, which must read the same on every turn.
+    """
+    tools: Any = request.body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    if any(_tool_name(tool) == READ_TOOL for tool in tools):
+        return "name_taken"
+    return "tool_limit" if len(tools) >= max_tools else None
+
+
+def _tool_name(tool: Any) -> Any:
+    """The name a chat tool (`function.name`) or a Responses tool (`name`) declares."""
+    if not isinstance(tool, dict):
+        return None
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, dict) else tool.get("name")
+
+
+def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:
+    """The request with the read tool after its own tools (its other fields, and its messages, as they were)."""
+    tool = RESPONSES_TOOL if isinstance(request, ResponsesRequest) else CHAT_TOOL
+    tools: Any = request.body.get("tools")
+    body = {**request.body, "tools": [*(tools if isinstance(tools, list) else []), tool]}
+    return dataclasses.replace(request, body=body)
+
+
+def reference_of(arguments: Any) -> str | None:
+    """The reference a read call names in its JSON arguments, when it is one the proxy could have made."""
+    if not isinstance(arguments, str) or len(arguments) > 1024:
+        return None
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    reference = parsed.get("reference") if isinstance(parsed, dict) else None
+    return reference if isinstance(reference, str) and _REFERENCE.fullmatch(reference) else None

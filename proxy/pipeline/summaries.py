@@ -1,0 +1,316 @@
+"""Summaries for the proxy: written by the upstream, ahead of time, once per span, served from its prompt cache.
+
+A summary request is the conversation exactly as it was last forwarded (same model, tools and messages, byte for
+byte) followed by one instruction naming the messages to condense, so the provider's prompt cache serves everything
+but the instruction. It is started in the background when a conversation crosses `precompact_at`, keyed by the
+hash chain of the conversation through the last message it covers; when compaction is due, a ready summary is
+applied at no added latency, one still being written is awaited up to `summary_wait_seconds`, and anything else
+falls back to the rest of the chain. The rewrite memory then replays the summary on every later turn, so each span
+is summarized once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from proxy.config import CREDENTIAL_HEADERS, Settings
+from proxy.engine import EditPlan, Transcript
+from proxy.engine.messages import Message
+from proxy.engine.strategies.offload import held_references
+from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
+from proxy.formats.chat_completions.body import forwarded_fields
+from proxy.formats.chat_completions.request import ChatRequest
+from proxy.formats.responses.request import ResponsesRequest
+from proxy.formats.responses.summary import summary_request as responses_summary_request
+from proxy.formats.responses.summary import summary_text
+from proxy.pipeline.metrics import CompactionMetrics
+from proxy.pipeline.offload.tool import as_forwarded
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE, span_text
+from proxy.upstream_session import upstream_session
+
+logger = logging.getLogger("proxy.compaction")
+
+_CALL_FIELDS = ("model", "tools", "functions", "temperature", "top_p", "seed", "user", "metadata")
+"""Fields of the conversation's own requests that a summary call keeps; the rest (streaming, sampling of several
+choices, response formats, tool choice) would change what comes back."""
+
+_MAX_JOBS = 10_000
+"""Summaries remembered at once (finished ones wait to be used); the oldest are dropped first."""
+
+_QUEUED_PER_CALL = 1
+"""Summaries that may wait for a free call slot, per slot (`summary_concurrency`). Each holds its whole conversation
+in memory until written, so beyond the running calls and this many waiting per slot no new one is started: the
+compaction falls back (reason `busy`)."""
+
+_MAX_ANSWER_BYTES = 4 * 2**20
+"""The largest summary answer read from the upstream; a summary is a few thousand tokens, so more is not one."""
+
+
+class SummaryFailed(Exception):
+    """A summary could not be had; `reason` is the metric label of why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SummaryContext:
+    """What a summary call needs of the request it serves.
+
+    :param tenant: The caller's tenant: summaries are scoped by it like all other state.
+    :param path: The path the client used (Azure deployments included): a Responses request's call is a response.
+    :param request: The client's parsed request, as it came: what forwarding adds to it for the transcript
+        summarized (the read tool) the summary call adds the same way.
+    :param headers: The client's headers (lower-cased names), for its credential.
+    :param chain: The hash chain of the transcript the summary is planned on.
+    """
+
+    tenant: bytes
+    path: str
+    request: ChatRequest | ResponsesRequest
+    headers: Mapping[str, str]
+    chain: Sequence[bytes]
+
+
+@dataclass
+class _Job:
+    """A summary being written (or written) for one span of one conversation."""
+
+    indices: tuple[int, ...]
+    task: asyncio.Task[str]
+    started: float = field(default_factory=time.monotonic)
+
+
+class Summaries:
+    """Starts, tracks and serves the summaries the proxy's conversations need.
+
+    :param settings: The proxy's settings (upstream, summary model and credential, timeouts, concurrency).
+    :param metrics: Where summaries started, used, discarded and fallbacks are counted.
+    """
+
+    def __init__(self, settings: Settings, metrics: CompactionMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.spans = SummarySpans()
+        self.instruction = settings.summary_instruction or SUMMARY_SECTIONS
+        self._jobs: OrderedDict[bytes, _Job] = OrderedDict()
+        self._semaphore: asyncio.Semaphore | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._unfinished = 0
+
+    def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
+        """Begin writing, in the background, the summary the next compaction will use (once per span)."""
+        self._started(context, transcript, target_tokens)
+
+    async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
+
+        None when nothing can be summarized or the summary cannot be had in time; the reason is counted and the
+        chain's remaining strategies take over.
+        """
+        found = self._started(context, transcript, target_tokens)
+        if found is None:
+            if self._busy():
+                self.metrics.summary_fallbacks.labels("busy").inc()
+            return None
+        key, job = found
+        try:
+            text = await asyncio.wait_for(asyncio.shield(job.task), self.settings.summary_wait_seconds)
+        except TimeoutError:
+            self.metrics.summary_fallbacks.labels("not_ready").inc()
+            return None
+        except SummaryFailed as failure:
+            self._jobs.pop(key, None)
+            self.metrics.summary_fallbacks.labels(failure.reason).inc()
+            return None
+        self._jobs.pop(key, None)
+        plan = summary_plan(transcript, list(job.indices), text)
+        if plan is None:
+            self.metrics.summaries_discarded.inc()
+            self.metrics.summary_fallbacks.labels("not_smaller").inc()
+            return None
+        self.metrics.summaries_used.inc()
+        return plan
+
+    def pending(self) -> list[asyncio.Task[str]]:
+        """The summary calls still running (for tests and shutdown)."""
+        return [job.task for job in self._jobs.values() if not job.task.done()]
+
+    async def aclose(self) -> None:
+        """Cancel summaries still being written and close the HTTP client."""
+        for job in self._jobs.values():
+            job.task.cancel()
+        self._jobs.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _started(
+        self, context: SummaryContext, transcript: Transcript, target_tokens: int
+    ) -> tuple[bytes, _Job] | None:
+        """The job for this conversation's longest known prefix, or a new one.
+
+        None when there is nothing to summarize, or when too many summaries are unfinished to start another.
+        """
+        found = self._find(context)
+        if found is not None or self._busy():
+            return found
+        indices = self.spans.next_span(transcript, target_tokens)
+        if not indices:
+            return None
+        key = context.tenant + context.chain[max(indices)]
+        task = asyncio.create_task(self._write(context, transcript, indices))
+        self._unfinished += 1
+        task.add_done_callback(self._finished)
+        job = _Job(tuple(indices), task)
+        self._remember(key, job)
+        return key, job
+
+    def _busy(self) -> bool:
+        return self._unfinished >= self.settings.summary_concurrency * (1 + _QUEUED_PER_CALL)
+
+    def _finished(self, task: asyncio.Task[str]) -> None:
+        """Count a summary as finished, and mark its failure as seen: one written ahead may fail with nobody waiting."""
+        self._unfinished -= 1
+        if not task.cancelled():
+            task.exception()
+
+    def _find(self, context: SummaryContext) -> tuple[bytes, _Job] | None:
+        """The job for the longest prefix of this conversation that one was started for, by this tenant.
+
+        Every key starts with the tenant (a fixed-length digest), so another caller's job is never found.
+        """
+        for index in range(len(context.chain) - 1, -1, -1):
+            key = context.tenant + context.chain[index]
+            job = self._jobs.get(key)
+            if job is not None:
+                return key, job
+        return None
+
+    def _remember(self, key: bytes, job: _Job) -> None:
+        self._jobs[key] = job
+        self.metrics.summaries_started.inc()
+        while len(self._jobs) > _MAX_JOBS:
+            _key, dropped = self._jobs.popitem(last=False)
+            dropped.task.cancel()
+            self.metrics.summaries_discarded.inc()
+
+    async def _write(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
+        """Ask the upstream for the summary of `indices`, with the forwarded conversation as the cached prefix."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.settings.summary_concurrency)
+        async with self._semaphore:
+            try:
+                return await asyncio.wait_for(
+                    self._call(context, transcript, indices), self.settings.summary_timeout_seconds
+                )
+            except TimeoutError:
+                raise SummaryFailed("timeout") from None
+            except aiohttp.ClientError:
+                raise SummaryFailed("upstream_unreachable") from None
+
+    async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
+        messages, sections, settings = transcript.messages, self.instruction, self.settings
+        request = as_forwarded(context.request, held_references(transcript.meta), settings.offload_max_tools)
+        if isinstance(request, ResponsesRequest):
+            body = responses_summary_request(request, messages, indices, sections=sections, settings=settings)
+        else:
+            body = summary_request(request, messages, indices, sections, settings)
+        url = self.settings.upstream + context.path
+        async with self._client().post(
+            url, data=body, headers=self._headers(context), allow_redirects=False
+        ) as response:
+            if response.status != 200:
+                logger.warning(
+                    "The upstream answered a summary request with status %d (redirects are not followed); the"
+                    " compaction goes on without that summary.",
+                    response.status,
+                )
+                raise SummaryFailed("upstream_error")
+            payload = await _read_bounded(response, _MAX_ANSWER_BYTES)
+        try:
+            answer = orjson.loads(payload)
+            text = (
+                summary_text(answer)
+                if isinstance(request, ResponsesRequest)
+                else answer["choices"][0]["message"]["content"]
+            )
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise SummaryFailed("malformed_answer") from None
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+            self.metrics.summary_tokens.inc(usage["total_tokens"])
+        if not isinstance(text, str) or not text.strip():
+            raise SummaryFailed("empty")
+        return text
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The session summary calls go out on, created on first use.
+
+        It talks to the configured upstream only: redirects (not followed), proxies from the environment and cookies
+        would carry one caller's conversation, credential or session to another place or another caller. Answers are
+        asked for uncompressed and never decompressed, so the size bound holds for what is read. TLS trusts what the
+        upstream connection trusts (`upstream_ca_bundle`).
+        """
+        if self._session is None:
+            self._session = upstream_session(self.settings)
+        return self._session
+
+    def _headers(self, context: SummaryContext) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if self.settings.summary_api_key is not None:
+            headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
+            return headers
+        for name in CREDENTIAL_HEADERS:
+            if value := context.headers.get(name):
+                headers[name] = value
+        return headers
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The response body, failing the summary as soon as it exceeds `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            logger.warning("The upstream's answer to a summary request exceeded %d bytes; it was not used.", limit)
+            raise SummaryFailed("answer_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def summary_request(
+    request: ChatRequest,
+    messages: Sequence[Message],
+    indices: Sequence[int],
+    sections: str,
+    settings: Settings,
+) -> bytes:
+    """The summary call's body: the conversation as forwarded, then one instruction naming the span to condense.
+
+    The fields kept are those the forwarded body is made of (`forwarded_fields`), in its order, with the messages
+    serialized from the very objects that were forwarded and the same tools (the proxy's read tool included when
+    `request` was given it), so the provider's prompt cache serves all but the instruction.
+
+    :param request: The request as forwarded (`proxy.pipeline.offload.tool.as_forwarded`).
+    """
+    instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(indices)) + sections
+    fields = forwarded_fields(request, [*messages, {"role": "user", "content": instruction}], ask_usage=False)
+    document = {key: value for key, value in fields.items() if key in _CALL_FIELDS or key == "messages"}
+    if settings.summary_model:
+        document["model"] = settings.summary_model
+    if document.get("tools"):
+        document["tool_choice"] = "none"
+    if settings.summary_max_tokens:
+        document["max_completion_tokens"] = settings.summary_max_tokens
+    return orjson.dumps(document)

@@ -1,0 +1,13 @@
+"""A Responses conversation's state is its own: never replayed onto a chat completion with the same messages."""
+
+from __future__ import annotations
+
+from proxy.pipeline.caller import state_scope
+from proxy.pipeline.exchange import Api
+
+
+def test_each_wire_format_and_window_override_has_its_own_scope() -> None:
+    tenant = bytes(32)
+    scopes = {state_scope(tenant, window, api) for window in (None, 4096) for api in (Api.CHAT, Api.RESPONSES)}
+    assert len(scopes) == 4
+    assert state_scope(tenant, None, Api.CHAT) == tenant
