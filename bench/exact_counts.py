@@ -31,6 +31,7 @@ import aiohttp
 from proxy.config import Settings
 from proxy.config.compaction import DEFAULT_COUNT_PROBES
 from proxy.engine import counter_for_model
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.pipeline.service import ChatCompactionService
 from tests.real_upstream.conftest import llama_server_binary, smollm2_gguf, start_llama_server, stop
@@ -107,7 +108,9 @@ async def run(
         for index in range(turns + 1):
             body = json.dumps({"model": MODEL, "messages": messages}).encode()
             started = time.perf_counter()
-            plan = await service.prepare(IncomingChat(body=body, headers={}, path="/v1/chat/completions"))
+            plan = await service.prepare(
+                IncomingChat(body=body, headers={}, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
+            )
             times.append(time.perf_counter() - started)
             assert isinstance(plan, ForwardPlan)
             headers = plan.response_headers

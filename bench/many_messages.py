@@ -22,6 +22,7 @@ import orjson
 
 from proxy.config import Settings
 from proxy.engine import counter_for_model
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import IncomingChat
 from proxy.pipeline.service import ChatCompactionService
 
@@ -46,7 +47,9 @@ async def decide(raw: bytes, window: int) -> tuple[float, str]:
     counter_for_model(MODEL)._cache.clear()
     headers = {"Authorization": "Bearer sk-bench", "X-Context-Window": str(window)}
     started = time.perf_counter()
-    plan = await service.prepare(IncomingChat(body=raw, headers=headers, path="/v1/chat/completions"))
+    plan = await service.prepare(
+        IncomingChat(body=raw, headers=headers, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
+    )
     elapsed = time.perf_counter() - started
     await service.aclose()
     return elapsed, plan.response_headers.get("X-Compaction", "")

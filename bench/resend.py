@@ -23,6 +23,7 @@ import orjson
 
 from proxy.config import Settings
 from proxy.engine import TiktokenCounter, counter_for_model
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.pipeline.service import ChatCompactionService
 
@@ -62,7 +63,9 @@ def conversation(tokens: int) -> list[dict[str, Any]]:
 async def decide(service: ChatCompactionService, body: bytes) -> tuple[float, ForwardPlan]:
     started = time.perf_counter()
     plan = await service.prepare(
-        IncomingChat(body=body, headers={"Authorization": "Bearer sk-bench"}, path="/v1/chat/completions")
+        IncomingChat(
+            body=body, headers={"Authorization": "Bearer sk-bench"}, path="/v1/chat/completions", wire=CHAT_COMPLETIONS
+        )
     )
     elapsed = time.perf_counter() - started
     assert isinstance(plan, ForwardPlan)

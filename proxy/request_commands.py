@@ -17,8 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
 from proxy.config import ClientCompaction, load_settings
 from proxy.engine import (
     DEFAULT_CHAIN,
@@ -32,14 +30,14 @@ from proxy.engine import (
     counter_for_model,
 )
 from proxy.engine.strategies.offload import ToolResultOffload, held_references
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
+from proxy.formats import format_of_body
 from proxy.pipeline.client_compaction import deferral
 from proxy.pipeline.compacting import chain_names
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.offload.tool import with_read_tool
 from proxy.pipeline.requests import InvalidChatRequest
+from proxy.pipeline.wire import WireRequest
 from proxy.state.memory import MemoryStore
 
 USAGE_ERROR = 2
@@ -153,11 +151,8 @@ def compact_command(args: argparse.Namespace) -> int:
     messages = result.plan.apply_messages(request.messages)
     offloaded = held_references(result.compacted.meta)
     if offloaded:
-        request = with_read_tool(request)
-    if isinstance(request, ResponsesRequest):
-        sys.stdout.write(request.forwarded(args.raw, messages).decode())
-    else:
-        sys.stdout.write(request.with_messages(messages).decode())
+        request = with_read_tool(request, args.wire.read_tool)
+    sys.stdout.write(request.forwarded(args.raw, messages).decode())
     sys.stdout.write("\n")
     replaced = sum(1 for entry in result.plan.created() if entry.replaces is not None)
     print(
@@ -170,27 +165,18 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace) -> tuple[ChatRequest | ResponsesRequest, TokenCounter]:
+def _load(args: argparse.Namespace) -> tuple[WireRequest, TokenCounter]:
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as error:
         raise CommandError(f"cannot read {args.file}: {error.strerror}") from None
-    args.raw = raw
+    args.raw, args.wire = raw, format_of_body(raw)
     try:
-        request = ResponsesRequest.parse(raw) if _is_responses_body(raw) else ChatRequest.parse(raw)
+        request = args.wire.parse(raw, None)
     except InvalidChatRequest as error:
         raise CommandError(str(error)) from None
     counter: TokenCounter = ApproximateCounter() if args.approximate else counter_for_model(request.model)
     return request, counter
-
-
-def _is_responses_body(raw: bytes) -> bool:
-    """Whether the body is a Responses API request: an object with `input` and no `messages`."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(body, dict) and "input" in body and "messages" not in body
 
 
 def _reporting_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

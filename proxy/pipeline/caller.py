@@ -9,7 +9,6 @@ from typing import Final
 from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import Api
 from proxy.pipeline.reports import requested_window
 
 CONTEXT_WINDOW_HEADER: Final = "x-context-window"
@@ -31,23 +30,24 @@ class Caller:
     scope: bytes
 
     @classmethod
-    def of(cls, headers: Mapping[str, str], settings: Settings, api: Api = Api.CHAT) -> Caller:
-        """The caller of a request with these headers (lower-cased names), in this wire format."""
+    def of(cls, headers: Mapping[str, str], settings: Settings, format_scope: str | None = None) -> Caller:
+        """The caller of a request with these headers (lower-cased names), in a wire format of this `scope`."""
         tenant = bytes.fromhex(settings.tenant_of(headers))
         requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        return cls(tenant, requested, warning, state_scope(tenant, requested, api))
+        return cls(tenant, requested, warning, state_scope(tenant, requested, format_scope))
 
 
-def state_scope(tenant: bytes, requested_window: int | None, api: Api = Api.CHAT) -> bytes:
+def state_scope(tenant: bytes, requested_window: int | None, format_scope: str | None = None) -> bytes:
     """The state scope of a request: its tenant, under a per-request window override and its wire format.
 
     A rewrite made for `X-Context-Window: N` is replayed only to requests that send the same override, so one
     request's override is never remembered for the conversation's later turns without it. A Responses API
-    conversation has a scope of its own: its rewrites stand for items, which a chat completion's messages are not.
+    conversation has a scope of its own: its rewrites stand for items, which a chat completion's messages are not
+    (`WireFormat.scope`).
     """
     scope = tenant
     if requested_window is not None and requested_window > 0:
         scope = xxh3_128_digest(scope + b"\0x-context-window\0" + str(requested_window).encode())
-    if api is not Api.CHAT:
-        scope = xxh3_128_digest(scope + b"\0api\0" + api.value.encode())
+    if format_scope is not None:
+        scope = xxh3_128_digest(scope + b"\0api\0" + format_scope.encode())
     return scope

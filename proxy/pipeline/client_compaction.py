@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.config import ClientCompaction
-from proxy.engine.messages import Message, content_texts, is_checkpoint, role_of
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
+from proxy.engine.messages import Message, content_texts, role_of
+from proxy.pipeline.wire import WireRequest
 
 POLICY_HEADER: Final = "x-compaction-client"
 """Request header overriding `client_compaction` for one request."""
@@ -85,7 +84,7 @@ class Deferral:
 
 
 def deferral(
-    policy: ClientCompaction, headers: Mapping[str, str], request: ChatRequest | ResponsesRequest
+    policy: ClientCompaction, headers: Mapping[str, str], request: WireRequest
 ) -> tuple[Deferral | None, str | None]:
     """Whether to defer to the request's client, and a warning when its `X-Compaction-Client` was not understood.
 
@@ -108,16 +107,13 @@ def deferral(
     return (Deferral(signal) if signal else None), warning
 
 
-def recognized(headers: Mapping[str, str], request: ChatRequest | ResponsesRequest) -> str | None:
+def recognized(headers: Mapping[str, str], request: WireRequest) -> str | None:
     """The first signal (see the module docstring) that the request's client compacts itself, or None."""
-    messages = request.messages
-    if _is_codex_compaction_request(messages):
+    if _is_codex_compaction_request(request.messages):
         return "compaction-request"
-    if isinstance(request, ResponsesRequest) and any(is_checkpoint(message) for message in messages):
-        return "compaction-items"
-    managed = request.manages_context if isinstance(request, ResponsesRequest) else "context_management" in request.body
-    if managed:
-        return "context-management"
+    signal = request.compaction_signal
+    if signal is not None:
+        return signal
     user_agent = headers.get("user-agent", "")
     if headers.get("originator", "").strip() in CODEX_ORIGINATORS or user_agent.startswith(CODEX_USER_AGENT):
         return "codex-cli"

@@ -11,17 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
-
-class Api(StrEnum):
-    """The wire format of a request compaction sees."""
-
-    CHAT = "chat_completions"
-    """`POST /v1/chat/completions`: `messages`."""
-    RESPONSES = "responses"
-    """`POST /v1/responses`: `instructions` and `input` items."""
+from proxy.pipeline.wire import WireFormat
 
 
 @dataclass(frozen=True)
@@ -31,13 +23,13 @@ class IncomingChat:
     :param body: The raw request body, exactly as received.
     :param headers: The client's request headers (case-insensitive mapping).
     :param path: The request path, e.g. `/v1/chat/completions` or an Azure deployment path.
-    :param api: The wire format, from the path.
+    :param wire: The wire format, from the path (`proxy.formats.format_of`).
     """
 
     body: bytes
     headers: Mapping[str, str]
     path: str
-    api: Api = Api.CHAT
+    wire: WireFormat
 
 
 @dataclass

@@ -8,16 +8,14 @@ offloading and rewrite memory, and with its own steps for viewing, working on an
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from proxy.config import Mode, Settings
 from proxy.engine import Room, Thresholds, Transcript, counter_for_model, leading_room
 from proxy.engine.messages import Message
 from proxy.engine.strategies.offload import held_references
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
 from proxy.pipeline.compacting import report_room
-from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.overflow import context_overflow
@@ -25,6 +23,7 @@ from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.reports import INSTRUCTIONS_HEADER, WINDOW_SOURCE_HEADER
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.usage import UsageReports
+from proxy.pipeline.wire import WireFormat
 from proxy.windows import ContextWindows, WindowSource
 
 T = TypeVar("T")
@@ -41,7 +40,7 @@ class CompactionSteps(Protocol):
     rewrites: RewriteMemory
     metrics: CompactionMetrics
 
-    async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest: ...
+    async def _parse(self, raw: bytes, wire: WireFormat) -> Any: ...
 
     async def _view(self, exchange: Prepared) -> View: ...
 
@@ -74,7 +73,7 @@ class OverflowRetry:
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
         if exchange.parsed is None:
-            exchange.parsed = await self._parse(exchange.raw, Api.CHAT)
+            exchange.parsed = await self._parse(exchange.raw, exchange.wire)
         request = exchange.request
         view = await self._view(exchange)
         counter = counter_for_model(exchange.model)
@@ -119,6 +118,7 @@ class OverflowRetry:
             exchange.model,
             window,
             exchange.size,
+            exchange.wire,
             retried=True,
             headers=dict(exchange.headers),
         )

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.chat_completions.splice import Turn
-from proxy.formats.responses.request import ResponsesRequest
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.usage import Estimate, Sent
+from proxy.pipeline.wire import WireFormat, WireRequest
 
 RELEASE_FROM_BYTES: Final = OFF_LOOP_BYTES
 """Chat requests from this size let go of their parsed messages while the upstream answers (`Prepared.release`):
@@ -26,6 +25,7 @@ class Prepared:
     :param model: The model asked for (or the Azure deployment).
     :param window: The window the decision used, if one was known.
     :param size: The request body's size in bytes.
+    :param wire: The request's wire format.
     :param chain: The hash chain of the messages sent upstream.
     :param estimate: The proxy's estimate of what was sent.
     :param retried: This is the compacted retry after a context overflow.
@@ -38,10 +38,11 @@ class Prepared:
 
     scope: bytes
     tenant: bytes
-    parsed: ChatRequest | ResponsesRequest | None
+    parsed: WireRequest | None
     model: str | None
     window: int | None
     size: int
+    wire: WireFormat
     chain: list[bytes] = field(default_factory=list)
     estimate: Estimate | None = None
     retried: bool = False
@@ -52,7 +53,7 @@ class Prepared:
     raw: bytes = b""
 
     @property
-    def request(self) -> ChatRequest | ResponsesRequest:
+    def request(self) -> WireRequest:
         """The parsed request (see `release`)."""
         if self.parsed is None:
             raise RuntimeError("The parsed request was released; parse `raw` again.")

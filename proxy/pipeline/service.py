@@ -50,7 +50,7 @@ from proxy.pipeline.caller import Caller
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
-from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.pipeline.measured import measure
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.off_loop import OffLoop
@@ -62,6 +62,7 @@ from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOv
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.summaries import Summaries, SummaryContext
 from proxy.pipeline.usage import Estimate, UsageReports
+from proxy.pipeline.wire import WireFormat
 from proxy.state import StateStore, open_store
 from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
@@ -157,19 +158,19 @@ class ChatCompactionService(OverflowRetry):
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.requests.labels("skipped").inc()
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        caller = Caller.of(headers, self.settings, chat.api)
-        spliced = chat.api is Api.CHAT and self.splice_from is not None and len(chat.body) >= self.splice_from
+        caller = Caller.of(headers, self.settings, chat.wire.scope)
+        spliced = chat.wire.scope is None and self.splice_from is not None and len(chat.body) >= self.splice_from
         splices = self.splices if spliced else None
         extension, ends = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else (None, None)
         try:
-            request = extension.request if extension else await self._parse(chat.body, chat.api)
+            request = extension.request if extension else await self._parse(chat.body, chat.wire)
         except InvalidChatRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.requests.labels(invalid.outcome).inc()
             return ForwardPlan(body=chat.body)
         except RequestOverLimit as over:
             self.metrics.requests.labels("refused").inc()
-            return Refusal(400, str(over), over.code, param="input" if chat.api is Api.RESPONSES else "messages")
+            return Refusal(400, str(over), over.code, param=chat.wire.entries)
         try:
             if isinstance(request, ResponsesRequest) and request.stateful:
                 return await self._prepare_provider_state(chat, request, headers, caller)
@@ -191,9 +192,8 @@ class ChatCompactionService(OverflowRetry):
             exchange.release(chat.body)
         return plan
 
-    async def _parse(self, raw: bytes, api: Api) -> ChatRequest | ResponsesRequest:
-        parse = ResponsesRequest.parse if api is Api.RESPONSES else ChatRequest.parse
-        return await self.off_loop.run(len(raw), lambda: parse(raw, self.limits))
+    async def _parse(self, raw: bytes, wire: WireFormat) -> Any:
+        return await self.off_loop.run(len(raw), lambda: wire.parse(raw, self.limits))
 
     async def _prepare_provider_state(
         self, chat: IncomingChat, request: ResponsesRequest, headers: Mapping[str, str], caller: Caller
@@ -202,7 +202,9 @@ class ChatCompactionService(OverflowRetry):
         model = request.model
         resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = Prepared(caller.scope, caller.tenant, request, model, window, len(chat.body), provider_state=True)
+        exchange = Prepared(
+            caller.scope, caller.tenant, request, model, window, len(chat.body), chat.wire, provider_state=True
+        )
         counter = counter_for_model(model)
         body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
         self.metrics.requests.labels("provider_state").inc()
@@ -227,7 +229,7 @@ class ChatCompactionService(OverflowRetry):
         model = request.model or deployment_name(chat.path)
         resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = Prepared(scope, tenant, request, model, window, len(chat.body), turn=Turn(extension))
+        exchange = Prepared(scope, tenant, request, model, window, len(chat.body), chat.wire, turn=Turn(extension))
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
@@ -258,7 +260,7 @@ class ChatCompactionService(OverflowRetry):
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
-        context = SummaryContext(scope, chat.path, request, headers, view.chain)
+        context = SummaryContext(scope, chat.path, request, headers, view.chain, chat.wire)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(
@@ -363,6 +365,7 @@ class ChatCompactionService(OverflowRetry):
         sized = (exchange.window, tokens)
         request, reads = await self.offloading.offer(
             exchange.request,
+            exchange.wire,
             exchange.tenant,
             offered,
             exchange.headers,
@@ -375,9 +378,9 @@ class ChatCompactionService(OverflowRetry):
         def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            if isinstance(request, ResponsesRequest):
-                return request.forwarded(raw, messages), None, sent_chain
-            return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
+            if isinstance(request, ChatRequest):
+                return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
+            return request.forwarded(raw, messages), None, sent_chain
 
         whole = messages is not None and not exchange.turn.splices(messages)
         body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
@@ -393,7 +396,7 @@ class ChatCompactionService(OverflowRetry):
 
     async def _originals(self, exchange: Prepared) -> list[Message]:
         """The request's messages as the client sent them, parsed again when they were `release`d."""
-        request = exchange.parsed if exchange.parsed is not None else await self._parse(exchange.raw, Api.CHAT)
+        request = exchange.parsed if exchange.parsed is not None else await self._parse(exchange.raw, exchange.wire)
         return request.messages
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:

@@ -23,22 +23,15 @@ import orjson
 
 from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.engine import EditPlan, Transcript
-from proxy.engine.messages import Message
 from proxy.engine.strategies.offload import held_references
 from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
-from proxy.formats.chat_completions.body import forwarded_fields
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
-from proxy.formats.responses.summary import summary_request as responses_summary_request
-from proxy.formats.responses.summary import summary_text
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.tool import as_forwarded
-from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE, span_text
+from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.upstream_session import upstream_session
 
 logger = logging.getLogger("proxy.compaction")
 
-_CALL_FIELDS = ("model", "tools", "functions", "temperature", "top_p", "seed", "user", "metadata")
 """Fields of the conversation's own requests that a summary call keeps; the rest (streaming, sampling of several
 choices, response formats, tool choice) would change what comes back."""
 
@@ -72,13 +65,15 @@ class SummaryContext:
         summarized (the read tool) the summary call adds the same way.
     :param headers: The client's headers (lower-cased names), for its credential.
     :param chain: The hash chain of the transcript the summary is planned on.
+    :param wire: The request's wire format: what the summary call looks like.
     """
 
     tenant: bytes
     path: str
-    request: ChatRequest | ResponsesRequest
+    request: WireRequest
     headers: Mapping[str, str]
     chain: Sequence[bytes]
+    wire: WireFormat
 
 
 @dataclass
@@ -220,11 +215,10 @@ class Summaries:
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
         messages, sections, settings = transcript.messages, self.instruction, self.settings
-        request = as_forwarded(context.request, held_references(transcript.meta), settings.offload_max_tools)
-        if isinstance(request, ResponsesRequest):
-            body = responses_summary_request(request, messages, indices, sections=sections, settings=settings)
-        else:
-            body = summary_request(request, messages, indices, sections, settings)
+        wire = context.wire
+        held = held_references(transcript.meta)
+        request = as_forwarded(context.request, wire.read_tool, held, settings.offload_max_tools)
+        body = wire.summary_call(request, messages, indices, sections=sections, settings=settings)
         url = self.settings.upstream + context.path
         async with self._client().post(
             url, data=body, headers=self._headers(context), allow_redirects=False
@@ -239,11 +233,7 @@ class Summaries:
             payload = await _read_bounded(response, _MAX_ANSWER_BYTES)
         try:
             answer = orjson.loads(payload)
-            text = (
-                summary_text(answer)
-                if isinstance(request, ResponsesRequest)
-                else answer["choices"][0]["message"]["content"]
-            )
+            text = wire.summary_text(answer)
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SummaryFailed("malformed_answer") from None
         usage = answer.get("usage") if isinstance(answer, dict) else None
@@ -287,30 +277,3 @@ async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
             raise SummaryFailed("answer_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def summary_request(
-    request: ChatRequest,
-    messages: Sequence[Message],
-    indices: Sequence[int],
-    sections: str,
-    settings: Settings,
-) -> bytes:
-    """The summary call's body: the conversation as forwarded, then one instruction naming the span to condense.
-
-    The fields kept are those the forwarded body is made of (`forwarded_fields`), in its order, with the messages
-    serialized from the very objects that were forwarded and the same tools (the proxy's read tool included when
-    `request` was given it), so the provider's prompt cache serves all but the instruction.
-
-    :param request: The request as forwarded (`proxy.pipeline.offload.tool.as_forwarded`).
-    """
-    instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(indices)) + sections
-    fields = forwarded_fields(request, [*messages, {"role": "user", "content": instruction}], ask_usage=False)
-    document = {key: value for key, value in fields.items() if key in _CALL_FIELDS or key == "messages"}
-    if settings.summary_model:
-        document["model"] = settings.summary_model
-    if document.get("tools"):
-        document["tool_choice"] = "none"
-    if settings.summary_max_tokens:
-        document["max_completion_tokens"] = settings.summary_max_tokens
-    return orjson.dumps(document)

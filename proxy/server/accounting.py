@@ -67,11 +67,11 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
         if record.status is not None:
             server_log.exception(
                 "unhandled error in the proxy mid-response; the client connection was cut",
-                extra={"fields": {"route": record.route.value}},
+                extra={"fields": {"route": record.route}},
             )
             abort(request)
             return web.Response(status=record.status)  # never sent: the connection is already closing
-        server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route.value}})
+        server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route}})
         record.status = 500
         return internal_error()
     finally:
@@ -83,7 +83,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
 def _account(request: web.Request, record: RequestRecord) -> None:
     metrics = request.app[METRICS]
     elapsed = record.elapsed()
-    route = record.route.value
+    route = record.route
     metrics.requests.labels(route=route, status=str(record.status)).inc()
     metrics.request_duration.labels(route=route).observe(elapsed)
     if record.upstream_latency is not None:
@@ -111,7 +111,7 @@ def _account(request: web.Request, record: RequestRecord) -> None:
         "client_disconnected": record.client_disconnected or None,
         "error": record.error,
     }
-    level = logging.DEBUG if record.route is RouteKind.INTERNAL else logging.INFO
+    level = logging.DEBUG if record.route == RouteKind.INTERNAL else logging.INFO
     access_log.log(
         level, "request", extra={"fields": {key: value for key, value in fields.items() if value is not None}}
     )

@@ -24,12 +24,13 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.failures import log_failure
-from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
+from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
-from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, answered, outcome_from_body
+from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers
 from proxy.server.held_stream import (
     ERROR_BODY_LIMIT,
@@ -74,10 +75,10 @@ def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
     log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
 
 
-async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan | Refusal | None:
+async def _prepare(request: web.Request, body: bytes, wire: WireFormat) -> ForwardPlan | Refusal | None:
     """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed."""
     try:
-        incoming = IncomingChat(body=body, headers=request.headers, path=request.path, api=api)
+        incoming = IncomingChat(body=body, headers=request.headers, path=request.path, wire=wire)
         plan = await request.app[CHAT].prepare(incoming)
         if isinstance(plan, Refusal):
             return plan
@@ -120,8 +121,8 @@ async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcom
     return await asyncio.shield(report())
 
 
-async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) -> web.StreamResponse:
-    """Handle one chat completion or response (see the module docstring)."""
+async def handle_chat(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
+    """Handle one request of a wire format the proxy compacts (see the module docstring)."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
     try:
@@ -140,17 +141,17 @@ async def handle_chat(request: web.Request, target: URL, api: Api = Api.CHAT) ->
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response()
-    plan = await _prepare(request, body, api)
+    plan = await _prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
         return errors.error_response(
             plan.status, plan.message, type_="invalid_request_error", code=plan.code, param=plan.param
         )
-    reply = ClientReply(request, api)
+    reply = ClientReply(request, wire)
     try:
         if plan is None:
             return await _forward_unplanned(request, target, body)
-        return await _forward_planned(request, target, plan, api, reply)
+        return await _forward_planned(request, target, plan, reply)
     except UpstreamError as exc:
         record.error = exc.kind
         failed = (
@@ -201,7 +202,7 @@ async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> 
 
 
 async def _forward_planned(
-    request: web.Request, target: URL, plan: ForwardPlan, api: Api, reply: ClientReply
+    request: web.Request, target: URL, plan: ForwardPlan, reply: ClientReply
 ) -> web.StreamResponse:
     """Forward the plan's body; on a refusal let `complete()` decide on one retry with a new plan.
 
@@ -214,7 +215,7 @@ async def _forward_planned(
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
-            held = await _hold(request, response, plan, api, reply)
+            held = await _hold(request, response, plan, reply)
             refused = held.refusal is not None
             retry = await _complete(request, plan, ChatOutcome(400, error_body=held.refusal)) if refused else None
             if retry is None:
@@ -222,7 +223,7 @@ async def _forward_planned(
         else:
             error, whole = await read_capped(request, response, ERROR_BODY_LIMIT)
             encoding = content_encoding(response.headers)
-            outcome = outcome_from_body(response.status, error if whole else None, encoding)
+            outcome = outcome_from_body(reply.wire, response.status, error if whole else None, encoding)
             retry = await _complete(request, plan, outcome)
             if retry is None:
                 return await _relay_buffered(request, response, plan, error)
@@ -232,15 +233,13 @@ async def _forward_planned(
     async with _send(request, target, retry.body, plain=retry.reads is not None) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
-        held = await _hold(request, response, retry, api, reply)
+        held = await _hold(request, response, retry, reply)
         return await _relay_answer(request, target, response, retry, held=held, reply=reply)
 
 
-async def _hold(
-    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, api: Api, reply: ClientReply
-) -> Held:
+async def _hold(request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, reply: ClientReply) -> Held:
     """The answer to `plan`, held until it is decided (see `proxy.server.held_stream`)."""
-    return await hold_response(request, response, plan, reply, api=api, reads=plan.reads is not None)
+    return await hold_response(request, response, plan, reply, wire=reply.wire, reads=plan.reads is not None)
 
 
 async def _relay_answer(
@@ -292,9 +291,9 @@ async def _relay_chat(
     transform: Transform | None
     if streamed:
         strip = plan.strip_usage_chunk and encoding == "identity"
-        observer = StreamObserver(strip_usage=strip)
+        observer = StreamObserver(reply.wire, strip_usage=strip)
         if encoding == "identity":
-            edited = EditedStream(observer, StreamEdits(plan.reads.api)) if plan.reads is not None else None
+            edited = EditedStream(observer, StreamEdits(reply.wire)) if plan.reads is not None else None
             transform = edited or observer.feed
         elif encoding in DECODABLE:
             transform = DecodingObserver(observer, encoding)
@@ -320,7 +319,7 @@ async def _relay_chat(
         outcome = _stream_outcome(request, response.status, observer)
     else:
         assert collector is not None
-        outcome = outcome_from_body(response.status, collector.body(), encoding)
+        outcome = outcome_from_body(reply.wire, response.status, collector.body(), encoding)
     await finish(request, out)
     await _complete(request, plan, outcome)
     return out
@@ -329,10 +328,9 @@ async def _relay_chat(
 def _stream_outcome(request: web.Request, status: int, observer: StreamObserver) -> ChatOutcome:
     """What a relayed stream reported; nothing when inspection stopped part-way (say why, once, to the operator)."""
     if observer.stopped is None:
-        if observer.answer is not None:
-            return answered(status, observer.answer)
-        return ChatOutcome(status=status, usage=observer.usage, reply=observer.reply.build())
-    route = request[RECORD].route.value
+        report = observer.report
+        return ChatOutcome(status, report.usage, observer.reply, response_id=report.response_id)
+    route = request[RECORD].route
     if observer.stopped is StopReason.ERROR:
         request.app[METRICS].fail_open.labels(stage="inspect").inc()
         request[RECORD].fail_open.append("inspect")

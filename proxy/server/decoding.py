@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.formats.responses.answers import Answer, answer_of
 from proxy.pipeline.exchange import ChatOutcome
+from proxy.pipeline.wire import WireFormat
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.sse import StopReason, StreamObserver
 
@@ -64,33 +64,15 @@ def _json(body: bytes, encoding: str) -> Any:
         return None
 
 
-def _first_message(completion: dict[str, Any]) -> dict[str, Any] | None:
-    choices = completion.get("choices")
-    for choice in choices if isinstance(choices, list) else ():
-        if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("message"), dict):
-            message: dict[str, Any] = choice["message"]
-            return message
-    return None
-
-
-def outcome_from_body(status: int, body: bytes | None, encoding: str) -> ChatOutcome:
+def outcome_from_body(wire: WireFormat, status: int, body: bytes | None, encoding: str) -> ChatOutcome:
     """Build the outcome of a non-streamed answer (success or error) from its complete body, if it was kept."""
     parsed = _json(body, encoding) if body is not None else None
     if not isinstance(parsed, dict):
         return ChatOutcome(status=status)
     if 200 <= status < 300:
-        if parsed.get("object") == "response":
-            return answered(status, answer_of(parsed))
-        usage = parsed.get("usage")
-        return ChatOutcome(
-            status=status, usage=usage if isinstance(usage, dict) else None, reply=_first_message(parsed)
-        )
+        usage, reply, response_id = wire.answer(parsed)
+        return ChatOutcome(status=status, usage=usage, reply=reply, response_id=response_id)
     return ChatOutcome(status=status, error_body=parsed)
-
-
-def answered(status: int, answer: Answer) -> ChatOutcome:
-    """The outcome of a Responses API answer."""
-    return ChatOutcome(status=status, usage=answer.usage, reply=answer.reply, response_id=answer.response_id)
 
 
 class Collector:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from yarl import URL
 
+from proxy.formats import format_of
 from proxy.server import errors
 from proxy.server.body import CLIENT_TIMEOUT, client_chunks
 from proxy.server.chat import handle_chat
@@ -15,7 +16,7 @@ from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
 from proxy.server.record import RequestRecord
 from proxy.server.relay import finish, pump, start_response
-from proxy.server.routes import compacted_api, safe_raw_path
+from proxy.server.routes import safe_raw_path
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
 
@@ -49,9 +50,9 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
         request[RECORD].error = "bad_path"
         return errors.bad_path()
     target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
-    api = compacted_api(request.method, request.path)
-    if api is not None:
-        return await handle_chat(request, target, api)
+    wire = format_of(request.method, request.path)
+    if wire is not None:
+        return await handle_chat(request, target, wire)
     return await forward(request, target)
 
 

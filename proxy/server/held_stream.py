@@ -33,25 +33,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.formats.responses.answers import FINAL_EVENTS
-from proxy.pipeline.exchange import Api, ForwardPlan
+from proxy.pipeline.exchange import ForwardPlan
 from proxy.pipeline.offload.reads import NOT_HELD_HEADER, READS_HEADER
-from proxy.pipeline.offload.rounds import (
-    Reads,
-    chat_reads,
-    choices_of,
-    responses_reads,
-    stream_decision,
-    without_reads,
-)
+from proxy.pipeline.wire import Reads, StreamReport, WireFormat
 from proxy.server.headers import content_encoding
 from proxy.server.keys import SETTINGS, UPSTREAM
 from proxy.server.relay import ClientReply, finish, write
-from proxy.server.reply import ReplyBuilder
 from proxy.server.sse import EventSplitter, event_data
-
-OPENING_EVENTS: Final = frozenset({"response.created", "response.in_progress", "response.queued"})
-"""Events a Responses stream opens with, before it either refuses or starts answering."""
 
 OPENING_LIMIT: Final = 256 * 1024
 """The most bytes of opening events held (they are a few hundred bytes each); past it the stream is relayed."""
@@ -88,7 +76,7 @@ class Held:
 
 
 async def hold(
-    read: Read, api: Api, *, streamed: bool, offered: bool, reads: int | None, limit: int, opened: Opened
+    read: Read, wire: WireFormat, *, streamed: bool, offered: bool, reads: int | None, limit: int, opened: Opened
 ) -> Held:
     """Read a 2xx answer until it is decided (see the module docstring).
 
@@ -100,23 +88,23 @@ async def hold(
     :param limit: The most bytes held of an answer past its opening (`max_body_bytes`).
     """
     if streamed:
-        return await _hold_stream(read, api, reads=reads, limit=limit, opened=opened)
+        return await _hold_stream(read, wire, reads=reads, limit=limit, opened=opened)
     if not offered:
         return Held(b"")
     head, whole = await _read(read, limit)
     parsed = _json(head) if whole else None
     if parsed is None:
         return Held(head)
-    asked = _reads(parsed, api, reads) if reads is not None else None
+    asked = wire.reads(parsed, reads) if reads is not None else None
     usage = parsed.get("usage")
-    cleaned = asked is None and without_reads(parsed, api)
+    cleaned = asked is None and wire.without_reads(parsed)
     return Held(head, None, asked, usage if isinstance(usage, Mapping) else None, parsed, cleaned)
 
 
-async def _hold_stream(read: Read, api: Api, *, reads: int | None, limit: int, opened: Opened) -> Held:
+async def _hold_stream(read: Read, wire: WireFormat, *, reads: int | None, limit: int, opened: Opened) -> Held:
     """Hold a stream until its first decisive event; read a read round to its end."""
-    splitter, raw = EventSplitter(), bytearray()
-    reply, usage, output, decided, started = ReplyBuilder(), None, None, None, False
+    splitter, raw, report = EventSplitter(), bytearray(), StreamReport()
+    decided, started = None, False
     while chunk := await read():
         raw += chunk
         for event in splitter.feed(chunk):
@@ -124,90 +112,23 @@ async def _hold_stream(read: Read, api: Api, *, reads: int | None, limit: int, o
             if parsed is None:
                 continue
             if decided is None:
-                if api is Api.RESPONSES and _opening(parsed):
+                if wire.opening(parsed):
                     continue
-                refusal = refusal_of(parsed)
+                refusal = wire.refusal(parsed)
                 if refusal is not None or reads is None:
                     return Held(bytes(raw), refusal)
                 if not started:
                     started = True
                     await opened()
-                decided = stream_decision(parsed, api)
+                decided = wire.decides_reads(parsed)
                 if decided is False:
                     return Held(bytes(raw))
-            usage, output = _collect(parsed, api, reply, usage, output)
+            wire.read_event(parsed, report)
         if len(raw) > (limit if started else min(limit, OPENING_LIMIT)):
             return Held(bytes(raw))
     if not decided or reads is None:
         return Held(bytes(raw))
-    asked = responses_reads(output or [], reads) if api is Api.RESPONSES else chat_reads(reply.build(), reads)
-    return Held(bytes(raw), None, asked, usage)
-
-
-def _opening(event: Mapping[str, Any]) -> bool:
-    kind = event.get("type")
-    return isinstance(kind, str) and kind in OPENING_EVENTS
-
-
-def refusal_of(event: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The error body (`{"error": {...}}`) an event refusing the request carries, else None.
-
-    Responses: an `error` event or `response.failed`; chat: a chunk that is an error body.
-    """
-    kind = event.get("type")
-    if kind == "error":
-        error = event.get("error")
-        return {"error": error if isinstance(error, Mapping) else event}
-    if kind == "response.failed":
-        response = event.get("response")
-        error = response.get("error") if isinstance(response, Mapping) else None
-        return {"error": error} if isinstance(error, Mapping) else None
-    error = event.get("error")
-    return {"error": error} if kind is None and isinstance(error, Mapping) else None
-
-
-def error_event(api: Api, error: Mapping[str, Any]) -> bytes:
-    """An event carrying `error` (an error body's `error` member) in the stream's format.
-
-    Written when the client's stream was already opened and the upstream then failed: the status was sent.
-    """
-    if api is Api.RESPONSES:
-        return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
-    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
-
-
-def _collect(
-    chunk: dict[str, Any], api: Api, reply: ReplyBuilder, usage: Any, output: Any
-) -> tuple[Mapping[str, Any] | None, list[Mapping[str, Any]] | None]:
-    """Fold one event of a read round into what it reports: the reply (chat), output items (Responses), usage."""
-    if api is Api.RESPONSES:
-        response, kind = chunk.get("response"), chunk.get("type")
-        if isinstance(kind, str) and kind in FINAL_EVENTS and isinstance(response, Mapping):
-            items = response.get("output")
-            output = [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
-            usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else usage
-        return usage, output
-    if isinstance(chunk.get("usage"), Mapping):
-        usage = chunk["usage"]
-    for choice in choices_of(chunk):
-        if choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
-            reply.add(choice["delta"])
-    return usage, output
-
-
-def _reads(answer: Mapping[str, Any], api: Api, limit: int) -> Reads | None:
-    """The reads a whole answer (a completion, or a response object) asks for, at most `limit`."""
-    if api is Api.RESPONSES:
-        output = answer.get("output")
-        return (
-            responses_reads([item for item in output if isinstance(item, Mapping)], limit)
-            if isinstance(output, list)
-            else None
-        )
-    choices = answer.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else {}
-    message = first.get("message")
-    return chat_reads(message if isinstance(message, Mapping) else None, limit)
+    return Held(bytes(raw), None, wire.stream_reads(report, reads), report.native_usage)
 
 
 async def _read(read: Read, limit: int) -> tuple[bytes, bool]:
@@ -236,14 +157,14 @@ async def hold_response(
     plan: ForwardPlan,
     reply: ClientReply,
     *,
-    api: Api,
+    wire: WireFormat,
     reads: bool,
 ) -> Held:
     """Hold the upstream's answer to `plan` (see `hold`); nothing for an error status or a compressed answer.
 
     :param reply: Started with the plan's headers when a held stream is opened early; `X-Compaction-Reads` and
         `-Not-Held` are left out of them then, since no read is answered yet (known only once the stream has ended).
-    :param api: The answer's wire format.
+    :param wire: The answer's wire format.
     :param reads: The answer may be a read round.
     """
     if not 200 <= response.status < 300 or content_encoding(response.headers) != "identity":
@@ -252,7 +173,7 @@ async def hold_response(
     upstream = request.app[UPSTREAM]
     return await hold(
         lambda: upstream.read_chunk(response),
-        api,
+        wire,
         streamed=response.content_type == "text/event-stream",
         offered=plan.reads is not None,
         reads=plan.reads.limits.per_answer if reads and plan.reads is not None else None,
@@ -289,7 +210,7 @@ async def relay_failure(
 async def end_with_error(request: web.Request, reply: ClientReply, error: Mapping[str, Any]) -> None:
     """Write `error` as the opened stream's last event and end it."""
     assert reply.out is not None
-    if await write(request, reply.out, error_event(reply.api, error)):
+    if await write(request, reply.out, reply.wire.error_event(error)):
         await finish(request, reply.out)
 
 

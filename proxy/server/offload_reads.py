@@ -28,8 +28,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.formats.responses.answers import chat_usage
-from proxy.pipeline.exchange import Api, ChatOutcome, ForwardPlan
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
 from proxy.pipeline.offload.reads import ReadBack, Round
 from proxy.pipeline.offload.rounds import summed, without_tools
 from proxy.server.decoding import outcome_from_body
@@ -64,7 +63,7 @@ async def answer_reads(
 
         async def ask(asked: bytes, *, final: bool) -> tuple[aiohttp.ClientResponse, Held]:
             answer = await later.enter_async_context(send(asked))
-            return answer, await hold_response(request, answer, plan, reply, api=back.api, reads=not final)
+            return answer, await hold_response(request, answer, plan, reply, wire=back.wire, reads=not final)
 
         while held.reads is not None:
             usages.append(held.usage or {})
@@ -75,17 +74,17 @@ async def answer_reads(
                 back.took(asked)
             elif not asked.final:
                 # Too large with what was read (or refused): the model answers from what it had before the read.
-                asked = Round(without_tools(body), final=True)
+                asked = Round(without_tools(body, back.wire), final=True)
                 response, held = await ask(asked.body, final=True)
             body = asked.body
         if not usages and not held.cleaned:
             return await relay(request, response, plan, held, reply)
         out, sent = await _relay_final(request, response, plan, held, reply, usages=usages)
     if not usages:
-        await complete(request, plan, outcome_from_body(response.status, sent, "identity"))
+        await complete(request, plan, outcome_from_body(back.wire, response.status, sent, "identity"))
         return out
     first = usages[0]
-    await complete(request, plan, ChatOutcome(200, chat_usage(first) if back.api is Api.RESPONSES else first))
+    await complete(request, plan, ChatOutcome(200, back.wire.usage_in_chat_terms(first)))
     return out
 
 
@@ -116,7 +115,8 @@ async def _relay_final(
             await finish(request, out)
         return out, sent
     if streamed:
-        edited = EditedStream(StreamObserver(strip_usage=plan.strip_usage_chunk), StreamEdits(back.api, usages))
+        observer = StreamObserver(back.wire, strip_usage=plan.strip_usage_chunk)
+        edited = EditedStream(observer, StreamEdits(back.wire, usages))
         await _relay_stream(request, out, response, held.head, edited)
     elif await write(request, out, held.head) and await pump(request, out, response):
         await finish(request, out)

@@ -15,10 +15,9 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.formats.responses.answers import FINAL_EVENTS
-from proxy.pipeline.exchange import Api
-from proxy.pipeline.offload.rounds import choices_of, summed, without_reads
+from proxy.pipeline.offload.rounds import summed
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.pipeline.wire import WireFormat
 from proxy.server.sse import EventSplitter, StreamObserver, event_data, rewrite_event
 
 _READ_TOOL_BYTES: Final = READ_TOOL.encode()
@@ -27,12 +26,12 @@ _READ_TOOL_BYTES: Final = READ_TOOL.encode()
 class StreamEdits:
     """Takes read calls out of a stream and sums its usage with `earlier` usages (see the module docstring).
 
-    :param api: The stream's wire format.
+    :param wire: The stream's wire format.
     :param earlier: The usages of the upstream calls made before this one for the same request.
     """
 
-    def __init__(self, api: Api, earlier: Sequence[Mapping[str, Any]] = ()) -> None:
-        self.api = api
+    def __init__(self, wire: WireFormat, earlier: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.wire = wire
         self.earlier = list(earlier)
         self.hidden: set[Any] = set()
         self.splitter = EventSplitter()
@@ -56,9 +55,8 @@ class StreamEdits:
             return event
         if not isinstance(chunk, dict):
             return event
-        hide = self._hide_responses if self.api is Api.RESPONSES else self._hide_chat
         try:
-            edited = hide(chunk)
+            edited = self.wire.hide_read(chunk, self.hidden)
             if edited is None:
                 return b""
             if self._sum(chunk) or edited:
@@ -67,50 +65,12 @@ class StreamEdits:
             return event
         return event
 
-    def _hide_chat(self, chunk: dict[str, Any]) -> bool:
-        """Drop the read calls' deltas; whether any was dropped."""
-        dropped = False
-        for choice in choices_of(chunk):
-            delta = choice.get("delta")
-            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            if not isinstance(calls, list):
-                continue
-            assert isinstance(delta, dict)
-            kept = [call for call in calls if not self._hidden_call(choice.get("index"), call)]
-            if len(kept) < len(calls):
-                dropped = True
-                if kept:
-                    delta["tool_calls"] = kept
-                else:
-                    del delta["tool_calls"]
-        return dropped
-
-    def _hidden_call(self, choice: Any, call: Any) -> bool:
-        if not isinstance(call, dict):
-            return False
-        key = (choice, call.get("index"))
-        function = call.get("function")
-        if isinstance(function, dict) and function.get("name") == READ_TOOL:
-            self.hidden.add(key)
-        return key in self.hidden
-
-    def _hide_responses(self, chunk: dict[str, Any]) -> bool | None:
-        """Drop a read call's events (None: the whole event), and the read tool and calls from a response object."""
-        item = chunk.get("item")
-        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == READ_TOOL:
-            self.hidden.add(chunk.get("output_index"))
-        if "output_index" in chunk and chunk["output_index"] in self.hidden:
-            return None
-        response = chunk.get("response")
-        return isinstance(response, dict) and without_reads(response, Api.RESPONSES)
-
     def _sum(self, chunk: dict[str, Any]) -> bool:
         """Replace the usage the chunk reports with the sum over every call; whether it reports one."""
         if not self.earlier:
             return False
-        final = self.api is Api.RESPONSES and chunk.get("type") in FINAL_EVENTS
-        owner = chunk.get("response") if final else chunk
-        if not isinstance(owner, dict) or not isinstance(owner.get("usage"), Mapping):
+        owner = self.wire.usage_holder(chunk)
+        if owner is None:
             return False
         owner["usage"] = summed([*self.earlier, owner["usage"]])
         return True

@@ -6,8 +6,6 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from proxy.server.routes import RouteKind
-
 
 @dataclass
 class RequestRecord:
@@ -21,7 +19,7 @@ class RequestRecord:
     """
 
     method: str
-    route: RouteKind
+    route: str
     conversation_id: str | None = None
     request_id: str = field(default_factory=lambda: secrets.token_hex(8))
     model: str | None = None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from proxy.pipeline.exchange import Api
+from proxy.pipeline.wire import WireFormat
 from proxy.server.headers import client_response_headers
 from proxy.server.keys import RECORD, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
@@ -46,12 +46,12 @@ class ClientReply:
 
     See `proxy.server.held_stream` for when a stream's status and headers go out before its answer is decided.
 
-    :param api: The request's wire format: what an error told inside the stream looks like.
+    :param wire: The request's wire format: what an error told inside the stream looks like.
     """
 
-    def __init__(self, request: web.Request, api: Api) -> None:
+    def __init__(self, request: web.Request, wire: WireFormat) -> None:
         self.request = request
-        self.api = api
+        self.wire = wire
         self.out: web.StreamResponse | None = None
 
     async def start(
@@ -108,7 +108,7 @@ async def pump(
             record.error = "broken_stream" if exc.kind == "unreachable" else exc.kind
             log.warning(
                 "upstream response broke off mid-body",
-                extra={"fields": {"error": str(exc), "route": record.route.value}},
+                extra={"fields": {"error": str(exc), "route": record.route}},
             )
             abort(request)
             return False

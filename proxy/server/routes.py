@@ -1,4 +1,4 @@
-"""What a request is: its route kind (metrics, logs), whether compaction should see it, whether its path is safe."""
+"""What a request is: its route kind (metrics, logs) and whether its path is safe to forward."""
 
 from __future__ import annotations
 
@@ -7,24 +7,15 @@ from enum import StrEnum
 from typing import Final
 from urllib.parse import unquote
 
-from proxy.pipeline.exchange import Api
-
-_CHAT_PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
-"""`/v1/chat/completions`, with any base-path prefix (`/openai/v1/...`, `/api/v1/...`) or the Azure form
-`/openai/deployments/{name}/chat/completions`."""
-
-_RESPONSES_PATH: Final = re.compile(r"^(?:/[^/]+)*/responses/?$")
-"""`/v1/responses` (creating a response), with any base-path prefix (`/openai/v1/responses`); not its sub-resources
-(`/v1/responses/{id}`, `/v1/responses/compact`, `/v1/responses/input_tokens`), which are only forwarded."""
+from proxy.formats import format_of
 
 INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
 
 
 class RouteKind(StrEnum):
-    """A coarse request class: a bounded label set for metrics."""
+    """A coarse class of the requests no wire format compacts: with the formats' names, a bounded label set."""
 
-    CHAT = "chat_completions"
     EMBEDDINGS = "embeddings"
     MODELS = "models"
     RESPONSES = "responses"
@@ -32,36 +23,21 @@ class RouteKind(StrEnum):
     INTERNAL = "internal"
 
 
-def is_chat_completion(method: str, path: str) -> bool:
-    """Whether the request is a chat completion the compaction side should see."""
-    return method == "POST" and _CHAT_PATH.match(path) is not None
-
-
-def compacted_api(method: str, path: str) -> Api | None:
-    """The wire format of a request the compaction side should see (a chat completion, a response), or None."""
-    if method != "POST":
-        return None
-    if _CHAT_PATH.match(path) is not None:
-        return Api.CHAT
-    if _RESPONSES_PATH.match(path) is not None:
-        return Api.RESPONSES
-    return None
-
-
-def route_kind(method: str, path: str) -> RouteKind:
-    """Classify a request by its (decoded) path."""
+def route_kind(method: str, path: str) -> str:
+    """Classify a request by its (decoded) path: the name of the wire format that compacts it, or a `RouteKind`."""
     if path in INTERNAL_PATHS:
-        return RouteKind.INTERNAL
-    if is_chat_completion(method, path):
-        return RouteKind.CHAT
+        return RouteKind.INTERNAL.value
+    wire = format_of(method, path)
+    if wire is not None:
+        return wire.name
     segments = [segment for segment in path.split("/") if segment]
     if "embeddings" in segments:
-        return RouteKind.EMBEDDINGS
+        return RouteKind.EMBEDDINGS.value
     if "models" in segments:
-        return RouteKind.MODELS
+        return RouteKind.MODELS.value
     if "responses" in segments:
-        return RouteKind.RESPONSES
-    return RouteKind.OTHER
+        return RouteKind.RESPONSES.value
+    return RouteKind.OTHER.value
 
 
 def safe_raw_path(raw_path: str) -> str | None:

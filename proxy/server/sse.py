@@ -1,8 +1,8 @@
-"""Server-sent events as chat-completion streams use them: splitting, usage and reply capture, usage stripping.
+"""Server-sent events on their way to the client: splitting, what they report, usage stripping.
 
-The byte stream is split into events; the `data:` payloads give the `usage` and the assistant's reply; the usage
-chunk the client did not ask for is dropped. A Responses API stream reports both in its final event
-(`response.completed`), which carries the whole response; nothing is ever stripped from it.
+The byte stream is split into events; the `data:` payloads are handed to the stream's wire format, which reads the
+usage and the assistant's reply from them (`WireFormat.read_event`); the usage chunk the client did not ask for is
+dropped (the proxy asks for one only where the format needs asking, see `ForwardPlan.strip_usage_chunk`).
 
 When nothing is stripped the relayed bytes are exactly the upstream's, chunk for chunk; events are parsed from a
 copy. When stripping, events are relayed one whole event at a time (a partial event waits for its end), the
@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.formats.responses.answers import FINAL_EVENTS, Answer, answer_of
-from proxy.server.reply import ReplyBuilder
+from proxy.engine.messages import Message
+from proxy.pipeline.wire import StreamReport, WireFormat
 
 MAX_PENDING: Final = 8 * 1024 * 1024
 """An event longer than this (no blank line in sight) is not an SSE stream we understand: stop parsing it."""
@@ -148,27 +148,36 @@ def rewrite_event(event: bytes, data: bytes) -> bytes:
 
 
 class StreamObserver:
-    """Watches (and, when stripping, edits) a chat-completion SSE stream on its way to the client.
+    """Watches (and, when stripping, edits) an SSE stream of a wire format on its way to the client.
 
     Never raises on what the upstream sends: once inspection fails or meets something it does not understand,
     `stopped` says why and the rest of the stream passes through untouched; what was learned until then (`usage`,
     `reply`) is incomplete and should not be trusted.
 
+    :param wire: The stream's wire format: what its events report.
     :param strip_usage: Drop the usage-only chunk and the `"usage": null` members the proxy caused by injecting
         `stream_options.include_usage`.
     """
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    def __init__(self, wire: WireFormat, *, strip_usage: bool) -> None:
+        self.wire = wire
         self.strip_usage = strip_usage
-        self.usage: dict[str, Any] | None = None
-        self.reply = ReplyBuilder()
-        self.answer: Answer | None = None
-        """What a Responses API stream's final event reported."""
+        self.report = StreamReport()
         self.stripped_chunks = 0
         self.stopped: StopReason | None = None
         self.error: str | None = None
         """The type name of the exception that stopped inspection (`StopReason.ERROR`)."""
         self._splitter = EventSplitter()
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The usage the stream reported, in chat-completion terms."""
+        return self.report.usage
+
+    @property
+    def reply(self) -> Message | None:
+        """The assistant message the stream amounts to so far."""
+        return self.wire.reply_of(self.report)
 
     def feed(self, chunk: bytes) -> bytes:
         """Take bytes from the upstream; return the bytes to relay now (fewer when holding back a partial event)."""
@@ -217,17 +226,7 @@ class StreamObserver:
             return None
         if not isinstance(chunk, dict):
             return None
-        kind = chunk.get("type")
-        if isinstance(kind, str) and kind in FINAL_EVENTS and isinstance(chunk.get("response"), dict):
-            self.answer = answer_of(chunk["response"])
-            return chunk
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else ():
-            if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
-                self.reply.add(choice["delta"])
+        self.wire.read_event(chunk, self.report)
         return chunk
 
     def _process(self, event: bytes) -> bytes:

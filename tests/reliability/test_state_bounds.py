@@ -9,6 +9,7 @@ from pathlib import Path
 
 from proxy.config import Settings
 from proxy.engine import EditPlan
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, IncomingChat
 from proxy.pipeline.service import ChatCompactionService
 from proxy.state.memory import MemoryStore
@@ -68,7 +69,7 @@ async def test_the_service_bounds_its_store_by_the_setting() -> None:
         body = json.dumps(
             {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"conversation {index}"}]}
         ).encode()
-        chat = IncomingChat(body, {"Authorization": f"Bearer k{index % 5}"}, "/v1/chat/completions")
+        chat = IncomingChat(body, {"Authorization": f"Bearer k{index % 5}"}, "/v1/chat/completions", CHAT_COMPLETIONS)
         plan = await service.prepare(chat)
         usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
         reply = {"role": "assistant", "content": "ok"}

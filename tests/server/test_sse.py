@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
 from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
@@ -76,13 +77,13 @@ def test_splitter_returns_whole_events_whatever_the_chunking(seed: int, newline:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_observer_without_stripping_relays_chunks_as_received(seed: int) -> None:
-    observer = StreamObserver(strip_usage=False)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=False)
     pieces = cuts(stream(usage=True), seed)
     relayed = [observer.feed(piece) for piece in pieces]
     assert relayed == pieces
     assert observer.finish() == b""
     assert observer.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-    assert observer.reply.build() == {
+    assert observer.reply == {
         "role": "assistant",
         "content": "Hello é",
         "tool_calls": [
@@ -94,7 +95,7 @@ def test_observer_without_stripping_relays_chunks_as_received(seed: int) -> None
 
 @pytest.mark.parametrize("seed", range(10))
 def test_stripping_gives_the_stream_without_include_usage_byte_for_byte(seed: int) -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     relayed = b"".join(observer.feed(piece) for piece in cuts(stream(usage=True), seed)) + observer.finish()
     assert relayed == stream(usage=False)
     assert observer.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
@@ -102,12 +103,12 @@ def test_stripping_gives_the_stream_without_include_usage_byte_for_byte(seed: in
 
 
 def test_stripping_leaves_streams_without_usage_untouched() -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     assert observer.feed(stream(usage=False)) + observer.finish() == stream(usage=False)
 
 
 def test_stripping_falls_back_to_reserializing_odd_json() -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     odd = b'data: {"usage": null, "choices": [{"index": 0, "delta": {"content": "x", "usage": null}}]}\r\n\r\n'
     out = observer.feed(odd)
     assert out.endswith(b"\r\n\r\n")
@@ -115,10 +116,10 @@ def test_stripping_falls_back_to_reserializing_odd_json() -> None:
 
 
 def test_unterminated_last_event_is_relayed_and_seen() -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     assert observer.feed(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}') == b""
     assert observer.finish() == b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}'
-    assert observer.reply.build() == {"role": "assistant", "content": "a"}
+    assert observer.reply == {"role": "assistant", "content": "a"}
 
 
 # Hostile upstreams: odd shapes, exceptions, limits and arbitrary bytes never raise and never lose a byte.
@@ -138,10 +139,10 @@ MALFORMED = [
 @pytest.mark.parametrize("strip", [False, True])
 def test_malformed_chunks_are_relayed_and_skipped_by_inspection(strip: bool) -> None:
     data = chunk('{"content":"a"}', False) + b"".join(MALFORMED) + chunk('{"content":"b"}', False)
-    observer = StreamObserver(strip_usage=strip)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=strip)
     assert b"".join(observer.feed(piece) for piece in cuts(data, 1)) + observer.finish() == data
     assert observer.stopped is None
-    assert observer.reply.build() == {"role": "assistant", "content": "ab", "tool_calls": [ANY_TOOL_CALL]}
+    assert observer.reply == {"role": "assistant", "content": "ab", "tool_calls": [ANY_TOOL_CALL]}
 
 
 ANY_TOOL_CALL = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -152,7 +153,7 @@ UNREMOVABLE_USAGE_NULL = b'data: {"usage":null,"usage":null,"choices":[],"deep":
 
 
 def test_an_exception_while_stripping_stops_inspection_and_releases_every_held_byte() -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     before, after = chunk('{"content":"a"}', True), chunk('{"content":"b"}', True)
     assert observer.feed(before + UNREMOVABLE_USAGE_NULL[:30]) == chunk('{"content":"a"}', False)
     assert observer.feed(UNREMOVABLE_USAGE_NULL[30:] + after[:10]) == UNREMOVABLE_USAGE_NULL + after[:10]
@@ -163,7 +164,7 @@ def test_an_exception_while_stripping_stops_inspection_and_releases_every_held_b
 
 @pytest.mark.parametrize("strip", [False, True])
 def test_an_event_past_the_pending_limit_stops_inspection_and_is_relayed_whole(strip: bool) -> None:
-    observer = StreamObserver(strip_usage=strip)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=strip)
     head = chunk('{"content":"a"}', strip)
     huge = b"data: " + b"x" * (MAX_PENDING + 1)
     relayed = observer.feed(head) + observer.feed(huge) + observer.feed(b"\n\n" + head) + observer.finish()
@@ -174,16 +175,16 @@ def test_an_event_past_the_pending_limit_stops_inspection_and_is_relayed_whole(s
 def test_a_gzip_bomb_is_inflated_for_inspection_only_up_to_its_allowance() -> None:
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
     bomb = compressor.compress(chunk('{"content":"a"}', False) + b"\n" * (16 << 20)) + compressor.flush()
-    observer = StreamObserver(strip_usage=False)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=False)
     decoding = DecodingObserver(observer, "gzip")
     assert [decoding(piece) for piece in cuts(bomb, 2)] == cuts(bomb, 2)
     assert observer.stopped is StopReason.INFLATION_LIMIT
     assert decoding.inflated <= inflation_allowance(len(bomb))
-    assert observer.reply.build() == {"role": "assistant", "content": "a"}
+    assert observer.reply == {"role": "assistant", "content": "a"}
 
 
 def test_a_stream_that_is_not_gzip_stops_inspection_and_is_relayed() -> None:
-    observer = StreamObserver(strip_usage=False)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=False)
     decoding = DecodingObserver(observer, "gzip")
     assert decoding(b"not gzip at all") == b"not gzip at all"
     assert observer.stopped is StopReason.UNDECODABLE
@@ -202,18 +203,18 @@ def test_a_stream_that_is_not_gzip_stops_inspection_and_is_relayed() -> None:
     ],
 )
 def test_odd_non_streamed_answers_never_raise(body: bytes) -> None:
-    outcome = outcome_from_body(200, body, "identity")
+    outcome = outcome_from_body(CHAT_COMPLETIONS, 200, body, "identity")
     assert outcome.usage is None or isinstance(outcome.usage, dict)
     assert outcome.reply is None or isinstance(outcome.reply, dict)
-    assert isinstance(outcome_from_body(400, body, "identity"), ChatOutcome)
+    assert isinstance(outcome_from_body(CHAT_COMPLETIONS, 400, body, "identity"), ChatOutcome)
 
 
 def test_a_compressed_non_streamed_answer_is_not_inflated_past_its_allowance() -> None:
     bomb = gzip.compress(b'{"usage": {"prompt_tokens": 1}, "pad": "' + b" " * (8 << 20) + b'"}')
     assert decoded(bomb, "gzip") is None
-    assert outcome_from_body(200, bomb, "gzip") == ChatOutcome(status=200)
+    assert outcome_from_body(CHAT_COMPLETIONS, 200, bomb, "gzip") == ChatOutcome(status=200)
     small = gzip.compress(b'{"usage": {"prompt_tokens": 1}}')
-    assert outcome_from_body(200, small, "gzip").usage == {"prompt_tokens": 1}
+    assert outcome_from_body(CHAT_COMPLETIONS, 200, small, "gzip").usage == {"prompt_tokens": 1}
 
 
 CHUNK_KEYS = st.sampled_from(
@@ -245,7 +246,7 @@ def chunked(data: bytes, cut_points: list[int]) -> list[bytes]:
 @settings(max_examples=300, deadline=None)
 @given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
 def test_without_stripping_the_observer_relays_exactly_the_upstream_bytes(data: bytes, cut_points: list[int]) -> None:
-    observer = StreamObserver(strip_usage=False)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=False)
     pieces = chunked(data, cut_points)
     assert [observer.feed(piece) for piece in pieces] == pieces
     assert observer.finish() == b""
@@ -255,7 +256,7 @@ def test_without_stripping_the_observer_relays_exactly_the_upstream_bytes(data: 
 @settings(max_examples=300, deadline=None)
 @given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
 def test_stripping_never_raises_and_leaves_a_stream_without_usage_as_it_was(data: bytes, cut_points: list[int]) -> None:
-    observer = StreamObserver(strip_usage=True)
+    observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
     relayed = b"".join(observer.feed(piece) for piece in chunked(data, cut_points)) + observer.finish()
     if b"usage" not in data:
         assert relayed == data

@@ -15,6 +15,7 @@ import pytest
 from proxy.config import Settings
 from proxy.engine import COMPACTION_META_KEY, counter_for_model
 from proxy.engine.plan import Created, EditPlan, Kept
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
 from proxy.pipeline.rewrites import RESTORE_AFTER_MESSAGES
 from proxy.pipeline.service import ChatCompactionService
@@ -215,7 +216,9 @@ async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
         ]
         asked.clear()
         body = json.dumps({"model": "gpt-4o-mini", "messages": messages}).encode()
-        plan = await service.prepare(IncomingChat(body, {"Authorization": "Bearer sk-hint"}, "/v1/chat/completions"))
+        plan = await service.prepare(
+            IncomingChat(body, {"Authorization": "Bearer sk-hint"}, "/v1/chat/completions", CHAT_COMPLETIONS)
+        )
         assert isinstance(plan, ForwardPlan)
         prompt = counter_for_model("gpt-4o-mini").messages_tokens(json.loads(plan.body)["messages"]) + 3
         await service.complete(plan, ChatOutcome(200, usage={"prompt_tokens": prompt, "total_tokens": prompt + 1}))

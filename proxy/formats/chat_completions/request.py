@@ -62,9 +62,18 @@ class ChatRequest:
         checked_objects(messages, "messages", limits)
         return cls(body=body, messages=messages)
 
+    @property
+    def compaction_signal(self) -> str | None:
+        """`context-management` when the request carries `context_management` of its own."""
+        return "context-management" if "context_management" in self.body else None
+
     def with_messages(self, messages: list[Message]) -> bytes:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
+
+    def forwarded(self, raw: bytes, messages: list[Message] | None) -> bytes:
+        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
+        return raw if messages is None else self.with_messages(messages)
 
 
 def deployment_name(path: str) -> str | None:

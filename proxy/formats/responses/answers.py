@@ -12,11 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from proxy.engine.messages import Message
 from proxy.formats.responses.items import model_message
+from proxy.pipeline.wire import StreamReport
 
 FINAL_EVENTS: Final = frozenset({"response.completed", "response.incomplete"})
 """Stream events that carry the finished response, usage included."""
+
+OPENING_EVENTS: Final = frozenset({"response.created", "response.in_progress", "response.queued"})
+"""Events a stream opens with, before it either refuses or starts answering."""
 
 
 @dataclass(frozen=True)
@@ -59,3 +65,55 @@ def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
         if theirs in usage:
             renamed[ours] = usage[theirs]
     return renamed
+
+
+def answer(response: Mapping[str, Any]) -> tuple[dict[str, Any] | None, Message | None, str | None]:
+    """A whole response's usage (chat terms), its output as the engine's assistant message, and its id."""
+    read = answer_of(response)
+    return read.usage, read.reply, read.response_id
+
+
+def read_event(event: Mapping[str, Any], report: StreamReport) -> None:
+    """Fold a stream event in: only the final event (`response.completed`) reports, carrying the whole response."""
+    kind, response = event.get("type"), event.get("response")
+    if isinstance(kind, str) and kind in FINAL_EVENTS and isinstance(response, Mapping):
+        report.final = response
+        report.usage, report.reply, report.response_id = answer(response)
+        usage = response.get("usage")
+        report.native_usage = usage if isinstance(usage, Mapping) else None
+
+
+def reply_of(report: StreamReport) -> Message | None:
+    """The assistant message the final response's output amounts to."""
+    return report.reply if isinstance(report.reply, dict) else None
+
+
+def opening(event: Mapping[str, Any]) -> bool:
+    """Whether the event is one a stream opens with (`response.created`, ...): it decides nothing."""
+    kind = event.get("type")
+    return isinstance(kind, str) and kind in OPENING_EVENTS
+
+
+def refusal(event: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The error body an `error` event or a `response.failed` carries, else None."""
+    kind = event.get("type")
+    if kind == "error":
+        error = event.get("error")
+        return {"error": error if isinstance(error, Mapping) else event}
+    if kind == "response.failed":
+        response = event.get("response")
+        error = response.get("error") if isinstance(response, Mapping) else None
+        return {"error": error} if isinstance(error, Mapping) else None
+    return None
+
+
+def error_event(error: Mapping[str, Any]) -> bytes:
+    """An `error` event carrying `error`."""
+    return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
+
+
+def usage_holder(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The response object of a final event (or a whole response) when it holds a usage."""
+    kind = event.get("type")
+    owner = event.get("response") if isinstance(kind, str) and kind in FINAL_EVENTS else event
+    return owner if isinstance(owner, dict) and isinstance(owner.get("usage"), Mapping) else None

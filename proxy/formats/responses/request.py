@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from proxy.engine.json_bytes import json_bytes
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.responses.items import Item, Units
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 
@@ -66,6 +66,16 @@ class ResponsesRequest:
     def manages_context(self) -> bool:
         """Whether the client set context management of its own (`context_management`, `truncation: auto`)."""
         return bool(self.body.get("context_management")) or self.body.get("truncation") == "auto"
+
+    @property
+    def compaction_signal(self) -> str | None:
+        """`compaction-items` when the input holds the provider's compaction items, else `context-management`.
+
+        The second when it manages its context itself (see `manages_context`).
+        """
+        if any(is_checkpoint(message) for message in self.messages):
+            return "compaction-items"
+        return "context-management" if self.manages_context else None
 
     @property
     def reserved_tokens(self) -> int:

@@ -26,12 +26,10 @@ from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
 from proxy.engine.transcript import Transcript
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
-from proxy.pipeline.exchange import Api
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
-from proxy.pipeline.offload.tool import POINTER, as_forwarded, offer_declined
+from proxy.pipeline.offload.tool import POINTER, R, as_forwarded, offer_declined
+from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
 
@@ -95,13 +93,11 @@ class Offloading:
         self.clock = clock
         self._refreshed: OrderedDict[bytes, float] = OrderedDict()
 
-    def declined(self, request: ChatRequest | ResponsesRequest) -> bool:
+    def declined(self, request: WireRequest) -> bool:
         """Whether the read tool cannot be offered to this request (`proxy.pipeline.offload.tool.offer_declined`)."""
         return offer_declined(request, self.settings.offload_max_tools) is not None
 
-    def for_request(
-        self, request: ChatRequest | ResponsesRequest, off: bool
-    ) -> tuple[StagingOffloadStore | None, CompactionChain]:
+    def for_request(self, request: WireRequest, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
@@ -147,14 +143,15 @@ class Offloading:
 
     async def offer(
         self,
-        request: ChatRequest | ResponsesRequest,
+        request: R,
+        wire: WireFormat,
         tenant: bytes,
         held: tuple[str, ...],
         headers: dict[str, str],
         *,
         sized: tuple[int | None, int | None] = (None, None),
         originals: Callable[[], Awaitable[Sequence[Message]]] | None = None,
-    ) -> tuple[ChatRequest | ResponsesRequest, ReadBack | None]:
+    ) -> tuple[R, ReadBack | None]:
         """The request to forward holding these offloaded results, and the reads to answer for it.
 
         When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
@@ -178,11 +175,10 @@ class Offloading:
         limits = ReadLimits(
             settings.offload_read_rounds, settings.offload_reads_per_answer, settings.max_body_bytes, room
         )
-        api = Api.RESPONSES if isinstance(request, ResponsesRequest) else Api.CHAT
         back = ReadBack(
             tenant,
             self.store,
-            api,
+            wire,
             limits,
             self.metrics(),
             counter=counter_for_model(request.model),
@@ -191,7 +187,7 @@ class Offloading:
             originals=originals,
         )
         headers.update({OFFLOADED_HEADER: str(len(held)), **back.report()})
-        return as_forwarded(request, held, settings.offload_max_tools), back
+        return as_forwarded(request, wire.read_tool, held, settings.offload_max_tools), back
 
     async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
         """Restart the time to live of the results a request holds, unless this process did so recently.

@@ -34,9 +34,9 @@ from proxy.engine.messages import Message, content_text, is_tool_result
 from proxy.engine.strategies.json_minify import minified
 from proxy.engine.strategies.offload import content_reference
 from proxy.failures import log_failure
-from proxy.pipeline.exchange import Api
 from proxy.pipeline.metrics import CompactionMetrics
-from proxy.pipeline.offload.rounds import Reads, asked_again, without_tools
+from proxy.pipeline.offload.rounds import asked_again, without_tools
+from proxy.pipeline.wire import Reads, WireFormat
 from proxy.state import StateStore
 
 logger = logging.getLogger("proxy.compaction")
@@ -110,7 +110,7 @@ class ReadBack:
 
     :param tenant: The caller's tenant: the only scope reads look in.
     :param store: Where offloaded results live.
-    :param api: The request's wire format.
+    :param wire: The request's wire format.
     :param limits: The bounds of its rounds.
     :param metrics: Where reads are counted.
     :param counter: Counts the tokens of what is read.
@@ -123,7 +123,7 @@ class ReadBack:
         self,
         tenant: bytes,
         store: StateStore,
-        api: Api,
+        wire: WireFormat,
         limits: ReadLimits,
         metrics: CompactionMetrics,
         *,
@@ -134,7 +134,7 @@ class ReadBack:
     ) -> None:
         self.tenant = tenant
         self.store = store
-        self.api = api
+        self.wire = wire
         self.limits = limits
         self.metrics = metrics
         self.counter = counter
@@ -170,7 +170,7 @@ class ReadBack:
         tokens = self._with_calls(self.tokens, appended.decode(), reads)
         if not self._fits(size, tokens):
             self._count("too_large", len(reads.calls))
-            return Round(without_tools(body), final=True)
+            return Round(without_tools(body, self.wire), final=True)
         results: list[str] = []
         outcomes: list[str] = []
         for call_id, reference in reads.calls:
@@ -187,9 +187,9 @@ class ReadBack:
             self._count(outcome)
             outcomes.append(outcome)
             results.append(text)
-        asked = asked_again(body, self.api, reads, results, last=last)
+        asked = asked_again(body, self.wire, reads, results, last=last)
         if len(asked) > self.limits.max_bytes:  # what the accounting above cannot miss by much, checked anyway
-            return Round(without_tools(body), final=True)
+            return Round(without_tools(body, self.wire), final=True)
         if tokens is not None:
             self.tokens = tokens
         return Round(asked, outcomes.count("served"), outcomes.count("not_held"))

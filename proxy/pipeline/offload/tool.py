@@ -1,23 +1,25 @@
-"""The proxy's read tool: its definition in both wire formats, and what a request holding offloaded results gets.
+"""The proxy's read tool: its declaration, and what a request holding offloaded results gets.
 
-The tool is added to a forwarded request only when its conversation holds offloaded results, after the client's own
-tools, so the request's prefix (tools come first in what the provider caches) is the same on every turn that holds
-them. Whether a conversation holds them is read from the compaction metadata of the messages forwarded, which
-rewrite memory replays turn after turn: the same messages always get the same tools.
+Each wire format wraps the declaration in its own tool shape (`WireFormat.read_tool`). The tool is added to a forwarded
+request only when its conversation holds offloaded results, after the client's own tools, so the request's prefix (tools
+come first in what the provider caches) is the same on every turn that holds them. Whether a conversation holds them is
+read from the compaction metadata of the messages forwarded, which rewrite memory replays turn after turn: the same
+messages always get the same tools.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import orjson
 
 from proxy.engine.strategies.offload import REFERENCE_PREFIX
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.responses.request import ResponsesRequest
+from proxy.pipeline.wire import WireRequest
+
+R = TypeVar("R", bound=WireRequest)
 
 READ_TOOL: Final = "compaction_proxy_read_result"
 """The name of the proxy's read tool; the model calls it with `{"reference": ...}`."""
@@ -38,29 +40,24 @@ _PARAMETERS: Final = {
     "required": ["reference"],
     "additionalProperties": False,
 }
-CHAT_TOOL: Final = {
-    "type": "function",
-    "function": {"name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS},
-}
-RESPONSES_TOOL: Final = {"type": "function", "name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS}
+READ_TOOL_DECLARATION: Final = {"name": READ_TOOL, "description": _DESCRIPTION, "parameters": _PARAMETERS}
+"""The read tool's name, description and JSON schema; each wire format wraps them in its own tool shape."""
 
 _REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
 
 
-def as_forwarded(
-    request: ChatRequest | ResponsesRequest, held: Sequence[str], max_tools: int
-) -> ChatRequest | ResponsesRequest:
+def as_forwarded(request: R, tool: Mapping[str, Any], held: Sequence[str], max_tools: int) -> R:
     """The request as it goes upstream with messages holding the offloaded results `held`: with the read tool if any.
 
     Forwarding and the summary call both take their tools from here: a summary call that lacked the read tool its
     conversation was forwarded with would share no prefix with it (tools come first), and miss the prompt cache.
     Never to a request the read tool cannot be offered to (`offer_declined`).
     """
-    return with_read_tool(request) if held and offer_declined(request, max_tools) is None else request
+    return with_read_tool(request, tool) if held and offer_declined(request, max_tools) is None else request
 
 
-def offer_declined(request: ChatRequest | ResponsesRequest, max_tools: int) -> str | None:
+def offer_declined(request: WireRequest, max_tools: int) -> str | None:
     """Why the read tool cannot be offered to this request, or None when it can.
 
     `name_taken`: one of the client's tools already has its name; offering it again would send the name twice, and
@@ -77,19 +74,18 @@ def offer_declined(request: ChatRequest | ResponsesRequest, max_tools: int) -> s
 
 
 def _tool_name(tool: Any) -> Any:
-    """The name a chat tool (`function.name`) or a Responses tool (`name`) declares."""
+    """The name a tool declares, at its top (`name`) or in its function (`function.name`), as formats put it."""
     if not isinstance(tool, dict):
         return None
     function = tool.get("function")
     return function.get("name") if isinstance(function, dict) else tool.get("name")
 
 
-def with_read_tool(request: ChatRequest | ResponsesRequest) -> ChatRequest | ResponsesRequest:
-    """The request with the read tool after its own tools (its other fields, and its messages, as they were)."""
-    tool = RESPONSES_TOOL if isinstance(request, ResponsesRequest) else CHAT_TOOL
+def with_read_tool(request: R, tool: Mapping[str, Any]) -> R:
+    """The request with the read `tool` (its format's declaration) after its own tools, all else as it was."""
     tools: Any = request.body.get("tools")
     body = {**request.body, "tools": [*(tools if isinstance(tools, list) else []), tool]}
-    return dataclasses.replace(request, body=body)
+    return dataclasses.replace(request, body=body)  # type: ignore[type-var]
 
 
 def reference_of(arguments: Any) -> str | None:

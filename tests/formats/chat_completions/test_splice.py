@@ -23,6 +23,7 @@ from proxy.config import Mode, Settings
 from proxy.engine import counter_for_model
 from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.chat_completions.splice import Splices, Turn
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits
@@ -134,7 +135,7 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
             style = sorted(SERIALIZERS)[(sorted(SERIALIZERS).index(style) + 1) % len(SERIALIZERS)]
             serialize = SERIALIZERS[style]
         body = serialize(request_body(fields, position, messages))
-        chat = IncomingChat(body=body, headers=HEADERS, path="/v1/chat/completions")
+        chat = IncomingChat(body=body, headers=HEADERS, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
         spliced, full = await spliced_service.prepare(chat), await full_service.prepare(chat)
         assert_same(spliced, full)
         turn = getattr(spliced.context, "turn", None) if isinstance(spliced, ForwardPlan) else None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from proxy.formats import FORMATS
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.caller import state_scope
-from proxy.pipeline.exchange import Api
 
 
 def test_each_wire_format_and_window_override_has_its_own_scope() -> None:
     tenant = bytes(32)
-    scopes = {state_scope(tenant, window, api) for window in (None, 4096) for api in (Api.CHAT, Api.RESPONSES)}
+    scopes = {state_scope(tenant, window, api) for window in (None, 4096) for api in (wire.scope for wire in FORMATS)}
     assert len(scopes) == 4
-    assert state_scope(tenant, None, Api.CHAT) == tenant
+    assert state_scope(tenant, None, CHAT_COMPLETIONS.scope) == tenant

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from proxy.engine.counting import counter_for_model
 from proxy.engine.strategies.offload import content_reference
-from proxy.pipeline.exchange import Api
+from proxy.formats.chat_completions.reads import message_reads
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE, ReadBack, ReadLimits
-from proxy.pipeline.offload.rounds import chat_reads, without_tools
+from proxy.pipeline.offload.rounds import without_tools
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.state.memory import MemoryStore
 from tests.support.openai_tokens import count_message_tokens
@@ -43,10 +44,10 @@ async def _rounds(
     held = {content_reference(text): text for text in texts}
     await store.save_offloaded(TENANT, held)
     references = [*held, "offloaded-" + "0" * 32]
-    back = ReadBack(TENANT, store, Api.CHAT, limits, CompactionMetrics(), counter=COUNTER, tokens=tokens)
+    back = ReadBack(TENANT, store, CHAT_COMPLETIONS, limits, CompactionMetrics(), counter=COUNTER, tokens=tokens)
     body, made = BODY, []
     for indices in asked:
-        reads = chat_reads(_message([references[i % len(references)] for i in indices]), limits.per_answer)
+        reads = message_reads(_message([references[i % len(references)] for i in indices]), limits.per_answer)
         assert reads is not None
         before = back.tokens
         round_ = await back.next_round(body, reads, last=False)
@@ -72,7 +73,7 @@ def test_a_round_stays_within_its_bytes_and_tokens(
     sent: set[str] = set()
     for body, round_, before in asyncio.run(_rounds(texts, asked, limits, start)):
         if round_.final:  # nothing fits: the previous request asks without tools
-            assert round_.body == without_tools(body)
+            assert round_.body == without_tools(body, CHAT_COMPLETIONS)
             continue
         assert len(round_.body) <= max_bytes
         new = orjson.loads(round_.body)["messages"][len(orjson.loads(body)["messages"]) :]

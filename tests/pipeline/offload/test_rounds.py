@@ -8,9 +8,12 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.pipeline.exchange import Api
-from proxy.pipeline.offload.rounds import asked_again, chat_reads, stream_decision, summed, without_reads
+from proxy.formats import FORMATS
+from proxy.formats.chat_completions.reads import message_reads
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
+from proxy.pipeline.offload.rounds import asked_again, summed
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.pipeline.wire import WireFormat
 from proxy.server.offload_streams import StreamEdits
 
 counts = st.integers(min_value=0, max_value=10**9)
@@ -43,13 +46,13 @@ def _call(call_id: str, name: str) -> dict[str, Any]:
 def test_asking_again_extends_what_was_forwarded(names: list[str], text: str) -> None:
     calls = [_call(f"c{k}", READ_TOOL if name == "read" else "fetch") for k, name in enumerate(names)]
     forwarded = {"model": "m", "messages": [{"role": "user", "content": text}], "tools": []}
-    reads = chat_reads({"role": "assistant", "content": None, "tool_calls": calls}, limit=8)
+    reads = message_reads({"role": "assistant", "content": None, "tool_calls": calls}, limit=8)
     if names[0] != "read":
         assert reads is None
         return
     assert reads is not None
     results = [f"result {k}" for k in range(len(reads.calls))]
-    again = orjson.loads(asked_again(orjson.dumps(forwarded), Api.CHAT, reads, results, last=False))
+    again = orjson.loads(asked_again(orjson.dumps(forwarded), CHAT_COMPLETIONS, reads, results, last=False))
     assert again["messages"][:1] == forwarded["messages"]
     appended = again["messages"][1]["tool_calls"]
     assert [call["id"] for call in appended] == [call["id"] for call in calls if call["function"]["name"] == READ_TOOL]
@@ -81,12 +84,12 @@ MIXED = _stream(
 
 @given(st.lists(st.integers(min_value=0, max_value=len(PLAIN)), max_size=8))
 def test_a_stream_without_reads_is_relayed_byte_for_byte(cuts: list[int]) -> None:
-    assert _relayed(StreamEdits(Api.CHAT), PLAIN, cuts) == PLAIN
+    assert _relayed(StreamEdits(CHAT_COMPLETIONS), PLAIN, cuts) == PLAIN
 
 
 @given(st.lists(st.integers(min_value=0, max_value=len(MIXED)), max_size=8))
 def test_reads_after_a_client_call_are_taken_out_however_the_stream_is_cut(cuts: list[int]) -> None:
-    relayed = _relayed(StreamEdits(Api.CHAT), MIXED, cuts)
+    relayed = _relayed(StreamEdits(CHAT_COMPLETIONS), MIXED, cuts)
     assert READ_TOOL.encode() not in relayed and b'"reference"' not in relayed
     assert relayed.count(b'"index":0') == 6  # the four chunks' choice, and the client call's two deltas
 
@@ -112,11 +115,13 @@ hostile_events = st.fixed_dictionaries(
 )
 
 
-@given(events=st.lists(hostile_events, max_size=6), api=st.sampled_from(list(Api)))
-def test_whatever_an_upstream_streams_deciding_and_editing_never_raise(events: list[dict[str, Any]], api: Api) -> None:
+@given(events=st.lists(hostile_events, max_size=6), api=st.sampled_from(FORMATS))
+def test_whatever_an_upstream_streams_deciding_and_editing_never_raise(
+    events: list[dict[str, Any]], api: WireFormat
+) -> None:
     """A hostile or broken upstream's events are decided on or relayed, never an exception in the relay."""
     edits = StreamEdits(api, [{"prompt_tokens": 1}])
     for event in events:
-        stream_decision(event, api)
+        api.decides_reads(event)
         edits(b"data: " + orjson.dumps(event) + b"\n\n")
-    without_reads({"choices": events, "output": events, "tools": events}, api)
+    api.without_reads({"choices": events, "output": events, "tools": events})

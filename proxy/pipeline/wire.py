@@ -1,0 +1,213 @@
+"""The one interface a wire format implements, so the pipeline and the server decide every request alike.
+
+The pipeline works on the engine's messages and never on a format's JSON; the server moves bytes and never reads
+them. Everything in between that depends on the format (how a request is parsed and written back, how an answer
+reports its usage and reply, what a refusal inside a stream looks like, the proxy's read tool and its rounds) is
+asked of the request's `WireFormat`, one object per format (`proxy.formats`). A new format is a folder that
+implements this protocol and one entry in `proxy.formats.FORMATS`; nothing here or in the server changes.
+
+Rules every implementation keeps:
+
+- Nothing it is given is mutated unless the method says so (`without_reads`, `hide_read`, `sum_usage`), and nothing
+  an upstream sends makes it raise: an event or answer of an unexpected shape is "not this", never an error.
+- Usage is reported in chat-completion terms (`prompt_tokens`, `completion_tokens`, ...), whatever the format calls
+  it, so anchoring and calibration are the same for every format.
+- Decisions on a stream are made from one parsed event at a time, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.config import Settings
+from proxy.engine.messages import Message
+from proxy.pipeline.requests import RequestLimits
+
+
+class WireRequest(Protocol):
+    """A request of one wire format, parsed: what the pipeline reads of it."""
+
+    @property
+    def body(self) -> Mapping[str, Any]:
+        """The whole parsed body; never modified."""
+        ...
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation as the engine's messages."""
+        ...
+
+    @property
+    def model(self) -> str | None:
+        """The requested model, if the body names one."""
+        ...
+
+    @property
+    def stream(self) -> bool:
+        """Whether a streamed (SSE) answer was asked for."""
+        ...
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply (0 when it reserves none)."""
+        ...
+
+    @property
+    def overhead_fields(self) -> Mapping[str, Any]:
+        """The fields the engine counts besides the messages (tools), in chat-completion shape."""
+        ...
+
+    @property
+    def compaction_signal(self) -> str | None:
+        """What in the body says its client compacts itself (`compaction-items`, `context-management`), or None."""
+        ...
+
+    def forwarded(self, raw: bytes, messages: list[Message] | None) -> bytes:
+        """The body to send: `raw` (the client's bytes) when `messages` is None, else the request with them."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What the model asked the proxy to read in one answer, and what goes back into the conversation with it.
+
+    :param calls: `(call id, reference)` of each read call kept; the reference is None when the arguments name none.
+    :param appended: What the format appends before the results (chat messages, Responses items): the model's output
+        with only the kept read calls.
+    :param left_out: Read calls left out: repeats of a reference within the answer, and calls past the limit.
+    """
+
+    calls: list[tuple[str, str | None]]
+    appended: list[dict[str, Any]] = field(default_factory=list)
+    left_out: int = 0
+
+
+@dataclass
+class StreamReport:
+    """What a stream reported so far, folded event by event (`WireFormat.read_event`).
+
+    :param usage: The usage, in chat-completion terms.
+    :param native_usage: The same usage as the format names it.
+    :param reply: The assistant's reply so far (`reply_of` builds it), in the format's own terms.
+    :param response_id: The id of the answer, when a later request may continue from it.
+    :param final: The answer as the format's final event carried it whole, if it carries one.
+    """
+
+    usage: dict[str, Any] | None = None
+    native_usage: Mapping[str, Any] | None = None
+    reply: Any = None
+    response_id: str | None = None
+    final: Mapping[str, Any] | None = None
+
+
+class WireFormat(Protocol):
+    """One wire format the proxy compacts: its requests, answers, streams and read rounds (module docstring).
+
+    :ivar name: The format's label in metrics, logs and state scopes (`chat_completions`, `responses`).
+    :ivar entries: The request field holding the conversation, as a refusal names it (`messages`, `input`).
+    :ivar scope: What keeps this format's state apart from another's under one tenant (None: the tenant's own).
+    :ivar read_tool: The proxy's read tool as this format declares a tool.
+    """
+
+    name: str
+    entries: str
+    scope: str | None
+    read_tool: Mapping[str, Any]
+
+    def serves(self, path: str) -> bool:
+        """Whether a POST to `path` is a request of this format that compaction sees."""
+        ...
+
+    def recognizes(self, body: Mapping[str, Any]) -> bool:
+        """Whether a request body with no path to tell (a file on the command line) is of this format."""
+        ...
+
+    def parse(self, raw: bytes, limits: RequestLimits | None) -> WireRequest:
+        """The request parsed and checked against the proxy's limits.
+
+        :raises InvalidChatRequest: Not a request compaction can work on (forwarded untouched).
+        :raises RequestOverLimit: Over the proxy's limits (refused).
+        """
+        ...
+
+    def answer(self, answer: Mapping[str, Any]) -> tuple[dict[str, Any] | None, Message | None, str | None]:
+        """A whole 2xx answer's usage (chat terms), its reply as the engine's assistant message, and its id."""
+        ...
+
+    def read_event(self, event: Mapping[str, Any], report: StreamReport) -> None:
+        """Fold one stream event into what the stream reported."""
+        ...
+
+    def reply_of(self, report: StreamReport) -> Message | None:
+        """The assistant message a stream's reply amounts to."""
+        ...
+
+    def opening(self, event: Mapping[str, Any]) -> bool:
+        """Whether a stream event is one a stream opens with before it refuses or answers (it decides nothing)."""
+        ...
+
+    def refusal(self, event: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The error body (`{"error": {...}}`) of an event refusing the request inside a stream, else None."""
+        ...
+
+    def error_event(self, error: Mapping[str, Any]) -> bytes:
+        """An event carrying `error` in this format's stream, for a failure after the client's stream opened."""
+        ...
+
+    def decides_reads(self, event: Mapping[str, Any]) -> bool | None:
+        """Whether a stream is a read round (True), for the client (False), or undecided (None) after this event."""
+        ...
+
+    def reads(self, answer: Mapping[str, Any], limit: int) -> Reads | None:
+        """The reads a whole answer asks for (at most `limit` distinct), when its first call is the read tool."""
+        ...
+
+    def stream_reads(self, report: StreamReport, limit: int) -> Reads | None:
+        """The reads a read round's stream asked for, from what it reported."""
+        ...
+
+    def without_reads(self, answer: dict[str, Any]) -> bool:
+        """Take the read calls (and an echoed read tool) out of a whole answer; whether there were any."""
+        ...
+
+    def hide_read(self, event: dict[str, Any], hidden: set[Any]) -> bool | None:
+        """Take read calls out of a relayed stream event: None drops the event, True says it was edited.
+
+        :param hidden: The read calls seen so far in this stream (by the format's own keys); added to.
+        """
+        ...
+
+    def usage_holder(self, event: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The object of a stream event or whole answer that holds its usage (in the format's terms), if any."""
+        ...
+
+    def asked_again(self, fields: dict[str, Any], reads: Reads, results: Sequence[str]) -> None:
+        """Append the model's read calls and their results to a forwarded request's fields (edits `fields`)."""
+        ...
+
+    def answer_without_tools(self, fields: dict[str, Any]) -> None:
+        """Make a request's fields ask for an answer in text, its tools still declared (edits `fields`)."""
+        ...
+
+    def summary_call(
+        self, request: Any, messages: Sequence[Message], indices: Sequence[int], *, sections: str, settings: Settings
+    ) -> bytes:
+        """The body of a summary call: `request` as `messages` are forwarded, then one instruction for `indices`.
+
+        Every byte before the instruction is what the forwarded request holds there, so the provider's prompt cache
+        serves it; the call asks for text (tools declared, none called) and is not streamed.
+        """
+        ...
+
+    def summary_text(self, answer: Any) -> str | None:
+        """The summary a summary call's answer holds (None when it holds none).
+
+        :raises KeyError, IndexError, TypeError: The answer is not of this format (counted as malformed).
+        """
+        ...
+
+    def usage_in_chat_terms(self, usage: Mapping[str, Any]) -> dict[str, Any]:
+        """A usage object of this format with a chat completion's field names."""
+        ...
