@@ -17,7 +17,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.config import Settings
 from proxy.config.compaction import DEFAULT_COUNT_PROBES, WINDOW_PROBES
 from tests.reliability.conftest import wait_for
 from tests.support.counting_upstream import CountingUpstream
@@ -103,7 +102,7 @@ async def refused(proxy: RunningProxy, kind: str, bound: str) -> float:
 async def test_a_client_cycling_model_names_starts_at_most_its_budget_of_discovery_runs(
     proxies: LoopbackProxies,
 ) -> None:
-    budget = Settings().probe_runs_per_tenant_per_minute
+    budget = 10  # probe_runs_per_tenant_per_minute's default: the proxy runs with default settings
     names = [f"cycled-model-{number}" for number in range(3 * budget)]
     async with ServesModels(names) as upstream:
         proxy = await proxies.start(upstream=upstream.url, **DISCOVERING)
