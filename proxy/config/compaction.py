@@ -104,6 +104,24 @@ class CompactionSettings(BaseModel):
             " restarted with another context size is noticed within this time)."
         ),
     )
+    probe_runs_per_tenant_per_minute: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Probe runs one tenant may start per minute: a window discovery run (5 to 7 requests to the upstream,"
+            " one per probe) for a model the proxy has not asked about lately, or an exact count by a method of"
+            " `count_probes` that has never answered. A request past it is served with what is known (no"
+            " discovered window, a local count) and counted in `compaction_proxy_probe_runs_refused_total`."
+        ),
+    )
+    probe_runs_per_minute: int = Field(
+        default=60,
+        ge=0,
+        description=(
+            "Probe runs all tenants together may start per minute (see `probe_runs_per_tenant_per_minute`): a"
+            " client cycling model names or credentials cannot multiply its request rate to the upstream."
+        ),
+    )
     # Exact counting: asking the upstream for a request's token count under its own tokenizer and template.
     count_probes: list[str] = Field(
         default_factory=lambda: list(DEFAULT_COUNT_PROBES),

@@ -11,8 +11,10 @@ that order to find a plausible window wins.
   leaves any probe to the background. A model the shipped table knows never waits.
 - Fail open: a run that finds nothing (missing endpoints, errors, timeouts, nonsense) changes nothing, and the model
   is asked again only after a back-off: a minute, doubling each time, up to the refresh interval.
-- Bounded: `MAX_LEARNED` models' answers are kept and at most `MAX_RUNNING` runs are in flight, so clients sending
-  ever new model names cannot make the proxy flood its upstream.
+- Bounded: `MAX_LEARNED` models' answers are kept, at most `MAX_RUNNING` runs are in flight, and runs start within
+  the probe budget (`probe_runs_per_tenant_per_minute`, `probe_runs_per_minute`; see `proxy.discovery.budget`), so
+  a client sending ever new model names cannot multiply its request rate to the upstream: a model refused a run is
+  served as if discovery found nothing (the table's window, the default, or none), and asked about by a later request.
 - Credentials: probes go out without any. When the upstream finds nothing but refuses some of them (401/403), the
   model is asked again with the asking caller's credential headers, and what that finds is kept for that caller's
   tenant only.
@@ -29,6 +31,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from proxy.config import Settings
+from proxy.discovery.budget import ProbeBudget, ProbeKind
 from proxy.discovery.client import CredentialsNeeded, ProbeClient, cancel, credentials_of
 from proxy.discovery.probes import PROBES, Finding, Probe
 from proxy.engine.bounded import BoundedCache
@@ -92,10 +95,12 @@ class WindowDiscovery:
 
     :param settings: The probes to run, the wait budget, the refresh interval, the upstream and its connect timeout.
     :param windows: The proxy's windows: what ranks above and below a discovered one.
+    :param budget: The probe budget each run is charged to (shared with exact counting).
     """
 
-    def __init__(self, settings: Settings, windows: ContextWindows) -> None:
+    def __init__(self, settings: Settings, windows: ContextWindows, budget: ProbeBudget | None = None) -> None:
         self.windows = windows
+        self.budget = budget or ProbeBudget.of(settings)
         self.probes: list[tuple[str, Probe]] = [(name, PROBES[name]) for name in probes_for(settings)]
         self.timeout = settings.discovery_timeout
         self.refresh = settings.discovery_refresh_seconds
@@ -155,9 +160,9 @@ class WindowDiscovery:
         return key, known
 
     def _start(self, key: bytes, model: str, tenant: bytes, credentials: dict[str, str]) -> asyncio.Task[None] | None:
-        """The run for `key` in flight, or a new one; None when too many are in flight."""
+        """The run for `key` in flight, or a new one; None when too many are in flight or the budget is spent."""
         task = self._running.get(key)
-        if task is None and len(self._running) < MAX_RUNNING:
+        if task is None and len(self._running) < MAX_RUNNING and self.budget.admit(tenant, ProbeKind.WINDOW):
             task = asyncio.create_task(self._run(key, model, tenant, credentials))
             self._running[key] = task
             task.add_done_callback(lambda _: self._running.pop(key, None))

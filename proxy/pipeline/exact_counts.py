@@ -20,7 +20,8 @@ only from the second request of a conversation on. Servers that expose their tok
   answer, when it comes, serves the next request (see `proxy.discovery.budgeted`).
 - Which endpoint works is found once: the methods `count_probes` names are tried in order by the first requests;
   the first that answers is used from then on. One that never answered is asked again only after a back-off (a
-  minute, doubling to an hour), never in a loop.
+  minute, doubling to an hour), never in a loop; the back-off is the asking tenant's, so one tenant's bad request
+  delays no other tenant's counts, and tries are charged to the probe budget (see `proxy.discovery.trials`).
 - Fail open: a count that fails, times out or is implausible changes nothing but a metric.
 - The requests carry the caller's own messages to the upstream that request goes to, with the caller's
   credential headers, as the request itself does.
@@ -29,20 +30,20 @@ only from the second request of a conversation on. Servers that expose their tok
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
+from proxy.discovery.budget import ProbeBudget, ProbeKind
 from proxy.discovery.budgeted import BudgetedAnswers, Outcome
 from proxy.discovery.client import CredentialsNeeded, ProbeClient, credentials_of
 from proxy.discovery.input_tokens import ResponsesInputTokens
-from proxy.discovery.service import RETRY_SECONDS, probes_for
+from proxy.discovery.service import probes_for
 from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, Method, methods
+from proxy.discovery.trials import Trials
 from proxy.engine import Anchor, counter_for_model
 from proxy.failures import log_failure
 from proxy.formats.chat_completions.request import ChatRequest
@@ -56,8 +57,6 @@ logger = logging.getLogger("proxy.compaction")
 
 MAX_COUNTS: Final = 65_536
 """Prefix counts remembered (about 100 bytes each); the least recently used are forgotten first."""
-MAX_BACK_OFF: Final = 3600.0
-"""The longest wait before a method that never answered is tried again."""
 MAX_COUNTED_BYTES: Final = 4 * 2**20
 """The largest request body counted exactly: far beyond any window in text, while a larger one (images, files, or an
 attack) would cost the upstream and the proxy's event loop more than its count is worth."""
@@ -69,23 +68,15 @@ COUNT_HEADER: Final = "X-Compaction-Count"
 """Response header: `exact` when the estimate rests on the upstream's exact count of the whole request."""
 
 
-@dataclass
-class _State:
-    """What is known of one method: whether it ever answered, and when to try again after it did not."""
-
-    answered: bool = False
-    due: float = 0.0
-    failures: int = 0
-
-
 class ExactCounts:
     """Asks the upstream for exact prompt counts, remembers them per prefix, and compares them with local counts.
 
     :param settings: `count_probes`, `exact_count_timeout`, and the upstream.
     :param metrics: Where the outcome of each request's count and the local count's error are counted.
+    :param budget: The probe budget tries of methods that never answered are charged to (shared with discovery).
     """
 
-    def __init__(self, settings: Settings, metrics: CompactionMetrics) -> None:
+    def __init__(self, settings: Settings, metrics: CompactionMetrics, budget: ProbeBudget | None = None) -> None:
         known = methods()
         self.methods: list[tuple[str, Method]] = [
             (name, known[name]) for name in probes_for(settings, "count_probes") if name in known
@@ -94,7 +85,7 @@ class ExactCounts:
         self.client = ProbeClient(settings)
         self.counts: BudgetedAnswers[int] = BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
         self.responses = ResponsesInputTokens(settings)
-        self._states = {name: _State() for name, _ in self.methods}
+        self.trials = Trials([name for name, _ in self.methods], budget or ProbeBudget.of(settings), ProbeKind.COUNT)
 
     async def anchor(
         self,
@@ -134,13 +125,16 @@ class ExactCounts:
             if _reported(model, usage, view):
                 self.metrics.exact_counts.labels("reported").inc()
                 return None
-            if not self._usable():
-                # Every method is waiting out its back-off: nothing would be asked.
+            if not self.trials.usable(tenant):
+                # Every method is waiting out this tenant's back-off: nothing would be asked.
                 self.metrics.exact_counts.labels(Outcome.FAILED).inc()
+                return None
+            if not self.trials.admit(tenant):
+                self.metrics.exact_counts.labels("refused").inc()
                 return None
             conversation = Conversation(model, view.messages, fields, view.chain, scope)
             credentials = credentials_of(headers)
-            _, outcome = await self.counts.ask(key, lambda: self._count(conversation, credentials))
+            _, outcome = await self.counts.ask(key, lambda: self._count(conversation, tenant, credentials))
             self.metrics.exact_counts.labels(outcome).inc()
             for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
                 tokens = self.counts.known(scope + view.chain[covered - 1])
@@ -150,9 +144,9 @@ class ExactCounts:
             log_failure(logger, "Exact counting failed; this request is measured with the local count.", error)
         return None
 
-    def may_ask(self) -> bool:
-        """Whether a chat request could be counted exactly now: a method is set and not waiting out a back-off."""
-        return bool(self.methods) and bool(self._usable())
+    def may_ask(self, tenant: bytes) -> bool:
+        """Whether the tenant's chat request could be counted exactly now: a method is not waiting out a back-off."""
+        return bool(self.trials.usable(tenant))
 
     def record(self, measured: Measured) -> dict[str, str]:
         """Count how far the local estimate was from the exact count; the response headers saying what was used."""
@@ -186,42 +180,24 @@ class ExactCounts:
         self.metrics.exact_counts.labels(outcome).inc()
         return Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None
 
-    def _usable(self) -> list[tuple[str, Method]]:
-        """The method that answered before, or else every method whose back-off has passed, in setting order."""
-        answered = [(name, method) for name, method in self.methods if self._states[name].answered]
-        now = time.monotonic()
-        return answered[:1] or [(name, method) for name, method in self.methods if self._states[name].due <= now]
-
-    async def _count(self, conversation: Conversation, credentials: Mapping[str, str]) -> int | None:
-        """Ask each usable method once, in order, until one answers with a count."""
+    async def _count(self, conversation: Conversation, tenant: bytes, credentials: Mapping[str, str]) -> int | None:
+        """Ask each method usable for the tenant once, in order, until one answers with a count."""
 
         async def fetch(method: str, path: str, body: Mapping[str, Any] | None) -> Any:
             return await self.client.fetch(method, path, body, credentials)
 
-        for name, method in self._usable():
+        known: dict[str, Method] = dict(self.methods)
+        for name in self.trials.usable(tenant):
             try:
-                tokens = await method(fetch, conversation)
+                tokens = await known[name](fetch, conversation)
             except CredentialsNeeded:
                 tokens = None
             if tokens is not None and tokens > 0:
-                self._answered(name)
+                if self.trials.succeeded(name):
+                    logger.info("The upstream counts prompts exactly (%s); estimates use its counts from now on.", name)
                 return tokens
-            self._failed(name)
+            self.trials.failed(name, tenant)
         return None
-
-    def _answered(self, name: str) -> None:
-        state = self._states[name]
-        if not state.answered:
-            logger.info("The upstream counts prompts exactly (%s); estimates use its counts from now on.", name)
-        state.answered, state.failures = True, 0
-
-    def _failed(self, name: str) -> None:
-        """A method that never answered waits a back-off; one that did keeps being asked (the request was odd)."""
-        state = self._states[name]
-        if state.answered:
-            return
-        state.failures += 1
-        state.due = time.monotonic() + min(RETRY_SECONDS * 2 ** min(state.failures - 1, 16), MAX_BACK_OFF)
 
 
 def _reported(model: str, usage: Anchor | None, view: View) -> bool:

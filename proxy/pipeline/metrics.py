@@ -53,8 +53,16 @@ class CompactionMetrics:
             "Chat requests by how the upstream's exact count of their prompt went: cached (known before), counted"
             " (answered within exact_count_timeout), late (measured locally; the answer serves the next request),"
             " failed (no counting endpoint answered), implausible (ignored: too far from the local count), reported"
-            " (not asked: a usage report covers all but a small tail).",
+            " (not asked: a usage report covers all but a small tail), refused (not asked: the probe budget is spent).",
             ["result"],
+            registry=registry,
+        )
+        self.probe_runs_refused = Counter(
+            "compaction_proxy_probe_runs_refused",
+            "Probe runs not started for want of budget (probe_runs_per_tenant_per_minute, probe_runs_per_minute), by"
+            " kind (window: a discovery run, served with no discovered window; count: an exact count by a method that"
+            " never answered, measured locally) and bound (tenant, overall).",
+            ["kind", "bound"],
             registry=registry,
         )
         self.local_count_error = Histogram(

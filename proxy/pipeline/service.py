@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from proxy.config import Mode, Settings
+from proxy.discovery.budget import ProbeBudget
 from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     CompactionChain,
@@ -99,9 +100,10 @@ class ChatCompactionService(OverflowRetry):
             chain_names(settings.strategies), superseded_tools=settings.superseded_tools
         )
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
-        self.discovery = WindowDiscovery(settings, self.windows)
+        probes = ProbeBudget.of(settings, lambda kind, bound: self.metrics.probe_runs_refused.labels(kind, bound).inc())
+        self.discovery = WindowDiscovery(settings, self.windows, probes)
         self.metrics = CompactionMetrics()
-        self.exact = ExactCounts(settings, self.metrics)
+        self.exact = ExactCounts(settings, self.metrics, probes)
         self.rewrites = RewriteMemory(
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
@@ -236,7 +238,9 @@ class ChatCompactionService(OverflowRetry):
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         calibration = self.usage.calibration(tenant, model)
         thresholds = self._thresholds(exchange, headers)
-        sized = isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask()
+        sized = (
+            isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask(tenant)
+        )
         if thresholds is not None and sized:
             bound = byte_bound(chat.body, request.messages, calibration.ratio)
             if bound is not None and bound < thresholds.trigger_tokens:

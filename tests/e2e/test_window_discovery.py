@@ -344,3 +344,53 @@ def test_openais_own_api_is_not_probed_unless_asked() -> None:
     assert probes_for(Settings()) == []
     assert probes_for(Settings(upstream="http://127.0.0.1:8000")) == list(WINDOW_PROBES)
     assert probes_for(Settings(window_probes=["openai_models"])) == ["openai_models"]
+
+
+def serving(models: list[str]) -> dict[tuple[str, str], Handler]:
+    """Routes of a vLLM serving `models`, each with an 8192-token window."""
+    data = [{"id": model, "object": "model", "max_model_len": 8192} for model in models]
+    return {("GET", "/v1/models"): answer({"object": "list", "data": data})}
+
+
+def runs(upstream: ServerLike) -> int:
+    """Discovery runs the upstream received: each asks `/v1/models` once."""
+    return [probe.path for probe in upstream.probes].count("/v1/models")
+
+
+async def test_a_client_cycling_model_names_starts_at_most_its_budget_of_runs(
+    serve: Any, proxies: LoopbackProxies
+) -> None:
+    """Issue 27: each new name started a run (5 requests to the upstream); 30 names, 30 runs."""
+    budget = 10  # probe_runs_per_tenant_per_minute's default: the proxy runs with default settings
+    names = [f"cycled-model-{number}" for number in range(3 * budget)]
+    upstream = await serve(serving(names))
+    proxy = await proxies.start(upstream=upstream.url, **PROBING)
+    answers = [await chat(proxy, name, "sk-cycler") for name in names]
+    await settled(proxy)
+
+    assert runs(upstream) == budget
+    assert len(upstream.probes) == budget * len(WINDOW_PROBES)
+    assert [window_of(headers) for headers in answers] == [("8192", "discovered")] * budget + [(None, None)] * (
+        2 * budget
+    )
+    assert {headers["X-Compaction"] for headers in answers[budget:]} == {"unknown-window"}
+    assert proxy.metric("compaction_proxy_probe_runs_refused_total", kind="window", bound="tenant") == 2 * budget
+
+
+async def test_one_tenants_runs_leave_others_theirs_until_the_overall_budget(
+    serve: Any, proxies: LoopbackProxies
+) -> None:
+    alices = [f"alice-model-{number}" for number in range(4)]
+    upstream = await serve(serving([*alices, "bob-model", "carol-model"]))
+    limits = {"probe_runs_per_tenant_per_minute": 2, "probe_runs_per_minute": 3}
+    proxy = await proxies.start(upstream=upstream.url, **PROBING, **limits)
+    alice = [window_of(await chat(proxy, name, "sk-alice"))[1] for name in alices]
+    bob = window_of(await chat(proxy, "bob-model", "sk-bob"))[1]
+    carol = window_of(await chat(proxy, "carol-model", "sk-carol"))[1]
+
+    assert alice == ["discovered", "discovered", None, None]
+    assert bob == "discovered"  # alice's spent runs are hers
+    assert carol is None  # three runs this minute: the overall bound
+    assert runs(upstream) == 3
+    assert proxy.metric("compaction_proxy_probe_runs_refused_total", kind="window", bound="tenant") == 2
+    assert proxy.metric("compaction_proxy_probe_runs_refused_total", kind="window", bound="overall") == 1

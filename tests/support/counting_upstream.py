@@ -11,7 +11,8 @@ the conversation does not start with one (so a message's count depends on what p
 
 and chat completions whose `usage.prompt_tokens` is the same count, so the proxy's estimate can be compared with
 what the server reports. `hold` makes the counting endpoints wait until it is set (a slow server), `lie` makes them
-answer that many tokens whatever the prompt. Every request is recorded.
+answer that many tokens whatever the prompt, and `api_keys` refuses every request without one of them as its bearer
+token, with llama.cpp's 401 (its `--api-key`). Every request is recorded.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class CountingUpstream:
     kind: str = "llama.cpp"
     hold: asyncio.Event | None = None
     lie: int | None = None
+    api_keys: frozenset[str] | None = None
     seen: list[Seen] = field(default_factory=list)
     _server: TestServer | None = None
 
@@ -87,6 +89,9 @@ class CountingUpstream:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append(Seen(request.path, body, dict(request.headers)))
+        if self.api_keys is not None and request.headers.get("Authorization", "")[7:] not in self.api_keys:
+            error = {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+            return web.json_response({"error": error}, status=401)
         if request.path == "/v1/chat/completions":
             return web.json_response(_completion(body))
         if (self.kind, request.path) not in ROUTES:

@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestServer
 from proxy.config import Settings
 from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
+from proxy.server.keys import METRICS
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,11 @@ class RunningProxy:
     def url(self) -> str:
         """The base URL an OpenAI client is given."""
         return f"http://127.0.0.1:{self.server.port}/v1"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of what `/metrics` serves (0 for a labelled counter never counted)."""
+        value = self.server.app[METRICS].registry.get_sample_value(name, labels or None)
+        return value or 0.0
 
 
 class LoopbackProxies:
