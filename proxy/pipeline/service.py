@@ -40,8 +40,7 @@ from proxy.engine.encodings import load_shipped
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.engine.strategies.offload import held_references
 from proxy.failures import OutageLog
-from proxy.formats.chat_completions.body import asks_for_usage
-from proxy.formats.chat_completions.request import ChatRequest, deployment_name
+from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES, Extension, Forwarded, Splices, Turn, forward
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.stateful import ProviderChains
@@ -228,7 +227,7 @@ class ChatCompactionService(OverflowRetry):
         extension: Extension | None,
     ) -> ForwardPlan:
         tenant, scope = caller.tenant, caller.scope
-        model = request.model or deployment_name(chat.path)
+        model = chat.wire.model(request, chat.path)
         resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
         window = resolved.tokens if resolved else None
         exchange = Prepared(scope, tenant, request, model, window, len(chat.body), chat.wire, turn=Turn(extension))
@@ -238,9 +237,7 @@ class ChatCompactionService(OverflowRetry):
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
         calibration = self.usage.calibration(tenant, model)
         thresholds = self._thresholds(exchange, headers)
-        sized = (
-            isinstance(request, ChatRequest) and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask(tenant)
-        )
+        sized = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask(tenant)
         if thresholds is not None and sized:
             bound = byte_bound(chat.body, request.messages, calibration.ratio)
             if bound is not None and bound < thresholds.trigger_tokens:
@@ -376,8 +373,7 @@ class ChatCompactionService(OverflowRetry):
             sized=sized,
             originals=lambda: self._originals(exchange),
         )
-        chat = isinstance(request, ChatRequest)
-        ask_usage = chat and request.stream and self.mode is Mode.ENFORCE and not asks_for_usage(request.body)
+        ask_usage = self.mode is Mode.ENFORCE and exchange.wire.asks_usage(request)
 
         def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages

@@ -115,6 +115,8 @@ class WireFormat(Protocol):
     entries: str
     scope: str | None
     read_tool: Mapping[str, Any]
+    sized_by_bytes: bool
+    """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
 
     def serves(self, path: str) -> bool:
         """Whether a POST to `path` is a request of this format that compaction sees."""
@@ -129,6 +131,17 @@ class WireFormat(Protocol):
 
         :raises InvalidChatRequest: Not a request compaction can work on (forwarded untouched).
         :raises RequestOverLimit: Over the proxy's limits (refused).
+        """
+        ...
+
+    def model(self, request: Any, path: str) -> str | None:
+        """The model a request is for: the one its body names, or one its path names."""
+        ...
+
+    def asks_usage(self, request: Any) -> bool:
+        """Whether a streamed answer to `request` must be asked for its usage, which it would not report otherwise.
+
+        The proxy then asks for it, and strips from the relayed stream what the client did not ask for.
         """
         ...
 

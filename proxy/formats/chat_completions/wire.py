@@ -8,7 +8,8 @@ from typing import Any, Final
 
 from proxy.formats.chat_completions import answers, summary
 from proxy.formats.chat_completions import reads as read_calls
-from proxy.formats.chat_completions.request import ChatRequest
+from proxy.formats.chat_completions.body import asks_for_usage
+from proxy.formats.chat_completions.request import ChatRequest, deployment_name
 from proxy.pipeline.requests import RequestLimits
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
@@ -24,6 +25,7 @@ class ChatCompletions:
     scope: str | None = None
     """State made before formats had scopes of their own is chat completions': they keep the tenant's plain scope."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
+    sized_by_bytes: bool = True
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
@@ -46,6 +48,14 @@ class ChatCompletions:
     def recognizes(self, body: Mapping[str, Any]) -> bool:
         """A body with `messages`."""
         return "messages" in body
+
+    def model(self, request: ChatRequest, path: str) -> str | None:
+        """The body's `model`, else the Azure deployment its path names."""
+        return request.model or deployment_name(path)
+
+    def asks_usage(self, request: ChatRequest) -> bool:
+        """A stream reports its usage only under `stream_options.include_usage`."""
+        return request.stream and not asks_for_usage(request.body)
 
     def parse(self, raw: bytes, limits: RequestLimits | None) -> ChatRequest:
         """See `ChatRequest.parse`."""

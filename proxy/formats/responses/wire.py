@@ -24,6 +24,7 @@ class Responses:
     scope: str | None = "responses"
     """Its rewrites stand for items, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
+    sized_by_bytes: bool = False
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
@@ -49,6 +50,14 @@ class Responses:
     def recognizes(self, body: Mapping[str, Any]) -> bool:
         """A body with `input` and no `messages`."""
         return "input" in body and "messages" not in body
+
+    def model(self, request: ResponsesRequest, path: str) -> str | None:
+        """The body's `model`."""
+        return request.model
+
+    def asks_usage(self, request: ResponsesRequest) -> bool:
+        """A stream's final event carries the whole response, its usage included."""
+        return False
 
     def parse(self, raw: bytes, limits: RequestLimits | None) -> ResponsesRequest:
         """See `ResponsesRequest.parse`."""
