@@ -28,7 +28,7 @@ from proxy.engine import (
     decision_room,
 )
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 T = TypeVar("T")
 

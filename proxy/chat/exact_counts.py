@@ -52,7 +52,7 @@ from proxy.engine import Anchor, counter_for_model
 from proxy.failures import log_failure
 from proxy.responses.request import ResponsesRequest
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 MAX_COUNTS: Final = 65_536
 """Prefix counts remembered (about 100 bytes each); the least recently used are forgotten first."""

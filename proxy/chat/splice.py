@@ -37,7 +37,7 @@ from proxy.engine.messages import Message
 from proxy.engine.transcript import Counts
 from proxy.failures import log_failure
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 MESSAGE_DEPTH: Final = 3
 """The nesting level of a message in a body: in the `messages` array, in the body's object."""

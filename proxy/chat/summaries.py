@@ -36,7 +36,7 @@ from proxy.responses.summary import summary_request as responses_summary_request
 from proxy.responses.summary import summary_text
 from proxy.upstream_session import upstream_session
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 _CALL_FIELDS = ("model", "tools", "functions", "temperature", "top_p", "seed", "user", "metadata")
 """Fields of the conversation's own requests that a summary call keeps; the rest (streaming, sampling of several
