@@ -52,15 +52,16 @@ def listening(record: dict[str, Any], worker: int) -> bool:
 
 
 async def start_workers(
-    start: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str
+    start: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str, **settings: Any
 ) -> process_proxy.ProcessProxy:
-    """The proxy with `WORKERS` workers, once every worker listens."""
+    """The proxy with `WORKERS` workers (and any further `settings`), once every worker listens."""
     proxy = await start(
         upstream.base_url,
         workers=WORKERS,
         state_url=state_url,
         tenant_key=TENANT_KEY,
         context_windows={MODEL: WINDOW},
+        **settings,
     )
     for worker in range(WORKERS):
         await proxy.wait_for_log(
@@ -172,16 +173,8 @@ async def scrape(url: str) -> str:
 async def test_every_scrape_reports_the_whole_pod(
     start_process_proxy: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str
 ) -> None:
-    proxy = await start_process_proxy(
-        upstream.base_url,
-        workers=WORKERS,
-        state_url=state_url,
-        tenant_key=TENANT_KEY,
-        context_windows={MODEL: WINDOW},
-        log_level="debug",  # the access lines of /metrics, which name the worker that answered
-    )
-    for worker in range(WORKERS):
-        await proxy.wait_for_log(lambda record, w=worker: listening(record, w))
+    # At debug, the access lines of /metrics are logged too: they name the worker that answered each scrape.
+    proxy = await start_workers(start_process_proxy, upstream, state_url, log_level="debug")
     requests = 12
     for turn in range(requests):
         await turn_on_a_new_connection(proxy.url, [{"role": "user", "content": f"question {turn}"}])
