@@ -75,3 +75,14 @@ async def test_the_snippet_and_the_curl_command_show_the_headers() -> None:
     assert lines and all(line.lower().startswith("x-compaction") for line in lines)
     documented = block("text").strip().splitlines()
     assert {line.split(":")[0] for line in lines} == {line.split(":")[0] for line in documented}
+
+
+def test_ci_runs_the_contributor_commands_the_readme_gives() -> None:
+    readme = (ROOT / "README.md").read_text()
+    installing = readme[readme.index("## Installing") :].split("\n## ", 1)[0]
+    match = re.search(r"```bash\n\s*(pip install .*?)\n\s*(python -m pytest .*?)\n", installing)
+    assert match is not None
+    install, test = match.groups()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert install.replace("pip install", "python -m pip install --quiet") in ci
+    assert ci.rstrip().endswith(test)
