@@ -19,7 +19,7 @@ from typing import Final
 from proxy.engine.bounded import BoundedCache
 from proxy.names import name_key, shown
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 MAX_LEARNED: Final = 4096
 """(tenant, model) pairs whose learned window, and whose largest answered request, are remembered."""
@@ -167,6 +167,13 @@ class ContextWindows:
         fitted = self._fits.get(key)
         if fitted is not None and window < fitted:
             return False
+        if self._learned.get(key) != window:
+            logger.info(
+                "Learned from the upstream's overflow error that model %r has a context window of %d tokens, for"
+                " this caller and this process; it comes before context_windows and the shipped table.",
+                shown(model),
+                window,
+            )
         self._learned.put(key, window)
         return True
 

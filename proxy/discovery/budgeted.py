@@ -19,7 +19,7 @@ from proxy.discovery.service import MAX_RUNNING
 from proxy.engine.bounded import BoundedCache
 from proxy.failures import log_failure
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 V = TypeVar("V")
 

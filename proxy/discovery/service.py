@@ -39,7 +39,7 @@ from proxy.failures import log_failure
 from proxy.names import name_key, shown
 from proxy.windows import MAX_LEARNED, ContextWindows, Window, WindowSource
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 OPENAI_HOST: Final = "api.openai.com"
 """OpenAI's own API, the default upstream: not probed unless `window_probes` is set explicitly."""
@@ -223,6 +223,16 @@ class WindowDiscovery:
         tokens = previous.tokens if previous is not None else None
         self._known.put(key, _Known(tokens, answer.locked, now + back_off, failures))
         if failures == 1 and not answer.locked:
+            fallback = self.windows.resolve_window(model, None, b"")
+            if fallback is not None and fallback.source is WindowSource.TABLE:
+                logger.info(
+                    "The upstream reported no context window for model %r; the shipped table's %d tokens are used,"
+                    " and it is asked again in %d s.",
+                    shown(model),
+                    fallback.tokens,
+                    back_off,
+                )
+                return
             logger.info(
                 "The upstream reported no context window for model %r; asking again in %d s. Set context_windows for"
                 " it, or window_probes to [] if this upstream never reports windows.",

@@ -31,7 +31,7 @@ class Caller:
 
     @classmethod
     def of(cls, headers: Mapping[str, str], settings: Settings, format_scope: str | None = None) -> Caller:
-        """The caller of a request with these headers (lower-cased names), in a wire format of this `scope`."""
+        """The caller of a request with these headers (lower-cased names), in a format of this `format_scope`."""
         tenant = bytes.fromhex(settings.tenant_of(headers))
         requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
         return cls(tenant, requested, warning, state_scope(tenant, requested, format_scope))

@@ -28,7 +28,7 @@ from proxy.pipeline.measured import Measured
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.summaries import Summaries, SummaryContext
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 T = TypeVar("T")
 

@@ -53,7 +53,7 @@ from proxy.pipeline.measured import Measured
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.rewrites import View
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 MAX_COUNTS: Final = 65_536
 """Prefix counts remembered (about 100 bytes each); the least recently used are forgotten first."""

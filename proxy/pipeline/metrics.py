@@ -123,6 +123,7 @@ class CompactionMetrics:
         self.offload_bytes = Gauge(
             "compaction_proxy_offload_bytes_held",
             "UTF-8 bytes of offloaded results the in-memory state store holds (Redis reports its own memory).",
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.offload_reads = Counter(

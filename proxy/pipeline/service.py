@@ -67,7 +67,7 @@ from proxy.state import StateStore, open_store
 from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 COMPACTION_HEADER: Final = "x-compaction"
 

@@ -30,7 +30,7 @@ from proxy.pipeline.offload.tool import as_forwarded
 from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.upstream_session import upstream_session
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 """Fields of the conversation's own requests that a summary call keeps; the rest (streaming, sampling of several
 choices, response formats, tool choice) would change what comes back."""

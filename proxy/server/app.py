@@ -18,6 +18,7 @@ from proxy.server.forwarding import proxy_request
 from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
 from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
 from proxy.server.metrics import ProxyMetrics
+from proxy.server.pod_metrics import shared_directory
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
 
@@ -63,7 +64,7 @@ def create_app(
         is awaited when the app cleans up.
     :param registry: The Prometheus registry `/metrics` serves; a fresh one per app when None.
     """
-    metrics = ProxyMetrics(registry)
+    metrics = ProxyMetrics(registry, pod_directory=shared_directory(settings.workers))
     compaction: ChatCompaction = chat if chat is not None else PassThrough()
     register_metrics = getattr(compaction, "register_metrics", None)
     if callable(register_metrics):

@@ -27,8 +27,9 @@ from proxy.config import LogFormat, Settings
 
 ACCESS_LOGGER: Final = "compaction_proxy.access"
 SERVER_LOGGER: Final = "compaction_proxy.server"
-CONNECTION_LOGGER: Final = "aiohttp.server"
-"""aiohttp's logger for its connection handlers (the proxy passes it wrapped in `ConnectionLogger`)."""
+CONNECTION_LOGGER: Final = "compaction_proxy.connections"
+"""The logger the proxy gives aiohttp's connection handlers (wrapped in `ConnectionLogger`), in place of aiohttp's
+own `aiohttp.server`, so every line the proxy writes names a `compaction_proxy.*` logger."""
 _RESERVED: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 

@@ -98,6 +98,6 @@ async def _warn_about_state(settings: Settings, app: web.Application) -> None:
         )
     if await unready_reason(app[CHAT]) == "state_store_unreachable":
         log.warning(
-            "The state store does not answer: requests are forwarded uncompacted and /readyz answers 503 until it"
-            " does. Check state_url and that Redis is up and reachable from here."
+            "The state store does not answer: requests are forwarded uncompacted and /readyz answers degraded until"
+            " it does. Check state_url and that Redis is up and reachable from here."
         )

@@ -1,6 +1,7 @@
 """Prometheus metrics, on a registry of the app's own (never the process-global one).
 
-A registry per app keeps test apps and several apps in one process apart. The compaction side adds its own
+A registry per app keeps test apps and several apps in one process apart. Under `workers` > 1 `/metrics` serves the
+whole pod instead: every worker's values, summed (see `proxy.server.pod_metrics`). The compaction side adds its own
 metrics (compactions by strategy, tokens before/after, estimate error) to the same registry, so `/metrics` serves
 both: either it receives `registry` (see `ProxyMetrics.registry`) or the `ChatCompaction` object offers
 `register_metrics(registry)`, which `create_app` calls once.
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from proxy.server.pod_metrics import render_pod
 
 LATENCY_BUCKETS: Final = (
     0.005,
@@ -36,10 +39,15 @@ LATENCY_BUCKETS: Final = (
 class ProxyMetrics:
     """The transport's metrics. All names start with `compaction_proxy_`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        """Create the metrics on `registry`, or on a fresh registry when None."""
+    def __init__(self, registry: CollectorRegistry | None = None, *, pod_directory: str | None = None) -> None:
+        """Create the metrics on `registry`, or on a fresh registry when None.
+
+        :param pod_directory: The directory the pod's workers share their metrics through; `render` then serves
+            their sum instead of this process's registry.
+        """
         self.registry = registry if registry is not None else CollectorRegistry()
-        """The registry `/metrics` serves; register further collectors here."""
+        """The registry this process's metrics live on; register further collectors here."""
+        self.pod_directory = pod_directory
         self.requests = Counter(
             "compaction_proxy_requests",
             "Requests answered, by route kind and HTTP status (499: client went away first).",
@@ -94,9 +102,12 @@ class ProxyMetrics:
         self.in_flight = Gauge(
             "compaction_proxy_in_flight_requests",
             "Requests being handled right now, streams included.",
+            multiprocess_mode="livesum",
             registry=self.registry,
         )
 
     def render(self) -> tuple[bytes, str]:
-        """Return the exposition text and its content type."""
+        """Return the exposition text (the pod's, under several workers) and its content type."""
+        if self.pod_directory is not None:
+            return render_pod(self.pod_directory), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -8,7 +8,8 @@ proxy does (`shutdown_grace_seconds`), and the parent returns once all have exit
 (Kubernetes, systemd) restarts it whole, rather than serving on fewer cores without anyone knowing.
 
 Workers share nothing in memory: conversation state must live in Redis (`Settings` refuses `workers` > 1 with
-`memory://`), and `/metrics` reports the worker that answers the scrape.
+`memory://`), and metrics go through files in one directory, so `/metrics` reports the whole pod whichever worker
+answers the scrape (`proxy.server.pod_metrics`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from proxy.config import Settings
 from proxy.pipeline.exchange import ChatCompaction
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 from proxy.server.main import serve
+from proxy.server.pod_metrics import PodMetrics
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -59,6 +61,7 @@ def serve_workers(settings: Settings, chat: ChatCompaction) -> int:
     configure_logging(settings)
     reserved = reserve_port(settings.host, settings.port)
     shared = settings.model_copy(update={"port": reserved.getsockname()[1]})
+    pod_metrics = PodMetrics()
     context = multiprocessing.get_context("fork")
     workers = [
         context.Process(target=_worker, args=(shared, chat, index, reserved), name=f"worker-{index}")
@@ -95,10 +98,12 @@ def serve_workers(settings: Settings, chat: ChatCompaction) -> int:
         for worker in workers:
             if worker.pid is not None:
                 worker.join()
+                pod_metrics.worker_exited(worker.pid)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         reserved.close()
+        pod_metrics.close()
     log.info("stopped")
     return 0 if stopping and all(worker.exitcode == 0 for worker in workers) else 1
 

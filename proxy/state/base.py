@@ -21,7 +21,7 @@ from proxy.engine.plan import EditPlan
 
 V = TypeVar("V")
 
-logger = logging.getLogger("proxy.state")
+logger = logging.getLogger("compaction_proxy.state")
 
 OFFLOAD_REFRESH_SHARE: Final = 1 / 8
 """Offloaded results are refreshed at most once per this share of the state's time to live, and kept this share

@@ -51,7 +51,7 @@ from proxy.engine.plan import EditPlan
 from proxy.state.base import StoreEvents, offload_ttl
 from proxy.state.codec import PlanDecodeError, decode_plan, encode_plan, supersedes
 
-logger = logging.getLogger("proxy.state.redis")
+logger = logging.getLogger("compaction_proxy.state")
 
 DEFAULT_SCAN_LIMIT: Final = 512
 """How many of a request's newest chain elements a lookup asks for (one `MGET`)."""

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from proxy.server.logging import CONNECTION_LOGGER
 from tests.reliability.conftest import MakeProxy, Proxy, assert_serving, chat_body, openai_error, wait_for
 from tests.support.openai_upstream import OpenAIUpstream, default_responder, fixed_responder
 
@@ -226,10 +227,10 @@ async def test_oversized_or_malformed_request_heads_are_refused_before_any_handl
 async def test_a_malformed_request_is_one_info_line_without_traceback_or_request_bytes(
     proxy: Proxy, caplog: pytest.LogCaptureFixture, head: bytes
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    caplog.set_level(logging.DEBUG, logger=CONNECTION_LOGGER)
     answer = await raw_exchange(proxy.port, head)
     assert status_of(answer) == 400
-    records = [record for record in caplog.records if record.name == "aiohttp.server"]
+    records = [record for record in caplog.records if record.name == CONNECTION_LOGGER]
     (record,) = records
     assert (record.levelno, record.getMessage()) == (logging.INFO, "malformed request refused")
     assert record.exc_info is None

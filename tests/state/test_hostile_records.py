@@ -114,7 +114,9 @@ async def test_a_plan_claiming_millions_of_messages_costs_what_its_request_costs
         assert cpu < 3 * baseline_cpu, (cpu, baseline_cpu)
         assert wait < 50 * baseline_wait, (wait, baseline_wait)  # seconds against milliseconds before the check
         assert outcome == "compacted"  # a miss: compacted afresh, as the benign requests were
-    assert [record.levelno for record in caplog.records if record.name.startswith("proxy")] == [logging.WARNING]
+    assert [record.levelno for record in caplog.records if record.name.startswith("compaction_proxy")] == [
+        logging.WARNING
+    ]
     assert "5000000" not in caplog.text
     async with aiohttp.ClientSession() as http, http.get(proxy.url.removesuffix("/v1") + "/metrics") as got:
         metrics = await got.text()

@@ -52,15 +52,16 @@ def listening(record: dict[str, Any], worker: int) -> bool:
 
 
 async def start_workers(
-    start: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str
+    start: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str, **settings: Any
 ) -> process_proxy.ProcessProxy:
-    """The proxy with `WORKERS` workers, once every worker listens."""
+    """The proxy with `WORKERS` workers (and any further `settings`), once every worker listens."""
     proxy = await start(
         upstream.base_url,
         workers=WORKERS,
         state_url=state_url,
         tenant_key=TENANT_KEY,
         context_windows={MODEL: WINDOW},
+        **settings,
     )
     for worker in range(WORKERS):
         await proxy.wait_for_log(
@@ -151,3 +152,44 @@ def test_more_than_one_worker_without_a_shared_store_is_refused() -> None:
     [line] = done.stderr.splitlines()
     assert "workers (2) needs a shared state_url" in line
     assert "state_url to a Redis" in line
+
+
+def metric(exposition: str, sample: str) -> float:
+    """The value of one sample line (`name{labels}`) of a Prometheus exposition; 0 when absent."""
+    found = [line.rsplit(" ", 1)[1] for line in exposition.splitlines() if line.startswith(sample + " ")]
+    return float(found[0]) if found else 0.0
+
+
+async def scrape(url: str) -> str:
+    """`/metrics` over a connection of its own, so consecutive scrapes may meet other workers."""
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+        http.get(f"{url}/metrics") as response,
+    ):
+        assert response.status == 200
+        return await response.text()
+
+
+async def test_every_scrape_reports_the_whole_pod(
+    start_process_proxy: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str
+) -> None:
+    # At debug, the access lines of /metrics are logged too: they name the worker that answered each scrape.
+    proxy = await start_workers(start_process_proxy, upstream, state_url, log_level="debug")
+    requests = 12
+    for turn in range(requests):
+        await turn_on_a_new_connection(proxy.url, [{"role": "user", "content": f"question {turn}"}])
+    access = [record for record in proxy.records() if record.get("logger") == "compaction_proxy.access"]
+    assert {record["worker"] for record in access if record["route"] == "chat_completions"} == set(range(WORKERS))
+
+    scrapes = [await scrape(proxy.url) for _ in range(8)]
+    scraped_by = [
+        record["worker"]
+        for record in proxy.records()
+        if record.get("logger") == "compaction_proxy.access" and record.get("path") == "/metrics"
+    ]
+    assert set(scraped_by) == set(range(WORKERS)), f"every scrape met worker {scraped_by[0]}: nothing was shown"
+    for exposition in scrapes:
+        assert metric(exposition, 'compaction_proxy_requests_total{route="chat_completions",status="200"}') == requests
+        assert metric(exposition, 'compaction_proxy_chat_requests_total{outcome="unchanged"}') == requests
+        assert metric(exposition, "compaction_proxy_tokens_before_count") == 0  # nothing compacted, in any worker
+        assert metric(exposition, "compaction_proxy_in_flight_requests") == 1  # the scrape itself, not one per worker

@@ -30,7 +30,7 @@ from proxy.engine.strategies.tool_result_pruning import check_result_rules, newe
 from proxy.engine.tool_results import holds_result
 from proxy.engine.transcript import Transcript, created
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("compaction_proxy.compaction")
 
 OFFLOADED_META_KEY = "tool_result_offloaded"
 """Meta key of an offloaded result: the list of references its content went to (Haystack's key and shape)."""

@@ -23,7 +23,7 @@ from proxy.engine.plan import EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy, shrinking
 from proxy.engine.transcript import Transcript, created
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("compaction_proxy.compaction")
 
 SUMMARY_OPENING = "<conversation_summary>"
 SUMMARY_CLOSING = "</conversation_summary>"

@@ -38,7 +38,7 @@ from proxy.pipeline.requests import RequestLimits, RequestOverLimit, content_par
 from proxy.pipeline.rewrites import Keyed, RewriteMemory, View
 from proxy.pipeline.usage import UsageReports
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 MESSAGE_DEPTH: Final = 3
 """The nesting level of a message in a body: in the `messages` array, in the body's object."""

@@ -39,7 +39,7 @@ from proxy.pipeline.offload.rounds import asked_again, without_tools
 from proxy.pipeline.wire import Reads, WireFormat
 from proxy.state import StateStore
 
-logger = logging.getLogger("proxy.compaction")
+logger = logging.getLogger("compaction_proxy.compaction")
 
 NOT_HELD: Final = (
     "No offloaded result is held under this reference (it may have expired). Continue without it, or run the original "
