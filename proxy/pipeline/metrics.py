@@ -17,11 +17,12 @@ class CompactionMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry if registry is not None else CollectorRegistry()
         self.requests = Counter(
-            "compaction_proxy_chat_requests",
-            "Chat-completion requests by what compaction did: compacted, unchanged, deferred (to a client that"
-            " compacts itself), observed, skipped, unknown_window, unparsed, too_deep (nested deeper than the proxy"
-            " writes JSON: forwarded untouched).",
-            ["outcome"],
+            "compaction_proxy_decisions",
+            "Requests of the wire formats the proxy compacts, by format (api) and by what compaction did: compacted,"
+            " unchanged, deferred (to a client that compacts itself), observed, skipped, unknown_window,"
+            " provider_state, unparsed, too_deep (nested deeper than the proxy writes JSON: forwarded untouched),"
+            " refused; each request once.",
+            ["api", "outcome"],
             registry=registry,
         )
         self.compactions = Counter(
@@ -175,16 +176,12 @@ class CompactionMetrics:
             registry=registry,
         )
 
-    def record_compaction(
-        self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int, *, retry: bool = False
-    ) -> None:
-        """Count one compaction by strategy and tokens, and as a request's outcome unless `retry`.
+    def decided(self, api: str, outcome: str) -> None:
+        """Count one request of the wire format `api` by what compaction decided for it."""
+        self.requests.labels(api, outcome).inc()
 
-        The retry after an overflow is no new request: it was counted when it was first decided, and `retries`
-        counts the retry.
-        """
-        if not retry:
-            self.requests.labels("compacted").inc()
+    def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
+        """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""
         for strategy in strategies:
             self.compactions.labels(strategy).inc()
         self.tokens_before.observe(tokens_before)

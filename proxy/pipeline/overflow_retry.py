@@ -132,5 +132,5 @@ class OverflowRetry:
         tokens = round(scale * (result.tokens_after + overhead))
         retry.headers["X-Compaction-Tokens-After"] = str(tokens)
         before = round(scale * (result.tokens_before + overhead))
-        self.metrics.record_compaction(result.strategies, before, tokens, retry=True)
+        self.metrics.record_compaction(result.strategies, before, tokens)
         return await self._forward(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)

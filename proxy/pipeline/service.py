@@ -157,7 +157,7 @@ class ChatCompactionService(OverflowRetry):
         """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
         headers = {key.lower(): value for key, value in chat.headers.items()}
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
-            self.metrics.requests.labels("skipped").inc()
+            self.metrics.decided(chat.wire.name, "skipped")
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         caller = Caller.of(headers, self.settings, chat.wire.scope)
         spliced = chat.wire.scope is None and self.splice_from is not None and len(chat.body) >= self.splice_from
@@ -167,10 +167,10 @@ class ChatCompactionService(OverflowRetry):
             request = extension.request if extension else await self._parse(chat.body, chat.wire)
         except InvalidChatRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
-            self.metrics.requests.labels(invalid.outcome).inc()
+            self.metrics.decided(chat.wire.name, invalid.outcome)
             return ForwardPlan(body=chat.body)
         except RequestOverLimit as over:
-            self.metrics.requests.labels("refused").inc()
+            self.metrics.decided(chat.wire.name, "refused")
             return Refusal(400, str(over), over.code, param=chat.wire.entries)
         try:
             if isinstance(request, ResponsesRequest) and request.stateful:
@@ -208,7 +208,7 @@ class ChatCompactionService(OverflowRetry):
         )
         counter = counter_for_model(model)
         body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
-        self.metrics.requests.labels("provider_state").inc()
+        self.metrics.decided(chat.wire.name, "provider_state")
         observed = self.mode is Mode.OBSERVE
         return ForwardPlan(
             body=chat.body if observed else body,
@@ -246,7 +246,7 @@ class ChatCompactionService(OverflowRetry):
         if thresholds is None:
             self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
-            self.metrics.requests.labels("unknown_window").inc()
+            self.metrics.decided(chat.wire.name, "unknown_window")
             return await self._forward(
                 chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
@@ -271,15 +271,16 @@ class ChatCompactionService(OverflowRetry):
         self._report(exchange, outcome, thresholds)
         result = outcome.result
         if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
-            self.metrics.requests.labels("observed" if result else left_as_sent(thresholds)).inc()
+            self.metrics.decided(chat.wire.name, "observed" if result else left_as_sent(thresholds))
             return await self._forward(chat.body, exchange, None, view.original_chain)
         if result is None:
-            self.metrics.requests.labels(left_as_sent(thresholds)).inc()
+            self.metrics.decided(chat.wire.name, left_as_sent(thresholds))
             return await self._forward(
                 chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
             )
 
         await self.offloading.persist(tenant, staging, result.compacted)
+        self.metrics.decided(chat.wire.name, "compacted")
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(scope, view, result.plan)
@@ -330,7 +331,7 @@ class ChatCompactionService(OverflowRetry):
         """Forward a request its bytes show to be under the trigger as it came (see `proxy.pipeline.byte_bound`)."""
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)
-        self.metrics.requests.labels(left_as_sent(thresholds)).inc()
+        self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
         return ForwardPlan(
             body=raw,
             response_headers=dict(exchange.headers),
