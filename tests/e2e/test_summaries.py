@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.pipeline.summaries import IN_CONTEXT_PREAMBLE
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_long_runs import sdk_agent
 from tests.support.agent_run import TOOLS, agent_responder, messages_array

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
-from proxy.pipeline.summaries import IN_CONTEXT_PREAMBLE
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e import test_responses
 from tests.e2e.conftest import MODEL
 from tests.e2e.test_summaries import SUMMARY, settled
