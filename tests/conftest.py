@@ -1,4 +1,7 @@
-"""Suite-wide hooks: a run ends by naming what it skipped and the command that would run it.
+"""Suite-wide hooks: the Hypothesis profile, and a run that ends by naming what it skipped and what would run it.
+
+Property tests run the `quick` Hypothesis profile unless `HYPOTHESIS_PROFILE` names another (CI runs `thorough`;
+see `tests/support/examples.py`).
 
 A skipped tier (no redis-server, no llama-server, no kubectl) is easy to miss in a line of dots; the summary lists
 each distinct skip reason once, with how many tests it skipped and what enables them.
@@ -6,10 +9,15 @@ each distinct skip reason once, with how many tests it skipped and what enables 
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Final
 
 import pytest
+
+from tests.support.examples import load_profile
+
+load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 RUN_EVERYTHING: Final = "bash .ci/run"
 """Installs and builds everything the suite needs, then runs it all (see the README for how long it takes)."""

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from proxy.discovery.budget import INTERVAL_SECONDS, Bound, ProbeBudget, ProbeKind
 from proxy.discovery.trials import Trials
+from tests.support.examples import examples
 
 TENANTS = [b"alice", b"bob", b"carol", b"dave"]
 METHODS = ["llama_cpp_template", "vllm_tokenize"]
@@ -22,7 +23,7 @@ asks = st.lists(st.tuples(st.sampled_from(TENANTS), st.floats(0, INTERVAL_SECOND
 """Each ask: the tenant asking, and how many seconds pass before it."""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(asks, st.integers(0, 5), st.integers(0, 12))
 def test_runs_stay_within_both_bounds_and_only_a_bound_refuses(
     sequence: list[tuple[bytes, float]], per_tenant: int, overall: int
@@ -46,7 +47,7 @@ def test_runs_stay_within_both_bounds_and_only_a_bound_refuses(
         assert started[tenant] <= per_tenant and total <= overall
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(TENANTS[1:]), st.sampled_from(METHODS)), max_size=30))
 def test_other_tenants_failures_leave_a_tenants_methods_alone(failures: list[tuple[bytes, str]]) -> None:
     trials = Trials(METHODS, ProbeBudget(10, 60), ProbeKind.COUNT)

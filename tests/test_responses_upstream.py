@@ -20,6 +20,7 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
+from tests.support.examples import examples
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.responses_api import (
     FunctionCall,
@@ -585,7 +586,7 @@ conversation_items = st.lists(
 ).map(lambda groups: [item for group in groups for item in group])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(items=conversation_items, share=st.floats(0, 1))
 def test_truncation_keeps_the_newest_items_that_fit_never_a_call_without_its_output(
     items: list[dict[str, Any]], share: float

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import ApproximateCounter
 from proxy.engine.bounded import BoundedCache
+from tests.support.examples import examples
 
 Operation = tuple[str, int]
 OPERATIONS = st.lists(st.tuples(st.sampled_from(["get", "put"]), st.integers(0, 12)), max_size=200)
@@ -24,7 +25,7 @@ class _MeasuringCounter(ApproximateCounter):
         return super().text_tokens(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(max_entries=st.integers(0, 6), operations=OPERATIONS)
 def test_the_cache_keeps_the_most_recently_used_entries_up_to_its_bound(
     max_entries: int, operations: list[Operation]

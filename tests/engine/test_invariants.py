@@ -26,6 +26,7 @@ from proxy.engine import (
 from proxy.engine.grouping import latest_user_index, leading_instructions_end
 from proxy.engine.strategies.sliding_window import DEFAULT_OMISSION_NOTE
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
+from tests.support.examples import examples
 
 STRATEGIES: dict[str, list[Strategy]] = {
     "pruning": [ToolResultPruning(min_tokens=20)],
@@ -44,7 +45,7 @@ STRATEGIES: dict[str, list[Strategy]] = {
 }
 
 COUNTER = ApproximateCounter()
-PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _run(conversation: Conversation, strategies: list[Strategy], target_fraction: float):
@@ -123,7 +124,7 @@ def test_reaches_target_whenever_the_protected_messages_allow(conversation: Conv
 def test_tiktoken_counter_keeps_the_same_invariants() -> None:
     counter = TiktokenCounter()
 
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=examples(40), deadline=None)
     @given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.0))
     def check(conversation: Conversation, fraction: float) -> None:
         transcript = Transcript(conversation.messages, counter, conversation.meta)

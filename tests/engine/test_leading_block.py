@@ -28,13 +28,14 @@ from proxy.engine import (
 from proxy.engine.messages import Message
 from proxy.engine.strategies.registry import STRATEGY_NAMES, strategy_by_name
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
+from tests.support.examples import examples
 
 COUNTER = ApproximateCounter()
 OFFLOAD = ToolResultOffload.name
 POOL = (*STRATEGY_NAMES, OFFLOAD)
 """Every strategy the registry names, and offloading (which the proxy adds to the chain itself)."""
 
-CHECKS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CHECKS = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class RecordingSummarizer:

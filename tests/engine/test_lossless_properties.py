@@ -36,9 +36,10 @@ from proxy.engine.strategies.json_minify import minified
 from proxy.engine.strategies.references import REFERS_TO
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact
 from tests.engine.lossless_runs import assert_references_hold, data_of, repetitive_runs, text_of
+from tests.support.examples import examples
 
 COUNTER = ApproximateCounter()
-PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SUPERSEDED = ["read_file", "list_items"]
 
 LOSSLESS: dict[str, list[Strategy]] = {
@@ -200,7 +201,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     value=JSON_VALUES,
     indent=st.sampled_from([None, 0, 1, 2, 4, "\t"]),
@@ -217,7 +218,7 @@ def test_minified_json_parses_to_the_same_data(value: Any, indent: Any, ascii_on
     assert len(compact) < len(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=st.text(alphabet=st.sampled_from(list('{}[]",:01.eE-+ \n\t\\u\u00a0a')), max_size=40))
 def test_only_json_is_minified(text: str) -> None:
     compact = minified(text)

@@ -30,9 +30,10 @@ from proxy.engine.strategies.offload import (
     offloaded_references,
 )
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
+from tests.support.examples import examples
 
 COUNTER = ApproximateCounter()
-PROPERTY_SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class FailingStore:

@@ -18,6 +18,7 @@ from proxy.engine.grouping import (
     leading_instructions_end,
 )
 from tests.engine.conversations import Conversation, conversations
+from tests.support.examples import examples
 
 COUNTER = ApproximateCounter()
 
@@ -81,7 +82,7 @@ def test_an_earlier_note_after_the_task_goes_with_the_oldest_step_even_when_that
     assert transcript.edited(plan).total() < transcript.total()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.0))
 def test_the_kept_messages_alone_fit_the_target_whenever_the_protected_ones_do(
     conversation: Conversation, fraction: float
@@ -100,7 +101,7 @@ def test_the_kept_messages_alone_fit_the_target_whenever_the_protected_ones_do(
     assert transcript.tokens_of(kept) <= max(target, transcript.tokens_of(protected))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.0))
 def test_the_newest_turn_or_step_removed_would_not_have_fit(conversation: Conversation, fraction: float) -> None:
     transcript = Transcript(conversation.messages, COUNTER, conversation.meta)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import TiktokenCounter
 from proxy.pipeline.byte_bound import byte_bound
+from tests.support.examples import examples
 
 COUNTERS = [TiktokenCounter("o200k_base"), TiktokenCounter("cl100k_base")]
 
@@ -70,7 +71,7 @@ tools = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(messages=messages, tools=tools, indented=st.booleans())
 def test_a_text_request_counts_no_more_tokens_than_it_has_bytes(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]], indented: bool

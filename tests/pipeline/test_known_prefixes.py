@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from proxy.engine.messages import chain_keys, message_key
 from proxy.pipeline.known_prefixes import KnownPrefixes
 from tests.engine.conversations import Conversation, conversations
+from tests.support.examples import examples
 
 
 def fresh(messages: list[dict[str, object]]) -> tuple[list[bytes], list[bytes]]:
@@ -17,7 +18,7 @@ def fresh(messages: list[dict[str, object]]) -> tuple[list[bytes], list[bytes]]:
     return keys, chain_keys(keys)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(conversation=conversations(), cut=st.integers(min_value=0, max_value=40), edit=st.booleans())
 def test_keys_match_fresh_hashing_after_growth_and_edits(conversation: Conversation, cut: int, edit: bool) -> None:
     prefixes = KnownPrefixes()
@@ -53,7 +54,7 @@ def reused_prefix(
     return all(key is known for key, known in zip(keys, earlier, strict=False))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(sizes=st.lists(st.integers(min_value=0, max_value=5_000), min_size=1, max_size=40))
 def test_remembered_requests_never_cost_more_than_the_budget(sizes: list[int]) -> None:
     prefixes = KnownPrefixes(max_bytes=20_000)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from proxy.discovery.tokenize import Conversation, LlamaCppTemplate
 from proxy.engine.messages import chain_keys, message_key
 from tests.support.counting_upstream import ROUTES, counting_answer, fake_tokens, render
+from tests.support.examples import examples
 
 ROLES = st.sampled_from(["system", "user", "assistant", "tool"])
 TEXTS = st.text(alphabet=st.sampled_from(list("ab1 ,.\n<|>_xyz")), max_size=40)
@@ -34,7 +35,7 @@ def count(method: LlamaCppTemplate, messages: list[dict[str, Any]]) -> int | Non
     return asyncio.run(method(fetch, Conversation("m", messages, {}, keys, b"scope")))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(MESSAGES, st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=4), TEXTS)
 def test_growing_counts_equal_the_whole_count(messages: list[dict[str, Any]], steps: list[int], edit: str) -> None:
     method = LlamaCppTemplate()

@@ -30,11 +30,12 @@ from proxy.pipeline.requests import InvalidChatRequest
 from proxy.pipeline.service import ChatCompactionService
 from proxy.server import create_app
 from proxy.server.logging import JsonFormatter
+from tests.support.examples import examples
 from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
 WINDOW = 2048
-FUZZ_EXAMPLES = 300
+FUZZ_EXAMPLES = examples(300)
 
 
 @dataclass
@@ -333,7 +334,7 @@ def test_the_server_still_serves_after_the_fuzzing(running: Running) -> None:
 ALL_STRATEGIES = [name for name in STRATEGY_NAMES if name != "summarization"]  # summarization needs a model to call
 
 
-@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     conversation=st.lists(messages, min_size=1, max_size=15),
     window=st.integers(min_value=16, max_value=4096),

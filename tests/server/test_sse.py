@@ -18,6 +18,7 @@ from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
 from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
+from tests.support.examples import examples
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
 HEADER = '"id":"c1","object":"chat.completion.chunk","created":1,"model":"m"'
@@ -243,7 +244,7 @@ def chunked(data: bytes, cut_points: list[int]) -> list[bytes]:
     return [data[start:end] for start, end in itertools.pairwise(bounds) if end > start]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
 def test_without_stripping_the_observer_relays_exactly_the_upstream_bytes(data: bytes, cut_points: list[int]) -> None:
     observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=False)
@@ -253,7 +254,7 @@ def test_without_stripping_the_observer_relays_exactly_the_upstream_bytes(data: 
     assert observer.stopped in (None, StopReason.EVENT_TOO_LONG)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
 def test_stripping_never_raises_and_leaves_a_stream_without_usage_as_it_was(data: bytes, cut_points: list[int]) -> None:
     observer = StreamObserver(CHAT_COMPLETIONS, strip_usage=True)
@@ -262,7 +263,7 @@ def test_stripping_never_raises_and_leaves_a_stream_without_usage_as_it_was(data
         assert relayed == data
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=SSE_LIKE, cut_points=st.lists(st.integers(min_value=0), max_size=20))
 def test_splitting_loses_nothing_and_finds_the_same_events_however_chunked(data: bytes, cut_points: list[int]) -> None:
     splitter = EventSplitter()

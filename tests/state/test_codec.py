@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from proxy.engine import COMPACTION_META_KEY
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.state.codec import FORMAT_VERSION, PlanDecodeError, decode_plan, encode_entry, encode_plan, supersedes
+from tests.support.examples import examples
 
 json_scalars = (
     st.none()
@@ -61,7 +62,7 @@ def plans(draw: st.DrawFn) -> EditPlan:
     return EditPlan(source_length, tuple(entries))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(plans())
 def test_round_trip_is_exact(plan: EditPlan) -> None:
     decoded = decode_plan(encode_plan(plan), plan.source_length)
@@ -69,7 +70,7 @@ def test_round_trip_is_exact(plan: EditPlan) -> None:
     assert encode_plan(decoded) == encode_plan(plan)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(plans())
 def test_created_messages_keep_their_key_order(plan: EditPlan) -> None:
     for original, decoded in zip(
@@ -174,7 +175,7 @@ def test_siblings_converge_whatever_order_they_land_in() -> None:
     assert not supersedes(drop_four, prune_seven)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(plans(), st.data())
 def test_composing_a_shrinking_compaction_always_supersedes(plan: EditPlan, data: Any) -> None:
     """Whatever the stored plan, a compaction that drops one of its entries, or replaces it with something smaller,

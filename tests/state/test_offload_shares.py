@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from proxy.state.base import StoreEvents
 from proxy.state.offload_memory import TenantOffloads, offload_cost
+from tests.support.examples import examples
 
 MAX_BYTES = 20_000
 MAX_ENTRIES = 12
@@ -20,7 +21,7 @@ def offloads(events: StoreEvents | None = None) -> TenantOffloads:
 writes = st.lists(st.tuples(st.sampled_from(TENANTS), st.integers(0, MAX_BYTES)), max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(writes)
 def test_the_bounds_hold_and_the_charges_add_up(sequence: list[tuple[bytes, int]]) -> None:
     store = offloads()
@@ -32,7 +33,7 @@ def test_the_bounds_hold_and_the_charges_add_up(sequence: list[tuple[bytes, int]
             assert store.get(tenant, f"ref-{number}") == "x" * size  # the result just written is always kept
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.integers(0, 2_000), min_size=1, max_size=MAX_ENTRIES // 2),
     st.lists(st.integers(0, MAX_BYTES // 2 - 200), max_size=80),

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from proxy.formats.chat_completions.request import ChatRequest
 from proxy.pipeline.requests import LEAN_PARSE_FROM_BYTES, InvalidChatRequest
+from tests.support.examples import examples
 
 PAD = "x" * LEAN_PARSE_FROM_BYTES
 
@@ -38,7 +39,7 @@ messages = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(messages=messages, extra=json_values)
 def test_a_large_body_parses_as_orjson_parses_it(messages: list[dict[str, Any]], extra: Any) -> None:
     raw = orjson.dumps({"model": "gpt-4o", "messages": messages, "metadata": extra, "pad": PAD})

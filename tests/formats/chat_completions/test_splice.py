@@ -29,6 +29,7 @@ from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.service import ChatCompactionService
 from tests.engine.conversations import conversations
+from tests.support.examples import examples
 
 MODEL = "gpt-4o-mini"
 HEADERS = {"Authorization": "Bearer sk-splice"}
@@ -92,7 +93,7 @@ def stored(service: ChatCompactionService) -> tuple[dict[bytes, Any], dict[bytes
     return anchors, rewrites
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     conversation=conversations(max_turns=5, max_steps=3),
     plan=turns(),
@@ -154,7 +155,7 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
         assert recognized == len(plan) - 1, "every request after the first extends the one before it"
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(sizes=st.lists(st.integers(min_value=1, max_value=3_000), min_size=1, max_size=30))
 async def test_what_is_remembered_never_costs_more_than_its_budget(sizes: list[int]) -> None:
     splices = Splices(RequestLimits(max_messages=100, max_content_parts=100), max_bytes=40_000, on_failure=pytest.fail)

@@ -25,6 +25,7 @@ from proxy.engine.messages import message_key
 from proxy.formats.responses.answers import answer_of
 from proxy.formats.responses.items import UNIT_KEY, Units, item_type
 from proxy.formats.responses.request import ResponsesRequest
+from tests.support.examples import examples
 
 COUNTER = ApproximateCounter()
 CHAINS = {
@@ -141,7 +142,7 @@ def compacted(conversation: Conversation, chain: list[str], fraction: float) -> 
     return items, units
 
 
-PROPERTIES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTIES = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("chain", CHAINS)

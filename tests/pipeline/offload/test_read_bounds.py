@@ -22,6 +22,7 @@ from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE, ReadBack
 from proxy.pipeline.offload.rounds import without_tools
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.state.memory import MemoryStore
+from tests.support.examples import examples
 from tests.support.openai_tokens import count_message_tokens
 
 TENANT = b"t"
@@ -63,7 +64,7 @@ texts = st.lists(st.text(max_size=4000), min_size=1, max_size=5, unique=True)
 asked = st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=40), min_size=1, max_size=4)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(texts, asked, st.integers(1, 8), st.integers(200, 30_000), st.integers(50, 8_000))
 def test_a_round_stays_within_its_bytes_and_tokens(
     texts: list[str], asked: list[list[int]], per_answer: int, max_bytes: int, room: int
