@@ -214,8 +214,10 @@ class Conversation:
         drawn = [block for block in original if block_type(block) != "tool_use"]
         rewritten = iter(_with_texts(drawn, message))
         calls = iter(message.get("tool_calls") or ())
-        blocks = [_rewritten_call(block, next(calls, None)) if block_type(block) == "tool_use" else next(rewritten)
-                  for block in original]
+        blocks = [
+            _rewritten_call(block, next(calls, None)) if block_type(block) == "tool_use" else next(rewritten)
+            for block in original
+        ]
         return {**source, "content": blocks}
 
 

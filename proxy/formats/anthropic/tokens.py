@@ -105,7 +105,7 @@ def _pdf_tokens(data: str) -> int:
         pdf = base64.b64decode(data, validate=False)
     except (binascii.Error, ValueError):
         return 1 + len(data) // PDF_BYTES_PER_TOKEN
-    pages = pdf.count(b"/Type /Page") - pdf.count(b"/Type /Pages") + pdf.count(b"/Type/Page") - pdf.count(b"/Type/Pages")
+    pages = sum(pdf.count(b"/Type%b/Page" % gap) - pdf.count(b"/Type%b/Pages" % gap) for gap in (b" ", b""))
     if pages > 0:
         return pages * PDF_PAGE_TOKENS
     return max(PDF_PAGE_TOKENS, 1 + len(pdf) // PDF_BYTES_PER_TOKEN)
