@@ -132,28 +132,22 @@ class Conversation:
                 thought = False
         return cls(system, messages, engine, sources)
 
-    def forwarded(self, engine: Sequence[Message]) -> tuple[Any, list[Mapping[str, Any]], list[int | None]]:
-        """The `system` and `messages` for the engine's `engine` messages (made from this conversation).
-
-        :returns: The system (this request's own unless the engine rewrote it), the messages, and for each message
-            the position in this request's `messages` it came from (None for a message the engine created).
-        """
-        system = self.system
-        out: list[Mapping[str, Any]] = []
-        origins: list[int | None] = []
+    def forwarded(self, engine: Sequence[Message]) -> Mapped:
+        """The `system` and `messages` for the engine's `engine` messages (made from this conversation)."""
+        mapped = Mapped(self.system, [], [], [])
         pending: list[Message] = []
         for message in engine:
             unit = self._unit(message)
             if unit is not None and self.sources[unit].message == SYSTEM:
-                system = self.system if message is self.engine[unit] else _rewritten_system(self.system, message)
+                mapped.system = self.system if message is self.engine[unit] else _rewritten_system(self.system, message)
+                mapped.positions.append(None)
             elif role_of(message) == "assistant":
-                self._flush(pending, out, origins)
-                out.append(self._assistant(unit, message))
-                origins.append(None if unit is None else self.sources[unit].message)
+                self._flush(pending, mapped)
+                mapped.add(self._assistant(unit, message), None if unit is None else self.sources[unit].message, 1)
             else:
                 pending.append(message)
-        self._flush(pending, out, origins)
-        return system, out, origins
+        self._flush(pending, mapped)
+        return mapped
 
     def _unit(self, message: Message) -> int | None:
         unit = message.get(UNIT_KEY)
@@ -161,15 +155,14 @@ class Conversation:
             return unit
         return None
 
-    def _flush(self, pending: list[Message], out: list[Mapping[str, Any]], origins: list[int | None]) -> None:
+    def _flush(self, pending: list[Message], mapped: Mapped) -> None:
         """Turn a run of non-assistant engine messages into messages: whole originals where nothing changed."""
         start = 0
         while start < len(pending):
             unit = self._unit(pending[start])
             end = start + 1
             if unit is None:
-                out.append(_new_message(pending[start]))
-                origins.append(None)
+                mapped.add(_new_message(pending[start]), None, 1)
                 start = end
                 continue
             origin = self.sources[unit].message
@@ -177,8 +170,7 @@ class Conversation:
                 if self.sources[other].message != origin:
                     break
                 end += 1
-            out.append(self._user_side(origin, pending[start:end]))
-            origins.append(origin)
+            mapped.add(self._user_side(origin, pending[start:end]), origin, end - start)
             start = end
         pending.clear()
 
@@ -219,6 +211,28 @@ class Conversation:
             for block in original
         ]
         return {**source, "content": blocks}
+
+
+@dataclass
+class Mapped:
+    """What the engine's messages map back to.
+
+    :param system: The `system` to send (the request's own unless the engine rewrote it).
+    :param messages: The `messages` to send.
+    :param origins: For each of `messages`, its position in the request's `messages` (None: compaction created it).
+    :param positions: For each engine message, the position in `messages` it went into (None for the system).
+    """
+
+    system: Any
+    messages: list[Mapping[str, Any]]
+    origins: list[int | None]
+    positions: list[int | None]
+
+    def add(self, message: Mapping[str, Any], origin: int | None, engine_messages: int) -> None:
+        """Append `message`, standing for the next `engine_messages` engine messages."""
+        self.positions.extend([len(self.messages)] * engine_messages)
+        self.messages.append(message)
+        self.origins.append(origin)
 
 
 def _all(blocks: Sequence[Any]) -> tuple[int, ...]:

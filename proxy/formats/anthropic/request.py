@@ -15,7 +15,7 @@ from typing import Any
 from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
-from proxy.formats.anthropic.blocks import Conversation
+from proxy.formats.anthropic.blocks import Conversation, Mapped
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 
 
@@ -85,8 +85,8 @@ class MessagesRequest:
             raise InvalidChatRequest("The request's `system` must be a string or a list of text blocks.")
         return cls(body, Conversation.of(system, messages))
 
-    def mapped(self, engine: Sequence[Message]) -> tuple[Any, list[Mapping[str, Any]], list[int | None]]:
-        """The `system`, `messages` and their origins for the engine's messages (see `Conversation.forwarded`)."""
+    def mapped(self, engine: Sequence[Message]) -> Mapped:
+        """The `system` and `messages` for the engine's messages, with where each came from and went."""
         return self.conversation.forwarded(engine)
 
     def unchanged(self, system: Any, messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -102,8 +102,8 @@ class MessagesRequest:
         """The body to send: `raw` when `engine` is None or maps back to this very request, else the new body."""
         if engine is None:
             return raw
-        system, messages, _origins = self.mapped(engine)
-        return self.body_with(raw, system, messages)
+        mapped = self.mapped(engine)
+        return self.body_with(raw, mapped.system, mapped.messages)
 
     def body_with(self, raw: bytes, system: Any, messages: Sequence[Mapping[str, Any]], **fields: Any) -> bytes:
         """The body with this `system`, these `messages` and `fields` set: `raw` itself when that changes nothing."""
