@@ -259,7 +259,8 @@ def _check_turn_starts_thinking(body: Mapping[str, Any]) -> None:
     while position >= 2 and all(_type(block) == "tool_result" for block in blocks_of(messages[position - 1])):
         position -= 2
     first = blocks_of(messages[position])
-    if messages[position].get("role") == "assistant" and first and _type(first[0]) not in THINKING:
+    # A compaction block stands for everything before it: the API reads the conversation from there.
+    if messages[position].get("role") == "assistant" and first and _type(first[0]) not in (*THINKING, "compaction"):
         raise AnthropicError(
             f"messages.{position}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
             f"`{_type(first[0])}`. When `thinking` is enabled, a final `assistant` message must start with a thinking "

@@ -17,8 +17,9 @@ documentation prescribes for a history that was rewritten, where a 400 would end
 do not bind (`binds_prefix` false), a thinking block is checked on its own content only, so nothing is dropped.
 
 The baseline a change is measured against is what the blocks were produced with: the previous forwarded request
-plus what the client appended since (`first_change`), so replaying the same compaction turn after turn keeps every
-thinking block produced after it.
+plus what the client appended since. Messages the previous forward stripped of their thinking match it stripped, so
+replaying the same compaction turn after turn sends the same bytes (the prompt cache keeps hitting) and keeps every
+thinking block the model produced after it.
 
 **At most four cache breakpoints** (`MAX_BREAKPOINTS`) in a request, the client's own included (`breakpoints`).
 The proxy adds one of its own, only while the request has fewer (`with_breakpoint`), at the end of the compacted
@@ -99,30 +100,19 @@ def same_message(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     return one is other or without_cache_control(one) == without_cache_control(other)
 
 
-def first_change(forwarded: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> int | None:
-    """The position of the first message of `forwarded` that is not the one at its place in `baseline`.
-
-    :param baseline: What the thinking blocks in `forwarded` were produced with: the messages of the previous
-        forwarded request plus what the client appended since (the client's own messages when nothing was rewritten).
-    :returns: That position, or None when `forwarded` is `baseline` or a prefix of it.
-    """
-    for position, message in enumerate(forwarded):
-        if position >= len(baseline) or not same_message(message, baseline[position]):
-            return position
-    return None
-
-
 @dataclass(frozen=True)
 class Bound:
     """Messages made valid for a model that binds thinking to its prefix.
 
     :param messages: The messages to forward.
+    :param origins: For each, its position in the client's messages (None for a message compaction created).
     :param drop_block: Whether the request must opt into `"drop_block"` (`with_drop_block`): the continued turn's
         thinking follows a change.
     :param dropped: How many thinking blocks the proxy dropped.
     """
 
     messages: list[Mapping[str, Any]]
+    origins: list[int | None]
     drop_block: bool
     dropped: int
 
@@ -131,36 +121,61 @@ def bind_thinking(
     messages: Sequence[Mapping[str, Any]],
     origins: Sequence[int | None],
     source: Sequence[Mapping[str, Any]],
-    change: int | None,
     model: str | None,
+    *,
+    baseline: Sequence[Mapping[str, Any]] | None = None,
+    head_changed: bool = False,
 ) -> Bound:
     """`messages` with the thinking blocks that a change before them invalidates dropped (see the module docstring).
+
+    Messages are compared with `baseline` in order while they match it, as they are or as the previous forward
+    stripped them of thinking (then stripped again, so a replay sends the same bytes); from the first one that does
+    not, every thinking block goes but the continued turn's.
 
     :param messages: The mapped messages (`Conversation.forwarded`).
     :param origins: For each, its position in `source` (None for a message compaction created).
     :param source: The client's messages, as it sent them.
-    :param change: The first position where `messages` changed (`first_change`); 0 when `system` or `tools` did.
     :param model: The requested model.
+    :param baseline: What the thinking blocks were produced with: the previous forwarded messages plus what the
+        client appended since; `source` when None (nothing was rewritten before).
+    :param head_changed: Whether `system` or `tools` differ from what they were produced with: a change before all.
     """
-    if change is None or not binds_prefix(model):
-        return Bound(list(messages), False, 0)
+    if not binds_prefix(model):
+        return Bound(list(messages), list(origins), False, 0)
+    reference = source if baseline is None else baseline
     continued = continued_turn(source)
-    kept: list[Mapping[str, Any]] = list(messages[:change])
-    drop_block = False
-    dropped = 0
-    for message, origin in zip(messages[change:], origins[change:], strict=True):
-        thinking = [block for block in content_blocks(message) if block_type(block) in THINKING]
-        if not thinking or message.get("role") != "assistant":
-            kept.append(message)
-        elif origin is not None and origin in continued:
-            kept.append(message)
-            drop_block = True
+    kept: list[Mapping[str, Any]] = []
+    kept_origins: list[int | None] = []
+    changed, drop_block, dropped = head_changed, False, 0
+    for position, (message, origin) in enumerate(zip(messages, origins, strict=True)):
+        thinking = _thinking_count(message)
+        stripped = _without_thinking(message) if thinking else message
+        was = reference[position] if position < len(reference) else None
+        sent: Mapping[str, Any] | None = message
+        if not changed and was is not None and same_message(message, was):
+            pass
+        elif not changed and was is not None and stripped is not None and same_message(stripped, was):
+            sent, dropped = stripped, dropped + thinking
+        elif thinking and origin is not None and origin in continued:
+            changed, drop_block = True, True
         else:
-            dropped += len(thinking)
-            rest = [block for block in content_blocks(message) if block_type(block) not in THINKING]
-            if rest:
-                kept.append({**message, "content": rest})
-    return Bound(kept, drop_block, dropped)
+            changed, sent, dropped = True, stripped, dropped + thinking
+        if sent is not None:
+            kept.append(sent)
+            kept_origins.append(origin)
+    return Bound(kept, kept_origins, drop_block, dropped)
+
+
+def _thinking_count(message: Mapping[str, Any]) -> int:
+    if message.get("role") != "assistant":
+        return 0
+    return sum(1 for block in content_blocks(message) if block_type(block) in THINKING)
+
+
+def _without_thinking(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message without its thinking blocks; None when nothing else is left of it."""
+    rest = [block for block in content_blocks(message) if block_type(block) not in THINKING]
+    return {**message, "content": rest} if rest else None
 
 
 def with_drop_block(thinking: Any) -> Any:
