@@ -29,11 +29,12 @@ TOKEN_PIXELS: Final = 750
 MAX_IMAGE_EDGE: Final = 1568
 """The long side the API scales a larger image down to, in pixels."""
 
-MAX_IMAGE_PIXELS: Final = 1_150_000
-"""The most pixels an image keeps after the API scales it (about 1.15 megapixels)."""
+MAX_IMAGE_PIXELS: Final = 784 * 1568
+"""The most pixels an image keeps after the API scales it: the largest size in Anthropic's table of images that are
+not resized (784 x 1568, about 1.2 megapixels; 1092 x 1092 fits too)."""
 
 UNKNOWN_IMAGE_TOKENS: Final = math.ceil(MAX_IMAGE_PIXELS / TOKEN_PIXELS)
-"""The charge for an image whose size cannot be read: the most any image costs (1,534 tokens)."""
+"""The charge for an image whose size cannot be read: the most any image costs (1,640 tokens)."""
 
 PDF_PAGE_TOKENS: Final = 3000 + UNKNOWN_IMAGE_TOKENS
 """A PDF page: up to about 3,000 tokens of extracted text plus the page as an image."""
