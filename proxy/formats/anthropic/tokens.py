@@ -8,6 +8,8 @@
   URL or file id as `UNKNOWN_DOCUMENT_TOKENS`.
 - **Tools** are read by the model as their JSON schemas after a tool-use system prompt (`tool_prompt_tokens`): the
   engine counts them rendered as Chat Completions functions (`chat_tools`), their JSON when they are server tools.
+- **Exact counts**: `POST /v1/messages/count_tokens` counts a request for free (rate-limited); `count_tokens_body` is
+  the body it takes for a request: its counted fields only.
 - **Windows**: the shipped table (`proxy.windows`) holds each Claude family's window; a model that offers the 1M-token
   context beta has it when the request's `anthropic-beta` header names `CONTEXT_1M_BETA` (`window_for`).
 """
@@ -19,6 +21,8 @@ import binascii
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+
+import orjson
 
 from proxy.engine.images import data_url_image_size
 from proxy.windows import table_window
@@ -62,6 +66,9 @@ ONE_MILLION: Final = 1_000_000
 ONE_MILLION_BETA_MODELS: Final = ("claude-sonnet-4",)
 """Model-name prefixes whose 1M-token window is a beta the request opts into (Sonnet 4 and 4.5); later models
 listed with 1M tokens in the table have it without a header."""
+
+COUNTED_FIELDS: Final = ("model", "system", "tools", "tool_choice", "thinking", "messages")
+"""The fields `POST /v1/messages/count_tokens` takes: what the prompt is made of (no `max_tokens`, no `stream`)."""
 
 _MAX_HEADER_CHARS: Final = 350_000
 """Base64 characters of an image handed to the header reader: enough for any header it reads."""
@@ -110,6 +117,11 @@ def _pdf_tokens(data: str) -> int:
     if pages > 0:
         return pages * PDF_PAGE_TOKENS
     return max(PDF_PAGE_TOKENS, 1 + len(pdf) // PDF_BYTES_PER_TOKEN)
+
+
+def count_tokens_body(fields: Mapping[str, Any]) -> bytes:
+    """The `count_tokens` body counting what a request with these fields sends, in the fields' own order."""
+    return orjson.dumps({key: value for key, value in fields.items() if key in COUNTED_FIELDS})
 
 
 def chat_tools(tools: Any) -> list[Any]:

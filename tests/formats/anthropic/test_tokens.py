@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
@@ -14,6 +15,7 @@ from proxy.formats.anthropic.tokens import (
     CONTEXT_1M_BETA,
     UNKNOWN_IMAGE_TOKENS,
     betas,
+    count_tokens_body,
     document_tokens,
     image_block_tokens,
     image_size_tokens,
@@ -21,6 +23,7 @@ from proxy.formats.anthropic.tokens import (
     window_for,
 )
 from tests.support.anthropic_conversations import png
+from tests.support.anthropic_upstream import AnthropicUpstream
 
 
 def image(width: int, height: int) -> dict[str, Any]:
@@ -102,3 +105,17 @@ def test_the_window_of_a_claude_model_for_a_request(model: str, headers: Any, wi
 
 def test_betas_are_read_from_every_header() -> None:
     assert betas([("anthropic-beta", "a,b"), ("x", "c"), ("ANTHROPIC-BETA", " d ")]) == {"a", "b", "d"}
+
+
+async def test_the_count_tokens_body_counts_what_the_request_sends() -> None:
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 10, "stream": True, "tools": TOOLS_COUNTED, "messages": [
+        {"role": "user", "content": "How long is this?"}]}  # fmt: skip
+    async with AnthropicUpstream() as upstream, aiohttp.ClientSession() as http:
+        url = upstream.base_url + "/v1/messages/count_tokens"
+        async with http.post(url, data=count_tokens_body(body), headers={"content-type": "application/json"}) as answer:
+            counted = (await answer.json())["input_tokens"]
+    message = AnthropicUpstream().answer({**body, "stream": False}, {})
+    assert counted == message["usage"]["input_tokens"] > 0
+
+
+TOOLS_COUNTED: list[Any] = [{"name": "search", "input_schema": {"type": "object"}}]
