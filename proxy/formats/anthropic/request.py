@@ -13,7 +13,6 @@ from functools import cached_property
 from typing import Any
 
 from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
-from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import Conversation, Mapped
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
@@ -97,19 +96,6 @@ class MessagesRequest:
             and len(messages) == len(own)
             and all(message is original for message, original in zip(messages, own, strict=True))
         )
-
-    def forwarded(self, raw: bytes, engine: Sequence[Message] | None) -> bytes:
-        """The body to send: `raw` when `engine` is None or maps back to this very request, else the new body."""
-        if engine is None:
-            return raw
-        mapped = self.mapped(engine)
-        return self.body_with(raw, mapped.system, mapped.messages)
-
-    def body_with(self, raw: bytes, system: Any, messages: Sequence[Mapping[str, Any]], **fields: Any) -> bytes:
-        """The body with this `system`, these `messages` and `fields` set: `raw` itself when that changes nothing."""
-        if not fields and self.unchanged(system, messages):
-            return raw
-        return json_bytes(self.fields_with(system, messages, **fields))
 
     def fields_with(self, system: Any, messages: Sequence[Mapping[str, Any]], **fields: Any) -> dict[str, Any]:
         """The request's fields, in their order, with this `system`, these `messages` and `fields` set.
