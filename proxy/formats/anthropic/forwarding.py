@@ -48,6 +48,7 @@ def forward(
     *,
     baseline: Sequence[Mapping[str, Any]] | None = None,
     tools_changed: bool = False,
+    kept_drop_block: bool = False,
 ) -> Forward:
     """The body for the engine's `engine` messages (made from `request`, whose body is `raw`).
 
@@ -55,10 +56,13 @@ def forward(
         messages plus what the client appended since; the client's own messages when None.
     :param tools_changed: Whether the forwarded `tools` differ from what the thinking was produced with (the read
         tool added or removed): a change before every message.
+    :param kept_drop_block: Whether an earlier forward of this conversation opted into `drop_block`. The blocks it
+        let through stay bound to a prefix that is gone, so every later request opts in too, as Anthropic's
+        documentation prescribes ("send it on every request after that in the conversation").
     """
     mapped = request.mapped(engine)
     source = request.conversation.messages
-    if not tools_changed and request.unchanged(mapped.system, mapped.messages):
+    if not (tools_changed or kept_drop_block) and request.unchanged(mapped.system, mapped.messages):
         return Forward(raw)
     head_changed = tools_changed or mapped.system is not request.conversation.system
     bound = bind_thinking(
@@ -67,7 +71,8 @@ def forward(
     fields = request.fields_with(mapped.system, bound.messages)
     beta = None
     thinking = fields.get("thinking")
-    if bound.drop_block and not (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+    opts_in = bound.drop_block or kept_drop_block
+    if opts_in and not (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
         fields["thinking"] = with_drop_block(thinking)
         beta = THINKING_BINDING_BETA
     end = compacted_prefix_end(bound.messages, bound.origins, source)

@@ -96,8 +96,18 @@ def without_cache_control(value: Any) -> Any:
 
 
 def same_message(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
-    """Whether two messages read the same to the prefix check (the same object, or equal but for `cache_control`)."""
-    return one is other or without_cache_control(one) == without_cache_control(other)
+    """Whether two messages read the same to the prefix check.
+
+    The same object, or equal but for `cache_control` and for text given as a string or as one text block (the
+    proxy's breakpoint turns the one into the other).
+    """
+    return one is other or _compared(one) == _compared(other)
+
+
+def _compared(message: Mapping[str, Any]) -> Any:
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return without_cache_control({**message, "content": blocks})
 
 
 @dataclass(frozen=True)

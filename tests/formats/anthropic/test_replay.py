@@ -2,7 +2,8 @@
 replays its rewrites, against the strict upstream: on a binding and a non-binding model, with thinking and tool use.
 
 Each turn the client sends its whole history (its own breakpoint moved to the newest message, as Claude Code does).
-The remembered plan is extended over what was appended and, when the estimate passes the trigger, compacted further;
+The remembered plan is extended over what was appended and, when the estimate passes the trigger, compacted further
+(between turns, or in the middle of a tool-use turn, where the continued turn's thinking needs `drop_block`);
 `forward` maps it back with the previous forwarded messages as the baseline. No request may be refused, the thinking
 the model produced after a compaction must come back to it, and the replayed prefix must be read from the cache.
 """
@@ -18,6 +19,7 @@ from proxy.engine import ApproximateCounter, Transcript, chain_by_names
 from proxy.engine.plan import EditPlan
 from proxy.formats.anthropic.forwarding import forward
 from proxy.formats.anthropic.request import MessagesRequest
+from proxy.formats.anthropic.rules import continued_turn
 from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 
 WINDOW = 6000
@@ -38,11 +40,13 @@ def with_breakpoint_last(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 class Proxy:
     """The pipeline's part in this test: rewrite memory (one plan), the trigger, and `forward`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, mid_turn: bool) -> None:
+        self.mid_turn = mid_turn
         self.plan: EditPlan | None = None
         self.sent: list[Any] = []
         self.client_length = 0
         self.dropped: list[int] = []
+        self.drop_block = False
 
     def forwarded(self, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
         raw = orjson.dumps(body)
@@ -50,23 +54,27 @@ class Proxy:
         engine = request.messages
         plan = self.plan.extended(len(engine)) if self.plan is not None else EditPlan.identity(len(engine))
         view = Transcript(plan.apply_messages(engine), COUNTER)
-        if view.total() > 0.7 * WINDOW:
+        if view.total() > 0.7 * WINDOW and bool(continued_turn(request.conversation.messages)) is self.mid_turn:
             result = CHAIN.compact(view, int(0.4 * WINDOW))
             plan = plan.then(result.plan) if result is not None else plan
         self.plan = None if plan.is_identity else plan
         tail = request.conversation.messages[self.client_length :]
         baseline = [*self.sent, *tail] if self.sent else None
-        sent = forward(request, raw, plan.apply_messages(engine), baseline=baseline)
+        sent = forward(request, raw, plan.apply_messages(engine), baseline=baseline, kept_drop_block=self.drop_block)
+        self.drop_block = self.drop_block or sent.beta is not None
         self.sent = orjson.loads(sent.body)["messages"]
         self.client_length = len(body["messages"])
         self.dropped.append(sent.dropped_thinking)
         return sent.body, {"anthropic-beta": sent.beta} if sent.beta else {}
 
 
+@pytest.mark.parametrize("mid_turn", [False, True], ids=["between-turns", "mid-turn"])
 @pytest.mark.parametrize("model", ["claude-sonnet-4-5", "claude-fable-5-1"])
-async def test_a_long_conversation_replays_without_a_refusal_and_reads_its_prefix_from_the_cache(model: str) -> None:
+async def test_a_long_conversation_replays_without_a_refusal_and_reads_its_prefix_from_the_cache(
+    model: str, mid_turn: bool
+) -> None:
     upstream = AnthropicUpstream(context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60))
-    proxy = Proxy()
+    proxy = Proxy(mid_turn=mid_turn)
     system = [{"type": "text", "text": "You are a careful agent. " * 60, "cache_control": {"type": "ephemeral"}}]
     messages: list[dict[str, Any]] = []
     prompt = cached = 0
