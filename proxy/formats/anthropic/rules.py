@@ -19,7 +19,11 @@ do not bind (`binds_prefix` false), a thinking block is checked on its own conte
 The baseline a change is measured against is what the blocks were produced with: the previous forwarded request
 plus what the client appended since. Messages the previous forward stripped of their thinking match it stripped, so
 replaying the same compaction turn after turn sends the same bytes (the prompt cache keeps hitting) and keeps every
-thinking block the model produced after it.
+thinking block the model produced after it. A block let through under `"drop_block"` stays bound to a prefix that is
+gone, so once a conversation opted in, every later request does too (`forwarding.forward(kept_drop_block=True)`), as
+the documentation prescribes; the API then drops that block and the later ones. Compacting between turns (when the
+final message is not tool results) never needs the opt-in, so on a binding model that is the better moment whenever
+the request still fits.
 
 **At most four cache breakpoints** (`MAX_BREAKPOINTS`) in a request, the client's own included (`breakpoints`).
 The proxy adds one of its own, only while the request has fewer (`with_breakpoint`), at the end of the compacted
