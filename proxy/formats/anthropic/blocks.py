@@ -89,12 +89,14 @@ class Conversation:
     :param messages: The `messages`, as sent.
     :param engine: One engine message per unit, the system first when present.
     :param sources: For each engine message, what it stands for.
+    :param units: For each of `messages`, the engine messages standing for it (consecutive).
     """
 
     system: Any
     messages: Sequence[Mapping[str, Any]]
     engine: list[Message]
     sources: list[Source]
+    units: list[range]
 
     @classmethod
     def of(cls, system: Any, messages: Sequence[Mapping[str, Any]]) -> Conversation:
@@ -109,7 +111,9 @@ class Conversation:
         if system is not None:
             add({"role": "system", "content": _engine_content(system)}, Source(SYSTEM, ()))
         thought = False  # whether the current tool-use turn's first response thought
+        units: list[range] = []
         for position, message in enumerate(messages):
+            first = len(engine)
             blocks = content_blocks(message)
             role = message.get("role")
             if role == "assistant":
@@ -119,10 +123,10 @@ class Conversation:
                 add({**reply, **({CONTINUES_STEP: True} if continues else {})}, Source(position, _all(blocks)))
                 thought = (own_thinking or continues) and "tool_calls" in reply
             elif role == "user" and any(block_type(block) == "tool_result" for block in blocks):
-                results = tuple(index for index, block in enumerate(blocks) if block_type(block) == "tool_result")
+                results = [index for index, block in enumerate(blocks) if block_type(block) == "tool_result"]
                 for index in results:
                     add(_tool_message(blocks[index]), Source(position, (index,)))
-                rest = tuple(index for index in range(len(blocks)) if index not in results)
+                rest = tuple(index for index, block in enumerate(blocks) if block_type(block) != "tool_result")
                 if rest:
                     parts = [_engine_part(blocks[index]) for index in rest]
                     add({"role": "user", "content": parts}, Source(position, rest))
@@ -130,7 +134,8 @@ class Conversation:
             else:
                 add({"role": role, "content": _engine_content(message.get("content"))}, Source(position, _all(blocks)))
                 thought = False
-        return cls(system, messages, engine, sources)
+            units.append(range(first, len(engine)))
+        return cls(system, messages, engine, sources, units)
 
     def forwarded(self, engine: Sequence[Message]) -> Mapped:
         """The `system` and `messages` for the engine's `engine` messages (made from this conversation)."""
@@ -177,7 +182,7 @@ class Conversation:
     def _user_side(self, origin: int, run: Sequence[Message]) -> Mapping[str, Any]:
         """The message `origin` as the engine kept it in `run`: the original when whole, else rebuilt results first."""
         units = [self._unit(message) for message in run]
-        mine = [index for index, source in enumerate(self.sources) if source.message == origin]
+        mine = list(self.units[origin])
         if units == mine and all(message is self.engine[index] for message, index in zip(run, mine, strict=True)):
             return self.messages[origin]
         source = self.messages[origin]
