@@ -60,7 +60,18 @@ KNOWN_CONTEXT_WINDOWS: Mapping[str, int] = {
     "deepseek-chat": 65_536,
     "deepseek-reasoner": 65_536,
     "gemma-3": 131_072,
+    # Anthropic (platform.claude.com "Context windows": the models named there have 1M tokens, the others 200k;
+    # Sonnet 4 and 4.5 reach 1M with a beta header, see `proxy.formats.anthropic.tokens.window_for`)
     "claude": 200_000,
+    "claude-opus-4-6": 1_000_000,
+    "claude-opus-4-7": 1_000_000,
+    "claude-opus-4-8": 1_000_000,
+    "claude-sonnet-4-6": 1_000_000,
+    "claude-opus-5": 1_000_000,
+    "claude-sonnet-5": 1_000_000,
+    "claude-haiku-5-5": 1_000_000,
+    "claude-fable-5": 1_000_000,
+    "claude-mythos-5": 1_000_000,
     "gemini-2": 1_048_576,
 }
 

@@ -1,0 +1,81 @@
+"""The body a compacted Messages request is forwarded with: the engine's messages mapped back, then the API's rules.
+
+`forward` is the one step the pipeline calls with what the engine returned: it maps the messages back
+(`MessagesRequest.mapped`), drops the thinking blocks a change before them invalidates and opts the continued turn
+into `drop_block` (`rules.bind_thinking`, `rules.with_drop_block`), and marks the end of the compacted prefix as a
+cache breakpoint while the request has room for one (`rules.with_breakpoint`). When the engine's messages map back to
+the request itself, the client's bytes go as they came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.engine.json_bytes import json_bytes
+from proxy.engine.messages import Message
+from proxy.formats.anthropic.request import MessagesRequest
+from proxy.formats.anthropic.rules import (
+    THINKING_BINDING_BETA,
+    bind_thinking,
+    compacted_prefix_end,
+    with_breakpoint,
+    with_drop_block,
+)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What to send upstream.
+
+    :param body: The body: the client's own bytes when nothing changed.
+    :param beta: An `anthropic-beta` value the request must also send (`rules.with_beta`), or None.
+    :param dropped_thinking: How many thinking blocks the proxy dropped.
+    :param breakpoint: The message the proxy's cache breakpoint went on, or None.
+    """
+
+    body: bytes
+    beta: str | None = None
+    dropped_thinking: int = 0
+    breakpoint: int | None = None
+
+
+def forward(
+    request: MessagesRequest,
+    raw: bytes,
+    engine: Sequence[Message],
+    *,
+    baseline: Sequence[Mapping[str, Any]] | None = None,
+    tools_changed: bool = False,
+    kept_drop_block: bool = False,
+) -> Forward:
+    """The body for the engine's `engine` messages (made from `request`, whose body is `raw`).
+
+    :param baseline: What the thinking blocks were produced with (`rules.bind_thinking`): the previous forwarded
+        messages plus what the client appended since; the client's own messages when None.
+    :param tools_changed: Whether the forwarded `tools` differ from what the thinking was produced with (the read
+        tool added or removed): a change before every message.
+    :param kept_drop_block: Whether an earlier forward of this conversation opted into `drop_block`. The blocks it
+        let through stay bound to a prefix that is gone, so every later request opts in too, as Anthropic's
+        documentation prescribes ("send it on every request after that in the conversation").
+    """
+    mapped = request.mapped(engine)
+    source = request.conversation.messages
+    if not (tools_changed or kept_drop_block) and request.unchanged(mapped.system, mapped.messages):
+        return Forward(raw)
+    head_changed = tools_changed or mapped.system is not request.conversation.system
+    bound = bind_thinking(
+        mapped.messages, mapped.origins, source, request.model, baseline=baseline, head_changed=head_changed
+    )
+    fields = request.fields_with(mapped.system, bound.messages)
+    beta = None
+    thinking = fields.get("thinking")
+    opts_in = bound.drop_block or kept_drop_block
+    if opts_in and not (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+        fields["thinking"] = with_drop_block(thinking)
+        beta = THINKING_BINDING_BETA
+    end = compacted_prefix_end(bound.messages, bound.origins, source)
+    if end is not None:
+        fields["messages"] = with_breakpoint(fields, end)
+    return Forward(json_bytes(fields), beta, bound.dropped, end)

@@ -1,0 +1,108 @@
+"""A Messages API request body (`POST /v1/messages`), parsed once and checked just enough for compaction.
+
+Only what compaction relies on is checked: a JSON object whose `messages` is a list of objects and whose `system`, if
+any, is a string or a list of blocks, within the proxy's limits (messages count as messages, content blocks as content
+parts). Anything else is the API's to judge: the proxy forwards it untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.engine.messages import Message
+from proxy.formats.anthropic.blocks import Conversation, Mapped
+from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
+
+
+@dataclass(frozen=True)
+class MessagesRequest:
+    """A parsed Messages API request.
+
+    :param body: The whole parsed body; never modified.
+    :param conversation: Its `system` and `messages` as the engine's messages.
+    """
+
+    body: Mapping[str, Any]
+    conversation: Conversation
+
+    @property
+    def messages(self) -> list[Message]:
+        """The engine's messages: the system, then the units of `messages`."""
+        return self.conversation.engine
+
+    @property
+    def model(self) -> str | None:
+        """The requested model, if named."""
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def stream(self) -> bool:
+        """Whether a streamed (SSE) response was asked for."""
+        return self.body.get("stream") is True
+
+    @property
+    def manages_context(self) -> bool:
+        """Whether the client set the API's own context management (`context_management`: clearing, compaction)."""
+        return bool(self.body.get("context_management"))
+
+    @property
+    def reserved_tokens(self) -> int:
+        """The tokens the request reserves for its reply: `max_tokens`."""
+        return reserved(self.body, "max_tokens")
+
+    @cached_property
+    def overhead_fields(self) -> Mapping[str, Any]:
+        """The fields the engine counts besides the messages, in Chat Completions terms: the tools."""
+        tools = chat_tools(self.body.get("tools"))
+        return {"tools": tools} if tools else {}
+
+    @property
+    def tool_prompt_tokens(self) -> int:
+        """Tokens the API's tool-use system prompt adds, which the engine's overhead does not count."""
+        return tool_prompt_tokens(self.body)
+
+    @classmethod
+    def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> MessagesRequest:
+        """Parse and check a request body.
+
+        :raises InvalidChatRequest: If it is not JSON, not an object, has no list of message objects, or its `system`
+            is neither text nor a list of blocks.
+        :raises RequestOverLimit: If it holds more messages or content blocks than `limits` allow.
+        """
+        body = json_object(raw)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise InvalidChatRequest("The request has no `messages` list.")
+        checked_objects(messages, "messages", limits)
+        system = body.get("system")
+        if system is not None and not isinstance(system, (str, list)):
+            raise InvalidChatRequest("The request's `system` must be a string or a list of text blocks.")
+        return cls(body, Conversation.of(system, messages))
+
+    def mapped(self, engine: Sequence[Message]) -> Mapped:
+        """The `system` and `messages` for the engine's messages, with where each came from and went."""
+        return self.conversation.forwarded(engine)
+
+    def unchanged(self, system: Any, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether `system` and `messages` are this request's own, object for object."""
+        own = self.conversation.messages
+        return (
+            system is self.conversation.system
+            and len(messages) == len(own)
+            and all(message is original for message, original in zip(messages, own, strict=True))
+        )
+
+    def fields_with(self, system: Any, messages: Sequence[Mapping[str, Any]], **fields: Any) -> dict[str, Any]:
+        """The request's fields, in their order, with this `system`, these `messages` and `fields` set.
+
+        What is forwarded, and what a summary call repeats before its instruction (`proxy.formats.anthropic.summary`).
+        """
+        document = {**self.body, "messages": list(messages), **fields}
+        if system is not None:
+            document["system"] = system
+        return document

@@ -1,0 +1,268 @@
+"""A fake Anthropic Messages API on loopback, as strict as the real one on what the proxy could get wrong.
+
+`POST /v1/messages` checks a request by the rules in `tests.support.anthropic_rules` (with the API's error bodies),
+counts its tokens, refuses a prompt over the model's window with the API's overflow texts, and answers from the
+responder: as one JSON message, or streamed as the API streams (`message_start`, then for each block
+`content_block_start`, its deltas and `content_block_stop`, a `ping`, `message_delta` with the cumulative usage,
+`message_stop`). Every thinking block it emits is signed (`Signer`): over its text, and on a binding model over
+everything before it, so a block sent back after its prefix changed fails as it does at Anthropic.
+
+Prompt caching follows the API's prefix rule: a request's `cache_control` breakpoints write the prefix ending at
+each of them; a later request reads the longest written prefix ending at one of its own breakpoints or at most
+`LOOKBACK_BLOCKS` blocks before one (`cache_read_input_tokens`), and writes the rest up to its last breakpoint
+(`cache_creation_input_tokens`); `input_tokens` is what follows. Prefixes under `MIN_CACHE_TOKENS` are not cached.
+
+`POST /v1/messages/count_tokens` answers `{"input_tokens": N}` for what a create request would count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from aiohttp import web
+
+from tests.support.anthropic_rules import (
+    AnthropicError,
+    Segment,
+    Signer,
+    binds,
+    block_tokens,
+    blocks_of,
+    check_breakpoints,
+    check_pairing,
+    check_shape,
+    check_thinking,
+    check_window,
+    prefix_bytes,
+    prompt_segments,
+)
+
+LOOKBACK_BLOCKS = 20
+MIN_CACHE_TOKENS = 1024
+
+Responder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+"""Maps a valid request body to the reply's content blocks (thinking blocks unsigned: the upstream signs them)."""
+
+
+def thinks(body: Mapping[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def tool_loop_responder(tool: str | None = "search", steps: int = 1, words: int = 20) -> Responder:
+    """A model that thinks when asked to, calls `tool` `steps` times per user turn, then answers in text."""
+
+    def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        messages = body["messages"]
+        turn = sum(1 for m in messages if m.get("role") == "user" and not _results_only(m))
+        done = 0
+        for message in reversed(messages):
+            if message.get("role") == "user" and not _results_only(message):
+                break
+            done += message.get("role") == "assistant"
+        blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"Turn {turn}, step {done}."}]
+        blocks = blocks if thinks(body) else []
+        if tool is not None and body.get("tools") and done < steps:
+            call = {"type": "tool_use", "id": f"toolu_{secrets.token_hex(8)}", "name": tool, "input": {"q": turn}}
+            return [*blocks, call]
+        return [*blocks, {"type": "text", "text": f"Answer {turn}: " + "word " * words}]
+
+    return respond
+
+
+def _results_only(message: Mapping[str, Any]) -> bool:
+    blocks = blocks_of(message)
+    return bool(blocks) and all(block.get("type") == "tool_result" for block in blocks)
+
+
+@dataclass
+class PromptCache:
+    """Written prefixes, by model, as chained digests (see the module docstring)."""
+
+    written: set[bytes] = field(default_factory=set)
+
+    def usage(self, model: str, segments: Sequence[Segment]) -> dict[str, int]:
+        digest, digests, totals, running = model.encode(), [], [], 0
+        for segment in segments:
+            digest = hashlib.sha256(digest + segment.data).digest()
+            running += segment.tokens
+            digests.append(digest)
+            totals.append(running)
+        marks = [index for index, segment in enumerate(segments) if segment.breakpoint]
+        read = 0
+        for mark in marks:
+            for position in range(mark, max(-1, mark - LOOKBACK_BLOCKS), -1):
+                if digests[position] in self.written:
+                    read = max(read, totals[position])
+                    break
+        written = 0
+        for mark in marks:
+            if totals[mark] >= MIN_CACHE_TOKENS:
+                self.written.add(digests[mark])
+                written = max(written, totals[mark])
+        created = max(0, written - read)
+        return {
+            "input_tokens": running - read - created,
+            "cache_creation_input_tokens": created,
+            "cache_read_input_tokens": read,
+        }
+
+
+class AnthropicUpstream:
+    """The fake Messages API server (see the module docstring).
+
+    :param context_window: The window of any model not in `context_windows`.
+    :param context_windows: Windows by model-name prefix (the longest matching wins).
+    :param responder: What the model answers; `tool_loop_responder()` if None. Reassignable.
+    """
+
+    def __init__(
+        self,
+        *,
+        context_window: int = 200_000,
+        context_windows: Mapping[str, int] | None = None,
+        responder: Responder | None = None,
+    ) -> None:
+        self.context_window = context_window
+        self.context_windows = dict(context_windows or {})
+        self.responder = responder or tool_loop_responder()
+        self.signer = Signer(secrets.token_bytes(32))
+        self.cache = PromptCache()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.rejections: list[dict[str, Any]] = []
+        self.dropped_thinking = 0
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    async def __aenter__(self) -> Self:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/messages", self._create)
+        app.router.add_post("/v1/messages/count_tokens", self._count)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:port` (the `anthropic` SDK's `base_url`)."""
+        return f"http://127.0.0.1:{self._port}"
+
+    def window(self, model: str) -> int:
+        matches = [prefix for prefix in self.context_windows if model.startswith(prefix)]
+        return self.context_windows[max(matches, key=len)] if matches else self.context_window
+
+    def answer(self, body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+        """The message a valid request gets, or `AnthropicError` for one the API would refuse."""
+        check_shape(body, headers)
+        check_breakpoints(body)
+        check_pairing(body["messages"])
+        checked = check_thinking(body, self.signer)
+        segments = prompt_segments(body, checked.messages)
+        check_window(body, sum(segment.tokens for segment in segments), self.window(str(body["model"])))
+        self.dropped_thinking += checked.dropped
+        usage = self.cache.usage(str(body["model"]), segments)
+        content = self._signed(body, self.responder(body))
+        usage["output_tokens"] = sum(block_tokens(block) for block in content)
+        stop = "tool_use" if any(block["type"] == "tool_use" for block in content) else "end_turn"
+        return {
+            "id": f"msg_{next(self._ids):08d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+    def _signed(self, body: Mapping[str, Any], content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        signed: list[dict[str, Any]] = []
+        for block in content:
+            if block.get("type") != "thinking":
+                signed.append(block)
+                continue
+            prefix = prefix_bytes(body, body["messages"], signed) if binds(str(body["model"])) else None
+            signed.append({**block, "signature": self.signer.sign(block["thinking"], prefix)})
+        return signed
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self.headers.append({key.lower(): value for key, value in request.headers.items()})
+        try:
+            message = self.answer(body, self.headers[-1])
+        except AnthropicError as error:
+            self.rejections.append(error.body)
+            return web.json_response(error.body, status=error.status)
+        if body.get("stream") is not True:
+            return web.json_response(message)
+        return await self._stream(request, message)
+
+    async def _count(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        try:
+            check_shape({"max_tokens": 1, **body}, {key.lower(): value for key, value in request.headers.items()})
+        except AnthropicError as error:
+            return web.json_response(error.body, status=error.status)
+        segments = prompt_segments(body, body["messages"])
+        return web.json_response({"input_tokens": sum(segment.tokens for segment in segments)})
+
+    async def _stream(self, request: web.Request, message: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for name, data in stream_events(message):
+            await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+
+def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The events the API streams a message as."""
+    usage = dict(message["usage"])
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        events.extend(_block_events(index, block))
+        if index == 0:
+            events.append(("ping", {"type": "ping"}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _block_events(index: int, block: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    kind = block["type"]
+    empty = {"text": {"text": ""}, "thinking": {"thinking": "", "signature": ""}, "tool_use": {"input": {}}}
+    opening = {**{key: value for key, value in block.items() if key in ("type", "id", "name")}, **empty[kind]}
+    deltas: list[dict[str, Any]] = []
+    if kind == "text":
+        text = block["text"]
+        deltas = [{"type": "text_delta", "text": text[i : i + 20]} for i in range(0, len(text), 20)]
+    elif kind == "thinking":
+        deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}]
+        deltas.append({"type": "signature_delta", "signature": block["signature"]})
+    elif kind == "tool_use":
+        arguments = json.dumps(block["input"])
+        deltas = [
+            {"type": "input_json_delta", "partial_json": arguments[i : i + 5]} for i in range(0, len(arguments), 5)
+        ]
+    events = [("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})]
+    events.extend(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}) for d in deltas)
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
