@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import Conversation, Mapped
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
+from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 
 
 @dataclass(frozen=True)

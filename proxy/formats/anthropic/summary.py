@@ -1,6 +1,6 @@
 """Summary calls and the proxy's read tool in the Messages API's shape.
 
-As for the other formats (`proxy.chat.summaries`, `proxy.responses.summary`), a summary call repeats the
+As for the other formats (`proxy.pipeline.summaries`, `proxy.formats.responses.summary`), a summary call repeats the
 conversation exactly as it was forwarded (the same model, system, tools, thinking settings and messages, its fields
 in the same order) so the prompt cache serves all but the instruction, which comes as one more user message. Tools
 are disabled (`tool_choice: {"type": "none"}`) so the model answers in text, and the answer is not streamed. A
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import orjson
 
-from proxy.chat.summary_text import IN_CONTEXT_PREAMBLE, span_text
 from proxy.config import Settings
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import block_type, content_blocks
 from proxy.formats.anthropic.request import MessagesRequest
-from proxy.offload.tool import CHAT_TOOL, READ_TOOL
+from proxy.pipeline.offload.tool import READ_TOOL, READ_TOOL_DECLARATION
+from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE, span_text
 
 CALL_FIELDS: Final = (
     "model",
@@ -43,11 +43,10 @@ sequences, output formats, context management) would change what comes back."""
 
 NO_TOOLS: Final = {"type": "none"}
 
-_FUNCTION: Final = cast(Mapping[str, Any], CHAT_TOOL["function"])
 READ_TOOL_DEFINITION: Final = {
     "name": READ_TOOL,
-    "description": _FUNCTION["description"],
-    "input_schema": _FUNCTION["parameters"],
+    "description": READ_TOOL_DECLARATION["description"],
+    "input_schema": READ_TOOL_DECLARATION["parameters"],
 }
 """The proxy's read tool as an Anthropic tool: the same name, description and schema as in the other formats."""
 

@@ -7,7 +7,6 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.chat.request import InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.config import Settings
 from proxy.engine.messages import CHECKPOINT, CONTINUES_STEP, is_checkpoint
 from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Kept
@@ -20,7 +19,8 @@ from proxy.formats.anthropic.summary import (
     summary_text,
     with_read_tool,
 )
-from proxy.offload.tool import READ_TOOL
+from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
 
 USE: dict[str, Any] = {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}}
 BODY: dict[str, Any] = {
