@@ -29,7 +29,7 @@ from proxy.server.logging import SERVER_LOGGER
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.relay import start_response, write
 from tests.reliability.conftest import MakeProxy, Proxy, chat_body, wait_for
-from tests.support.stalls import HealthProbe, assert_no_stall
+from tests.support.stalls import ControlServer, HealthProbe, assert_no_stall
 
 RELAYED_WITHIN = 30.0
 """Seconds a whole scripted stream may take to reach the client (seconds when linear, minutes when quadratic)."""
@@ -160,16 +160,17 @@ async def stream_while_probing(http: aiohttp.ClientSession, proxy: Proxy, *, str
     idle = HealthProbe(url.host, url.port)
     await wait_for(lambda: len(idle.waits) >= 30)
     quiet = max(idle.stop())
-    probe = HealthProbe(url.host, url.port)
-    try:
-        await wait_for(lambda: len(probe.waits) > 0)
-        started = time.perf_counter()
-        status, body = await stream_through(http, proxy, strip=strip)
-        relayed = time.perf_counter() - started
-    finally:
-        waits = probe.stop()
+    with ControlServer() as machine:
+        probe, control = HealthProbe(url.host, url.port), HealthProbe("127.0.0.1", machine.port)
+        try:
+            await wait_for(lambda: len(probe.waits) > 0 and len(control.waits) > 0)
+            started = time.perf_counter()
+            status, body = await stream_through(http, proxy, strip=strip)
+            relayed = time.perf_counter() - started
+        finally:
+            waits, machine_waits = probe.stop(), control.stop()
     assert status == 200
-    assert_no_stall(waits, relayed, quiet)
+    assert_no_stall(waits, relayed, quiet, machine_waits)
     return body
 
 

@@ -18,7 +18,7 @@ from tests.reliability.conftest import MODEL
 from tests.reliability.fixed_upstream import REPLY, FixedUpstream
 from tests.support import process_proxy
 from tests.support.process_proxy import ProcessProxy, StartProcessProxy
-from tests.support.stalls import assert_no_stall
+from tests.support.stalls import ControlServer, HealthProbe, assert_no_stall
 
 start_process_proxy = process_proxy.start_process_proxy
 
@@ -78,17 +78,22 @@ async def healthy_while_in_flight(proxy: ProcessProxy, bodies: Iterable[bytes]) 
     polls: list[float] = []
     async with aiohttp.ClientSession() as http:
         idle = await idle_wait(http, proxy)
-        stop = asyncio.Event()
-        poller = asyncio.create_task(poll_healthz(http, proxy, stop, polls))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        async with asyncio.timeout(IN_FLIGHT_LIMIT):
-            await asyncio.gather(*(post_chat(http, proxy, body) for body in bodies))
-        in_flight = loop.time() - started
-        stop.set()
-        await poller
+        with ControlServer() as machine:
+            control = HealthProbe("127.0.0.1", machine.port)
+            stop = asyncio.Event()
+            poller = asyncio.create_task(poll_healthz(http, proxy, stop, polls))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            try:
+                async with asyncio.timeout(IN_FLIGHT_LIMIT):
+                    await asyncio.gather(*(post_chat(http, proxy, body) for body in bodies))
+                in_flight = loop.time() - started
+                stop.set()
+                await poller
+            finally:
+                machine_waits = control.stop()
     assert len(polls) >= 2  # the polls really overlapped the requests
-    assert_no_stall(polls, in_flight, idle)
+    assert_no_stall(polls, in_flight, idle, machine_waits)
 
 
 def one_word_messages(count: int, tag: str) -> bytes:

@@ -2,6 +2,8 @@
 
 A stall shows as `/healthz` round trips that wait while the loop is held. On a shared machine any round trip can wait
 a little (another process has the core); a stall is waiting that makes up a large share of the work that caused it.
+What the machine itself makes a round trip wait meanwhile is measured too, on a `ControlServer` of its own: an idle
+server in another process, probed while the work runs, waits only for the machine, never for the proxy's loop.
 The findings this guards against were all of that kind: the loop held from a request's first byte to its last (27 s
 of a 200,000-message request, 38.7 s of a gzip bomb's relay), or for most of the time huge bodies were in flight.
 """
@@ -22,13 +24,17 @@ HELD_SHARE = 0.5
 IDLE_FACTOR = 20
 """A wait within this many times the slowest probe of the idle proxy, just before, is scheduling noise."""
 
+CONTROL_FACTOR = 2
+"""A wait within this many times the slowest probe of the `ControlServer` meanwhile is the machine's, not a stall."""
 
-def assert_no_stall(waits: Sequence[float], work: float, idle: float) -> None:
+
+def assert_no_stall(waits: Sequence[float], work: float, idle: float, control: Sequence[float] = ()) -> None:
     """Fail when the `/healthz` round trips `waits`, probed back to back, show the loop held during `work` seconds.
 
     :param idle: The slowest round trip probing the same proxy with nothing in flight, measured just before.
+    :param control: The round trips to a `ControlServer` probed during the same work: the machine's own waiting.
     """
-    noise = IDLE_FACTOR * idle
+    noise = max(IDLE_FACTOR * idle, CONTROL_FACTOR * max(control, default=0.0))
     slowest = max(waits)
     held = sum(wait for wait in waits if wait > noise)
     assert slowest < max(STALL_SHARE * work, noise), (
@@ -37,6 +43,40 @@ def assert_no_stall(waits: Sequence[float], work: float, idle: float) -> None:
     assert held < HELD_SHARE * work, (
         f"/healthz spent {held:.3f} s of the {work:.3f} s of work in flight waiting (idle: {idle:.4f} s)"
     )
+
+
+_CONTROL_CODE = """\
+import http.server, sys
+class Healthy(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+"""An idle HTTP server answering `GET` with 200 on a free loopback port, which it prints first."""
+
+
+class ControlServer:
+    """An idle server in a process of its own, probed beside the proxy: how long this machine makes a round trip wait.
+
+    Use as a context manager; `port` is where it listens.
+    """
+
+    def __enter__(self) -> ControlServer:
+        self._process = subprocess.Popen([sys.executable, "-c", _CONTROL_CODE], stdout=subprocess.PIPE, text=True)
+        assert self._process.stdout is not None
+        self.port = int(self._process.stdout.readline())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._process.terminate()
+        self._process.wait()
 
 
 _PROBE_CODE = """\
