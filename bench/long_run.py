@@ -196,7 +196,9 @@ def run(tasks: int, steps: int, log_dir: Path) -> list[dict[str, Any]]:
 def main() -> None:
     """Runs with rewrite memory on, one per chain and `compact_to` asked, billed against going direct."""
     parser = argparse.ArgumentParser(prog="python -m bench.long_run", description=__doc__)
-    parser.add_argument("--strategies", action="append", help="the proxy's --strategies (default: its own chain)")
+    parser.add_argument(
+        "--strategies", action="append", help="the proxy's --strategies (`default`, or none given: its own chain)"
+    )
     parser.add_argument("--compact-to", type=float, action="append", help="the proxy's compact_to (default: its own)")
     parser.add_argument("--window", type=int, default=WINDOW, help="the model's context window, in tokens")
     parser.add_argument("--result-lines", type=int, default=6, help="length of each tool result, in lines of code")
@@ -220,7 +222,7 @@ def main() -> None:
                 **shape,
             )
         )
-        for strategies in options.strategies or [None]
+        for strategies in [None if chain == "default" else chain for chain in options.strategies or ["default"]]
         for compact_to in options.compact_to or [None]
     ]
     print("\n".join(markdown(rows)) if options.markdown else json.dumps(rows, indent=1))
