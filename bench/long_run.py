@@ -11,8 +11,9 @@ The same agent is also run straight at a fresh upstream until the upstream refus
 provider would bill (`bench.billing`) is set against the proxy's run over as many turns.
 
 `python -m bench.long_run --strategies summarization,sliding_window,middle_out` runs it with another chain (and
-`--window`, `--result-lines`, `--tasks`, `--steps`, `--compact-to`; `--strategies` and `--compact-to` may be given
-more than once, one run each) and prints its figures as JSON, or with `--markdown` as the tables the README quotes.
+`--window`, `--result-lines`, `--tasks`, `--steps`, and proxy settings such as `--settings "compact_to=0.3
+compact_at=0.8"`; `--strategies` and `--settings` may be given more than once, one run for each pair) and prints
+its figures as JSON, or with `--markdown` as the tables the README quotes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import itertools
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,19 +113,18 @@ async def one_run(
     strategies: str | None = None,
     window: int = WINDOW,
     result_lines: int = 6,
-    compact_to: float | None = None,
+    settings: Mapping[str, str] | None = None,
     direct: DirectRun | None = None,
 ) -> dict[str, Any]:
     """The run through a proxy process with rewrite memory on or off; figures from what the upstream recorded.
 
     :param strategies: The proxy's `--strategies`, when not its default chain.
     :param result_lines: How long each tool result is (see `tests.support.agent_run.run_agent`).
-    :param compact_to: The proxy's `compact_to`, when not its default.
+    :param settings: Proxy settings by name (`compact_to`: `0.3`), set through its environment.
     :param direct: The same agent's run straight at the upstream: the row then carries `billing`, the bill of each.
     """
     env = {"COMPACTION_PROXY_REWRITE_MEMORY": "true" if rewrite_memory else "false"}
-    if compact_to is not None:
-        env["COMPACTION_PROXY_COMPACT_TO"] = str(compact_to)
+    env.update((f"COMPACTION_PROXY_{name.upper()}", value) for name, value in (settings or {}).items())
     async with OpenAIUpstream(agent_responder(), context_window=window) as upstream:
         args = ["-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream.base_url]
         args += ["--context-window", f"{MODEL}={window}", *(["--strategies", strategies] if strategies else [])]
@@ -145,7 +145,7 @@ async def one_run(
     summary_prompt = sum(usage["prompt_tokens"] for usage in summary_usages)
     summary_cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in summary_usages)
     row = {
-        "label": label(strategies, window, result_lines, compact_to) + ", rewrite memory off" * (not rewrite_memory),
+        "label": label(strategies, window, result_lines, settings) + ", rewrite memory off" * (not rewrite_memory),
         "rewrite_memory": rewrite_memory,
         "turns": len(chat),
         "compacted_turns": sum(decision.startswith("compacted") for decision in decisions),
@@ -176,10 +176,18 @@ def compared(direct: DirectRun, usages: Sequence[dict[str, Any]], summaries: Seq
     }
 
 
-def label(strategies: str | None, window: int, result_lines: int, compact_to: float | None) -> str:
-    """How a run is named in the report: its chain, window, tool-result length and `compact_to` when not default."""
-    target = f", compact_to {compact_to:g}" if compact_to is not None else ""
-    return f"{strategies or 'default chain'}, {window} tokens, {result_lines}-line results{target}"
+def label(strategies: str | None, window: int, result_lines: int, settings: Mapping[str, str] | None) -> str:
+    """How a run is named in the report: its chain, window, tool-result length and the settings it was given."""
+    given = "".join(f", {name} {value}" for name, value in (settings or {}).items())
+    return f"{strategies or 'default chain'}, {window} tokens, {result_lines}-line results{given}"
+
+
+def proxy_settings(text: str) -> dict[str, str]:
+    """`--settings` parsed: space-separated `name=value` pairs."""
+    pairs = [pair.partition("=") for pair in text.split()]
+    if any(not name or not sign or not value for name, sign, value in pairs):
+        raise argparse.ArgumentTypeError(f"settings are space-separated name=value pairs, not {text!r}")
+    return {name: value for name, _sign, value in pairs}
 
 
 def share_is_full(before: bytes, after: bytes) -> bool:
@@ -194,12 +202,14 @@ def run(tasks: int, steps: int, log_dir: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    """Runs with rewrite memory on, one per chain and `compact_to` asked, billed against going direct."""
+    """Runs with rewrite memory on, one per chain and settings asked, billed against going direct."""
     parser = argparse.ArgumentParser(prog="python -m bench.long_run", description=__doc__)
     parser.add_argument(
         "--strategies", action="append", help="the proxy's --strategies (`default`, or none given: its own chain)"
     )
-    parser.add_argument("--compact-to", type=float, action="append", help="the proxy's compact_to (default: its own)")
+    parser.add_argument(
+        "--settings", type=proxy_settings, action="append", help='proxy settings of one run, e.g. "compact_to=0.3"'
+    )
     parser.add_argument("--window", type=int, default=WINDOW, help="the model's context window, in tokens")
     parser.add_argument("--result-lines", type=int, default=6, help="length of each tool result, in lines of code")
     parser.add_argument("--tasks", type=int, default=10)
@@ -217,13 +227,13 @@ def main() -> None:
                 options.steps,
                 options.log_dir,
                 strategies=strategies,
-                compact_to=compact_to,
+                settings=settings,
                 direct=direct,
                 **shape,
             )
         )
         for strategies in [None if chain == "default" else chain for chain in options.strategies or ["default"]]
-        for compact_to in options.compact_to or [None]
+        for settings in options.settings or [None]
     ]
     print("\n".join(markdown(rows)) if options.markdown else json.dumps(rows, indent=1))
 
