@@ -262,7 +262,7 @@ class ChatCompactionService(OverflowRetry):
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
-        context = SummaryContext(scope, chat.path, request, headers, view.chain)
+        context = SummaryContext(scope, chat.path, request, headers, view.chain, anchor.covered if anchor else None)
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(

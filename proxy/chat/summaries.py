@@ -16,7 +16,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import orjson
@@ -72,6 +72,8 @@ class SummaryContext:
         summarized (the read tool) the summary call adds the same way.
     :param headers: The client's headers (lower-cased names), for its credential.
     :param chain: The hash chain of the transcript the summary is planned on.
+    :param answered: How many leading messages of that transcript the provider reported usage for before (the usage
+        anchor's `covered`): a prefix it was sent and holds in its cache. None when none is known.
     """
 
     tenant: bytes
@@ -79,6 +81,7 @@ class SummaryContext:
     request: ChatRequest | ResponsesRequest
     headers: Mapping[str, str]
     chain: Sequence[bytes]
+    answered: int | None = None
 
 
 @dataclass
@@ -108,8 +111,12 @@ class Summaries:
         self._unfinished = 0
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
-        """Begin writing, in the background, the summary the next compaction will use (once per span)."""
-        self._started(context, transcript, target_tokens)
+        """Begin writing, in the background, the summary the next compaction will use (once per span).
+
+        The transcript is forwarded as it is on this turn, so the call repeats all of it, not the prompt answered
+        before (`SummaryContext.answered`).
+        """
+        self._started(replace(context, answered=None), transcript, target_tokens)
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -219,8 +226,10 @@ class Summaries:
                 raise SummaryFailed("upstream_unreachable") from None
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
-        messages, sections, settings = transcript.messages, self.instruction, self.settings
-        request = as_forwarded(context.request, held_references(transcript.meta), settings.offload_max_tools)
+        cut = sent_prefix(transcript.messages, indices, context.answered)
+        messages, sections, settings = transcript.messages[:cut], self.instruction, self.settings
+        held = held_references(transcript.meta[:cut] if transcript.meta else None)
+        request = as_forwarded(context.request, held, settings.offload_max_tools)
         if isinstance(request, ResponsesRequest):
             body = responses_summary_request(request, messages, indices, sections=sections, settings=settings)
         else:
@@ -274,6 +283,20 @@ class Summaries:
             if value := context.headers.get(name):
                 headers[name] = value
         return headers
+
+
+def sent_prefix(messages: Sequence[Message], indices: Sequence[int], answered: int | None) -> int:
+    """How many leading messages a summary call repeats: the prompt sent before, when the span lies within it.
+
+    What the provider answered before is in its cache; messages new in this turn are not. A summary written on the
+    turn that needs it (a turn that crossed the trigger at once) would otherwise carry the turn's new messages before
+    its instruction, billed uncached. An anchor through the reply ends on that reply, which was never a prompt: the
+    call stops before it. All messages when nothing was answered before, or the span reaches past it.
+    """
+    cut = min(answered or 0, len(messages))
+    if cut and messages[cut - 1].get("role") == "assistant":
+        cut -= 1
+    return cut if indices and max(indices) < cut else len(messages)
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
