@@ -16,7 +16,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
@@ -111,12 +111,8 @@ class Summaries:
         self._unfinished = 0
 
     def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
-        """Begin writing, in the background, the summary the next compaction will use (once per span).
-
-        The transcript is forwarded as it is on this turn, so the call repeats all of it, not the prompt answered
-        before (`SummaryContext.answered`).
-        """
-        self._started(replace(context, answered=None), transcript, target_tokens)
+        """Begin writing, in the background, the summary the next compaction will use (once per span)."""
+        self._started(context, transcript, target_tokens)
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -286,12 +282,13 @@ class Summaries:
 
 
 def sent_prefix(messages: Sequence[Message], indices: Sequence[int], answered: int | None) -> int:
-    """How many leading messages a summary call repeats: the prompt sent before, when the span lies within it.
+    """How many leading messages a summary call repeats: the prompt answered before, when the span lies within it.
 
-    What the provider answered before is in its cache; messages new in this turn are not. A summary written on the
-    turn that needs it (a turn that crossed the trigger at once) would otherwise carry the turn's new messages before
-    its instruction, billed uncached. An anchor through the reply ends on that reply, which was never a prompt: the
-    call stops before it. All messages when nothing was answered before, or the span reaches past it.
+    What the provider answered is in its cache; this turn's new messages are not, and neither is this turn's prompt
+    while it is still being read: a summary written ahead goes out beside it, and one written on the turn that
+    compacts comes before anything of the turn is sent. An anchor through the reply ends on that reply, which was
+    never a prompt: the call stops before it. All messages when nothing was answered before, or the span reaches
+    past it.
     """
     cut = min(answered or 0, len(messages))
     if cut and messages[cut - 1].get("role") == "assistant":

@@ -1,8 +1,9 @@
 """What a summary call repeats: the prompt the provider answered before, never the turn's new messages after it.
 
-A summary written on the turn that compacts is built before anything of that turn was sent. Its call repeats the
-prefix the provider reported usage for (the anchor), less the reply that closed it, when the span lies within; all
-of the transcript otherwise (nothing answered before, or a span reaching past it).
+The turn's own prompt is not in the provider's cache yet (a summary written ahead goes out beside it; one written
+on the turn that compacts, before it). A summary call repeats the prefix the provider reported usage for (the
+anchor), less the reply that closed it, when the span lies within; all of the transcript otherwise (nothing
+answered before, or a span reaching past it).
 """
 
 from __future__ import annotations

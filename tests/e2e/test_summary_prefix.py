@@ -50,11 +50,11 @@ def instruction_of(body: Body, key: str) -> str | None:
 def check_summary_prefixes(bodies: list[Body], key: str, head: tuple[str, ...]) -> int:
     """Assert every summary call among `bodies` is the forwarded request next to it plus one instruction.
 
-    The forwarded request the summary was written from is the one right before or right after it (the client waits
-    for each turn's summaries, so nothing else comes between): its `head` fields and its `key` entries (messages or
-    input items), serialized, are those of the summary call before its instruction. A summary written ahead repeats
-    the request forwarded on its turn; one written on the turn that compacts repeats the request answered before it,
-    not the client's new messages, which were never sent.
+    The forwarded request a summary call repeats is the one its turn's usage anchor covers, answered before the call
+    went out: the last forwarded before it when the summary is written on the turn that compacts, the one before
+    that when it is written ahead beside its turn's request (the client waits for each turn's summaries, so nothing
+    else comes between). Its `head` fields and its `key` entries (messages or input items), serialized, are those of
+    the summary call before its instruction.
 
     :returns: How many summary calls were compared.
     """
@@ -64,10 +64,9 @@ def check_summary_prefixes(bodies: list[Body], key: str, head: tuple[str, ...]) 
             continue
         summaries += 1
         prefix = [serialized(entry) for entry in body[key][:-1]]
-        earlier = [sent for sent in bodies[:index] if instruction_of(sent, key) is None][-1:]
-        later = [sent for sent in bodies[index + 1 :] if instruction_of(sent, key) is None][:1]
-        repeated = [sent for sent in (*earlier, *later) if prefix == [serialized(e) for e in sent[key]]]
-        assert repeated, f"summary call {index} repeats neither forwarded request next to it"
+        earlier = [sent for sent in bodies[:index] if instruction_of(sent, key) is None][-2:]
+        repeated = [sent for sent in earlier if prefix == [serialized(e) for e in sent[key]]]
+        assert repeated, f"summary call {index} repeats neither of the last two forwarded requests before it"
         sent = repeated[0]
         for field in head:
             assert serialized(body.get(field)) == serialized(sent.get(field)), f"summary call {index}: {field} differ"
