@@ -7,8 +7,13 @@ in this process, so every forwarded body is recorded). For each forwarded prompt
 tokens the upstream counted, and how many of them its simulated prompt cache served, for the summary calls (with
 `summarization` among the strategies) on their own as well.
 
+The same agent is also run straight at a fresh upstream until the upstream refuses a turn as too long, and what the
+provider would bill (`bench.billing`) is set against the proxy's run over as many turns.
+
 `python -m bench.long_run --strategies summarization,sliding_window,middle_out` runs it with another chain (and
-`--window`, `--result-lines`, `--tasks`, `--steps`) and prints its figures as JSON.
+`--window`, `--result-lines`, `--tasks`, `--steps`, and proxy settings such as `--settings "compact_to=0.3
+compact_at=0.8"`; `--strategies` and `--settings` may be given more than once, one run for each pair) and prints
+its figures as JSON, or with `--markdown` as the tables the README quotes.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ import asyncio
 import itertools
 import json
 import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench import billing
 from bench.processes import Server
 from tests.support.agent_run import TOOLS, agent_responder, is_summary_call, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
@@ -43,8 +51,31 @@ def common_prefix(a: bytes, b: bytes) -> int:
     return low
 
 
+class TurnRefused(RuntimeError):
+    """The upstream (or the proxy) answered a turn with an error."""
+
+    def __init__(self, status: int, answer: Any) -> None:
+        super().__init__(f"a turn failed: {status} {answer}")
+        self.overflowed = status == 400 and (answer.get("error") or {}).get("code") == "context_length_exceeded"
+
+
+@dataclass(frozen=True)
+class DirectRun:
+    """The agent going straight to the upstream, until the upstream refused a turn as too long (or to its end).
+
+    :param usages: The usage of every turn answered.
+    :param overflowed: Whether the run ended on a refused turn rather than at its last task.
+    """
+
+    usages: list[dict[str, Any]]
+    overflowed: bool
+
+
 async def http_agent(base_url: str, tasks: int, steps: int, result_lines: int = 6) -> list[str]:
-    """The agent run with plain aiohttp through `base_url`; returns each answer's X-Compaction."""
+    """The agent run with plain aiohttp through `base_url`; returns each answer's X-Compaction.
+
+    :raises TurnRefused: When a turn is not answered with 200.
+    """
     headers = {"Authorization": "Bearer sk-bench"}
     async with aiohttp.ClientSession() as http:
 
@@ -53,12 +84,24 @@ async def http_agent(base_url: str, tasks: int, steps: int, result_lines: int = 
             async with http.post(f"{base_url}/v1/chat/completions", json=body, headers=headers) as response:
                 answer = await response.json()
                 if response.status != 200:
-                    raise RuntimeError(f"a turn failed: {response.status} {answer}")
+                    raise TurnRefused(response.status, answer)
                 decision = response.headers.get("X-Compaction", "")
             message = {key: value for key, value in answer["choices"][0]["message"].items() if value not in (None, [])}
             return message, decision
 
         return await run_agent(turn, tasks, steps, result_lines=result_lines)
+
+
+async def direct_run(tasks: int, steps: int, *, window: int = WINDOW, result_lines: int = 6) -> DirectRun:
+    """The agent straight at a fresh upstream of `window` tokens, until it refuses a turn as too long."""
+    async with OpenAIUpstream(agent_responder(), context_window=window) as upstream:
+        try:
+            await http_agent(upstream.base_url, tasks, steps, result_lines)
+        except TurnRefused as refused:
+            if not refused.overflowed:
+                raise
+            return DirectRun(list(upstream.usages), overflowed=True)
+        return DirectRun(list(upstream.usages), overflowed=False)
 
 
 async def one_run(
@@ -70,13 +113,18 @@ async def one_run(
     strategies: str | None = None,
     window: int = WINDOW,
     result_lines: int = 6,
+    settings: Mapping[str, str] | None = None,
+    direct: DirectRun | None = None,
 ) -> dict[str, Any]:
     """The run through a proxy process with rewrite memory on or off; figures from what the upstream recorded.
 
     :param strategies: The proxy's `--strategies`, when not its default chain.
     :param result_lines: How long each tool result is (see `tests.support.agent_run.run_agent`).
+    :param settings: Proxy settings by name (`compact_to`: `0.3`), set through its environment.
+    :param direct: The same agent's run straight at the upstream: the row then carries `billing`, the bill of each.
     """
     env = {"COMPACTION_PROXY_REWRITE_MEMORY": "true" if rewrite_memory else "false"}
+    env.update((f"COMPACTION_PROXY_{name.upper()}", value) for name, value in (settings or {}).items())
     async with OpenAIUpstream(agent_responder(), context_window=window) as upstream:
         args = ["-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream.base_url]
         args += ["--context-window", f"{MODEL}={window}", *(["--strategies", strategies] if strategies else [])]
@@ -96,7 +144,8 @@ async def one_run(
     summary_usages = [usage for usage, summary in zip(usages, summaries, strict=True) if summary]
     summary_prompt = sum(usage["prompt_tokens"] for usage in summary_usages)
     summary_cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in summary_usages)
-    return {
+    row = {
+        "label": label(strategies, window, result_lines, settings) + ", rewrite memory off" * (not rewrite_memory),
         "rewrite_memory": rewrite_memory,
         "turns": len(chat),
         "compacted_turns": sum(decision.startswith("compacted") for decision in decisions),
@@ -110,6 +159,35 @@ async def one_run(
         "summary_calls": len(summary_usages),
         "summary_cached_share": summary_cached / summary_prompt if summary_prompt else None,
     }
+    if direct is not None:
+        row["billing"] = compared(direct, usages, summaries)
+    return row
+
+
+def compared(direct: DirectRun, usages: Sequence[dict[str, Any]], summaries: Sequence[bool]) -> dict[str, Any]:
+    """The bill of the direct run, of the proxy's run over as many turns (its summary calls included), and whole."""
+    turns = len(direct.usages)
+    return {
+        "direct_turns": turns,
+        "direct_overflowed": direct.overflowed,
+        "direct": billing.bill(direct.usages).as_dict(),
+        "proxy_same_turns": billing.bill(billing.first_turns(usages, summaries, turns)).as_dict(),
+        "proxy": billing.bill(usages).as_dict(),
+    }
+
+
+def label(strategies: str | None, window: int, result_lines: int, settings: Mapping[str, str] | None) -> str:
+    """How a run is named in the report: its chain, window, tool-result length and the settings it was given."""
+    given = "".join(f", {name} {value}" for name, value in (settings or {}).items())
+    return f"{strategies or 'default chain'}, {window} tokens, {result_lines}-line results{given}"
+
+
+def proxy_settings(text: str) -> dict[str, str]:
+    """`--settings` parsed: space-separated `name=value` pairs."""
+    pairs = [pair.partition("=") for pair in text.split()]
+    if any(not name or not sign or not value for name, sign, value in pairs):
+        raise argparse.ArgumentTypeError(f"settings are space-separated name=value pairs, not {text!r}")
+    return {name: value for name, _sign, value in pairs}
 
 
 def share_is_full(before: bytes, after: bytes) -> bool:
@@ -118,32 +196,61 @@ def share_is_full(before: bytes, after: bytes) -> bool:
 
 
 def run(tasks: int, steps: int, log_dir: Path) -> list[dict[str, Any]]:
-    """Both runs: rewrite memory on, then off."""
-    return [asyncio.run(one_run(memory, tasks, steps, log_dir)) for memory in (True, False)]
+    """Both runs, rewrite memory on then off, each billed against the agent going direct."""
+    direct = asyncio.run(direct_run(tasks, steps))
+    return [asyncio.run(one_run(memory, tasks, steps, log_dir, direct=direct)) for memory in (True, False)]
 
 
 def main() -> None:
-    """One run with rewrite memory on, shaped by the command line; its figures printed as JSON."""
+    """Runs with rewrite memory on, one per chain and settings asked, billed against going direct."""
     parser = argparse.ArgumentParser(prog="python -m bench.long_run", description=__doc__)
-    parser.add_argument("--strategies", help="the proxy's --strategies (default: its own chain)")
+    parser.add_argument(
+        "--strategies", action="append", help="the proxy's --strategies (`default`, or none given: its own chain)"
+    )
+    parser.add_argument(
+        "--settings", type=proxy_settings, action="append", help='proxy settings of one run, e.g. "compact_to=0.3"'
+    )
     parser.add_argument("--window", type=int, default=WINDOW, help="the model's context window, in tokens")
     parser.add_argument("--result-lines", type=int, default=6, help="length of each tool result, in lines of code")
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--log-dir", type=Path, default=Path("."), help="where the proxy's log goes")
+    parser.add_argument("--markdown", action="store_true", help="print the README's tables instead of JSON")
     options = parser.parse_args()
-    row = asyncio.run(
-        one_run(
-            True,
-            options.tasks,
-            options.steps,
-            options.log_dir,
-            strategies=options.strategies,
-            window=options.window,
-            result_lines=options.result_lines,
+    shape = {"window": options.window, "result_lines": options.result_lines}
+    direct = asyncio.run(direct_run(options.tasks, options.steps, **shape))
+    rows = [
+        asyncio.run(
+            one_run(
+                True,
+                options.tasks,
+                options.steps,
+                options.log_dir,
+                strategies=strategies,
+                settings=settings,
+                direct=direct,
+                **shape,
+            )
         )
-    )
-    print(json.dumps(row, indent=1))
+        for strategies in [None if chain == "default" else chain for chain in options.strategies or ["default"]]
+        for settings in options.settings or [None]
+    ]
+    print("\n".join(markdown(rows)) if options.markdown else json.dumps(rows, indent=1))
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The runs' cache figures, then their bills against going direct."""
+    lines = [
+        "| run | turns | compactions | summary calls | summary calls' prompt cached | all prompt tokens cached |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        summary = row["summary_cached_share"]
+        lines.append(
+            f"| {row['label']} | {row['turns']} | {row['compacted_turns']} | {row['summary_calls']} "
+            f"| {'-' if summary is None else f'{summary * 100:.1f} %'} | {row['cached_share'] * 100:.1f} % |"
+        )
+    return [*lines, "", *billing.table(rows)]
 
 
 if __name__ == "__main__":

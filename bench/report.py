@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import long_run, retention
+from bench import billing, long_run, retention
 
 
 def _ms(value: float) -> str:
@@ -73,6 +73,10 @@ def render(results: dict[str, Any]) -> str:
             f"| {row['prompt_tokens_forwarded']} tokens | {row['cached_share'] * 100:.1f} % "
             f"| {row['max_prompt_tokens']} tokens |"
         )
+    lines.append("")
+    lines.append("### What the provider bills for the long run, through the proxy and direct up to its overflow")
+    lines.append("")
+    lines += billing.table([row for row in results["long_run"] if "billing" in row])
     lines.append("")
     lines.append("### Compaction decision on a large conversation (`bench.resend`, no sockets)")
     lines.append("")

@@ -211,6 +211,7 @@ def score(
     chain: CompactionChain,
     window: int = WINDOW,
     store: MemoryOffloadStore | None = None,
+    compact_to: float = COMPACT_TO,
 ) -> Score:
     """Compact `messages` as the proxy would and measure what survived.
 
@@ -218,7 +219,7 @@ def score(
     """
     counter = TiktokenCounter()
     transcript_ = Transcript(messages, counter)
-    outcome = compact_if_needed(transcript_, Thresholds(window, COMPACT_AT, COMPACT_TO), chain, 0)
+    outcome = compact_if_needed(transcript_, Thresholds(window, COMPACT_AT, compact_to), chain, 0)
     output = messages if outcome.result is None else outcome.result.plan.apply_messages(messages)
     present = {json.dumps(_data(_text(message))) for message in output if message["role"] == "tool"}
     distinct = {_text(message): json.dumps(_data(_text(message))) for message in messages if message["role"] == "tool"}
@@ -245,7 +246,7 @@ def score(
     )
 
 
-def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
+def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW, compact_to: float = COMPACT_TO) -> dict[str, Any]:
     """Every chain on every transcript: one row per chain, summed over the transcripts."""
     transcripts = [transcript(seed, window) for seed in seeds]
     rows = []
@@ -254,7 +255,7 @@ def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
         scores = []
         for messages in transcripts:
             offloading, store = _offloading(chain) if label == OFFLOAD_ROW else (chain, None)
-            scores.append(score(messages, offloading, window, store))
+            scores.append(score(messages, offloading, window, store, compact_to))
         total = {
             field: sum(getattr(s, field) for s in scores) for field in asdict(scores[0]) if field != "latest_task_whole"
         }
@@ -268,7 +269,7 @@ def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
                 "transcripts": len(scores),
             }
         )
-    settings = {"window": window, "compact_at": COMPACT_AT, "compact_to": COMPACT_TO, "seeds": list(seeds)}
+    settings = {"window": window, "compact_at": COMPACT_AT, "compact_to": compact_to, "seeds": list(seeds)}
     return {"settings": settings, "rows": rows}
 
 
@@ -308,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one small transcript (seconds)")
     parser.add_argument("--output", type=Path, help="write the JSON results here")
+    parser.add_argument("--compact-to", type=float, default=COMPACT_TO, help="the target, a fraction of the window")
     args = parser.parse_args(argv)
-    results = run(*SMOKE) if args.smoke else run()
+    results = run(*SMOKE, compact_to=args.compact_to) if args.smoke else run(compact_to=args.compact_to)
     print("\n".join(render(results)))
     if args.output:
         args.output.write_text(json.dumps(results, indent=2) + "\n")

@@ -50,6 +50,8 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert {row["payload"] for row in results["latency"]} == {"small", "very large"}
     assert all(not row["problems"] for row in results["latency"]), results["latency"]
     assert [row["rewrite_memory"] for row in results["long_run"]] == [True, False]
+    assert all(row["billing"]["direct"]["requests"] > 0 for row in results["long_run"])
+    assert "### What the provider bills for the long run" in done.stdout
     assert results["resend"]["resend_ms"] > 0
     assert results["resend_wire"]["x_compaction"] == {"unchanged": results["resend_wire"]["turns"]}
     assert "### Targets (issue 13) in this run" in done.stdout

@@ -261,7 +261,9 @@ class ChatCompactionService(OverflowRetry):
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
-        context = SummaryContext(scope, chat.path, request, headers, view.chain, chat.wire)
+        context = SummaryContext(
+            scope, chat.path, request, headers, view.chain, chat.wire, anchor.covered if anchor else None
+        )
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(

@@ -23,6 +23,7 @@ import orjson
 
 from proxy.config import CREDENTIAL_HEADERS, Settings
 from proxy.engine import EditPlan, Transcript
+from proxy.engine.messages import Message
 from proxy.engine.strategies.offload import held_references
 from proxy.engine.strategies.summarization import SUMMARY_SECTIONS, SummarySpans, summary_plan
 from proxy.pipeline.metrics import CompactionMetrics
@@ -66,6 +67,8 @@ class SummaryContext:
     :param headers: The client's headers (lower-cased names), for its credential.
     :param chain: The hash chain of the transcript the summary is planned on.
     :param wire: The request's wire format: what the summary call looks like.
+    :param answered: How many leading messages of that transcript the provider reported usage for before (the usage
+        anchor's `covered`): a prefix it was sent and holds in its cache. None when none is known.
     """
 
     tenant: bytes
@@ -74,6 +77,7 @@ class SummaryContext:
     headers: Mapping[str, str]
     chain: Sequence[bytes]
     wire: WireFormat
+    answered: int | None = None
 
 
 @dataclass
@@ -214,9 +218,10 @@ class Summaries:
                 raise SummaryFailed("upstream_unreachable") from None
 
     async def _call(self, context: SummaryContext, transcript: Transcript, indices: list[int]) -> str:
-        messages, sections, settings = transcript.messages, self.instruction, self.settings
+        cut = sent_prefix(transcript.messages, indices, context.answered)
+        messages, sections, settings = transcript.messages[:cut], self.instruction, self.settings
         wire = context.wire
-        held = held_references(transcript.meta)
+        held = held_references(transcript.meta[:cut] if transcript.meta else None)
         request = as_forwarded(context.request, wire.read_tool, held, settings.offload_max_tools)
         body = wire.summary_call(request, messages, indices, sections=sections, settings=settings)
         url = self.settings.upstream + context.path
@@ -264,6 +269,21 @@ class Summaries:
             if value := context.headers.get(name):
                 headers[name] = value
         return headers
+
+
+def sent_prefix(messages: Sequence[Message], indices: Sequence[int], answered: int | None) -> int:
+    """How many leading messages a summary call repeats: the prompt answered before, when the span lies within it.
+
+    What the provider answered is in its cache; this turn's new messages are not, and neither is this turn's prompt
+    while it is still being read: a summary written ahead goes out beside it, and one written on the turn that
+    compacts comes before anything of the turn is sent. An anchor through the reply ends on that reply, which was
+    never a prompt: the call stops before it. All messages when nothing was answered before, or the span reaches
+    past it.
+    """
+    cut = min(answered or 0, len(messages))
+    if cut and messages[cut - 1].get("role") == "assistant":
+        cut -= 1
+    return cut if indices and max(indices) < cut else len(messages)
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -23,6 +23,7 @@ from tests.e2e import test_responses
 from tests.e2e.conftest import MODEL
 from tests.e2e.test_summaries import SUMMARY, settled
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
+from tests.support.openai_tokens import CACHE_BLOCK_TOKENS, prompt_token_sequence
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 from tests.support.responses_api import ResponsesReply, responses_tool_loop_responder
@@ -49,10 +50,11 @@ def instruction_of(body: Body, key: str) -> str | None:
 def check_summary_prefixes(bodies: list[Body], key: str, head: tuple[str, ...]) -> int:
     """Assert every summary call among `bodies` is the forwarded request next to it plus one instruction.
 
-    The forwarded request the summary was written from is the one right before or right after it (the client waits
-    for each turn's summaries, so nothing else comes between): its `head` fields and its `key` entries (messages or
-    input items), serialized, are those of the summary call before its instruction; a summary written while its turn
-    was being compacted extends the previous turn's request by the client's new messages instead.
+    The forwarded request a summary call repeats is the one its turn's usage anchor covers, answered before the call
+    went out: the last forwarded before it when the summary is written on the turn that compacts, the one before
+    that when it is written ahead beside its turn's request (the client waits for each turn's summaries, so nothing
+    else comes between). Its `head` fields and its `key` entries (messages or input items), serialized, are those of
+    the summary call before its instruction.
 
     :returns: How many summary calls were compared.
     """
@@ -62,13 +64,10 @@ def check_summary_prefixes(bodies: list[Body], key: str, head: tuple[str, ...]) 
             continue
         summaries += 1
         prefix = [serialized(entry) for entry in body[key][:-1]]
-        earlier = [sent for sent in bodies[:index] if instruction_of(sent, key) is None][-1:]
-        later = [sent for sent in bodies[index + 1 :] if instruction_of(sent, key) is None][:1]
-        extended = [
-            sent for sent in (*earlier, *later) if prefix[: len(sent[key])] == [serialized(e) for e in sent[key]]
-        ]
-        assert extended, f"summary call {index} repeats neither forwarded request next to it"
-        sent = max(extended, key=lambda candidate: len(candidate[key]))
+        earlier = [sent for sent in bodies[:index] if instruction_of(sent, key) is None][-2:]
+        repeated = [sent for sent in earlier if prefix == [serialized(e) for e in sent[key]]]
+        assert repeated, f"summary call {index} repeats neither of the last two forwarded requests before it"
+        sent = repeated[0]
         for field in head:
             assert serialized(body.get(field)) == serialized(sent.get(field)), f"summary call {index}: {field} differ"
         order = [name for name in body if name in (*head, key)]
@@ -122,6 +121,17 @@ async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
     assert check_summary_prefixes(bodies, "messages", ("model", "tools")) >= 2
     summaries = [body for body in bodies if instruction_of(body, "messages") is not None]
     assert any(read_tool_in(body) for body in summaries), "no summary followed an offloaded result"
+    for body, usage in zip(bodies, upstream.usages, strict=True):
+        if instruction_of(body, "messages") is not None:
+            served = usage["prompt_tokens_details"]["cached_tokens"]
+            assert served == full_blocks_before_instruction(body), "the cache did not serve all the summary repeats"
+
+
+def full_blocks_before_instruction(body: Body) -> int:
+    """The tokens of a chat summary call before its instruction, in the whole 128-token blocks a cache can serve."""
+    before = prompt_token_sequence({**body, "messages": body["messages"][:-1]})
+    priming = prompt_token_sequence({"model": body["model"], "messages": []})
+    return (len(before) - len(priming)) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
 
 
 @pytest.fixture
