@@ -46,12 +46,12 @@ from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, M
 from proxy.discovery.trials import Trials
 from proxy.engine import Anchor, counter_for_model
 from proxy.failures import log_failure
-from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.names import name_key
 from proxy.pipeline.measured import Measured
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.rewrites import View
+from proxy.pipeline.wire import WireRequest
 
 logger = logging.getLogger("compaction_proxy.compaction")
 
@@ -90,7 +90,7 @@ class ExactCounts:
     async def anchor(
         self,
         model: str | None,
-        request: ChatRequest | ResponsesRequest,
+        request: WireRequest,
         view: View,
         tenant: bytes,
         headers: Mapping[str, str],

@@ -1,120 +1,162 @@
 """The one retry after a context overflow: learn the window the provider stated, compact to it, and send again.
 
-`ChatCompactionService` takes this in as a mixin: the retry works with the service's window table, calibration,
-offloading and rewrite memory, and with its own steps for viewing, working on and forwarding a request
-(`CompactionSteps`).
+A request refused as too long (in the provider's own error shape, see `overflow.context_overflow`) is compacted
+once, to the window the error states (learned for the caller's tenant), or to the one already known when the error
+states none (then the window is below what was sent). No retry follows a retry, a history the provider keeps,
+observe mode, a compaction that removes nothing, or leading instructions and tools that alone exceed the window (no
+compaction may touch them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
 
 from proxy.config import Mode, Settings
-from proxy.engine import Room, Thresholds, Transcript, counter_for_model, leading_room
-from proxy.engine.messages import Message
+from proxy.engine import CompactionResult, Room, Thresholds, Transcript, counter_for_model, leading_room
 from proxy.engine.strategies.offload import held_references
 from proxy.pipeline.compacting import report_room
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
+from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow import context_overflow
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.reports import INSTRUCTIONS_HEADER, WINDOW_SOURCE_HEADER
+from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.usage import UsageReports
-from proxy.pipeline.wire import WireFormat
 from proxy.windows import ContextWindows, WindowSource
 
-T = TypeVar("T")
 
+@dataclass(frozen=True)
+class Refused:
+    """A refused request as the retry measures it: its view, counted, and the provider's scale of the counts.
 
-class CompactionSteps(Protocol):
-    """What the retry uses of the service."""
+    :param view: The messages as sent (the remembered rewrite replayed).
+    :param transcript: `view` counted locally.
+    :param overhead: The local tokens of what the request sends besides its messages.
+    :param scale: Provider tokens per local token (the tenant's calibration).
+    """
 
-    settings: Settings
-    mode: Mode
-    windows: ContextWindows
-    usage: UsageReports
-    offloading: Offloading
-    rewrites: RewriteMemory
-    metrics: CompactionMetrics
+    view: View
+    transcript: Transcript
+    overhead: int
+    scale: float
 
-    async def _parse(self, raw: bytes, wire: WireFormat) -> Any: ...
-
-    async def _view(self, exchange: Prepared) -> View: ...
-
-    async def _work(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T: ...
-
-    async def _forward(
-        self,
-        raw: bytes,
-        exchange: Prepared,
-        messages: list[Message] | None,
-        chain: list[bytes] | None,
-        held: tuple[str, ...] = (),
-        *,
-        tokens: int | None = None,
-    ) -> ForwardPlan: ...
+    def provider_tokens(self, local: int) -> int:
+        """`local` tokens, with the overhead, as the provider counts them."""
+        return round(self.scale * (local + self.overhead))
 
 
 class OverflowRetry:
-    """Compacts a request the upstream refused as too long, once, to the window it stated (or learned)."""
+    """Compacts a request the upstream refused as too long, once, to the window it stated (or learned).
 
-    async def _retry_after_overflow(
-        self: CompactionSteps, exchange: Prepared, outcome: ChatOutcome
-    ) -> ForwardPlan | None:
-        """The compacted retry of a request whose answer was a context overflow, or None when there is none to make.
+    :param settings: Thresholds and mode.
+    :param windows: The window table the stated window is learned into, for the caller's tenant.
+    :param usage: The calibration of local counts.
+    :param offloading: The chain (offloading when the request allows it) and where offloaded results are kept.
+    :param rewrites: Rewrite memory: the retry's compaction is remembered like any other.
+    :param work: Parses, replays and runs CPU work for the request.
+    :param outgoing: Builds what is sent.
+    :param metrics: Where retries, rooms and compactions are counted.
+    """
 
-        Not after a retry, for a history the provider keeps, in observe mode, when compaction removes nothing, or
-        when the leading instructions and the tools alone exceed the window (no compaction may touch them).
-        """
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        windows: ContextWindows,
+        usage: UsageReports,
+        offloading: Offloading,
+        rewrites: RewriteMemory,
+        work: RequestWork,
+        outgoing: Outgoing,
+        metrics: CompactionMetrics,
+    ) -> None:
+        self.settings = settings
+        self.windows = windows
+        self.usage = usage
+        self.offloading = offloading
+        self.rewrites = rewrites
+        self.work = work
+        self.outgoing = outgoing
+        self.metrics = metrics
+
+    async def after(self, exchange: Prepared, outcome: ChatOutcome) -> ForwardPlan | None:
+        """The compacted retry of a request whose answer was a context overflow, or None when there is none to make."""
         overflow = context_overflow(outcome.status, outcome.error_body)
-        if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
+        if overflow is None or exchange.retried or exchange.provider_state or self.settings.mode is Mode.OBSERVE:
             return None
         if exchange.parsed is None:
-            exchange.parsed = await self._parse(exchange.raw, exchange.wire)
-        request = exchange.request
-        view = await self._view(exchange)
-        counter = counter_for_model(exchange.model)
-        scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
-        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        overhead = counter.overhead_tokens(request.overhead_fields)
+            exchange.parsed = await self.work.parse(exchange.raw, exchange.wire)
+        refused = await self._measured(exchange)
         stated = overflow.window
         if stated is None:
             # An error that states no window (the Responses API's) still says the window is below what was sent.
-            stated = round(scale * (await self._work(exchange, transcript.total, whole=True) + overhead))
+            stated = refused.provider_tokens(await self.work.run(exchange, refused.transcript.total, whole=True))
         window, learned = exchange.window, False
         if self.windows.learn(exchange.model, stated, exchange.tenant):
             window, learned = stated, True
         if window is None:
             return None
-        thresholds = Thresholds(window, self.settings.compact_at, self.settings.compact_to, request.reserved_tokens)
+        return await self._compacted(exchange, refused, window, learned=learned)
+
+    async def _measured(self, exchange: Prepared) -> Refused:
+        view = await self.work.view(exchange)
+        counter = counter_for_model(exchange.model)
+        scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
+        transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
+        return Refused(view, transcript, counter.overhead_tokens(exchange.request.overhead_fields), scale)
+
+    async def _compacted(
+        self, exchange: Prepared, refused: Refused, window: int, *, learned: bool
+    ) -> ForwardPlan | None:
+        """The retry compacted to `window`, or None when nothing may or can be removed."""
+        settings, request, scale = self.settings, exchange.request, refused.scale
+        thresholds = Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
         staging, strategies = self.offloading.for_request(request, exchange.offload_off)
-        target = int(thresholds.target_tokens(round(scale * overhead)) / scale)
+        provider_overhead = refused.provider_tokens(0)
+        target = int(thresholds.target_tokens(provider_overhead) / scale)
 
         def room() -> Room | None:
-            provider_overhead = round(scale * overhead)
             return leading_room(
-                transcript, target_tokens=target, overhead_tokens=provider_overhead, scale=scale, window=window
+                refused.transcript,
+                target_tokens=target,
+                overhead_tokens=provider_overhead,
+                scale=scale,
+                window=window,
             )
 
-        over = await self._work(exchange, room, whole=True)
+        over = await self.work.run(exchange, room, whole=True)
         if exchange.headers.get(INSTRUCTIONS_HEADER) != over:
             report_room(over, self.metrics, exchange.model, window)
         if over is Room.OVER_WINDOW:
             self.metrics.retries.labels("instructions_over_window").inc()
             return None
-        result = await self._work(exchange, lambda: strategies.compact(transcript, target), whole=True)
+        result = await self.work.run(exchange, lambda: strategies.compact(refused.transcript, target), whole=True)
         self.metrics.retries.labels("compacted" if result else "nothing_to_remove").inc()
         if result is None:
             return None
         await self.offloading.persist(exchange.tenant, staging, result.compacted)
-        await self.rewrites.remember(exchange.scope, view, result.plan)
+        await self.rewrites.remember(exchange.scope, refused.view, result.plan)
+        return await self._sent(exchange, refused, result, window, over, learned=learned)
+
+    async def _sent(
+        self,
+        exchange: Prepared,
+        refused: Refused,
+        result: CompactionResult,
+        window: int,
+        over: Room | None,
+        *,
+        learned: bool,
+    ) -> ForwardPlan:
+        """The retry's plan, its headers saying what was done."""
+        tokens = refused.provider_tokens(result.tokens_after)
         retry = Prepared(
             exchange.scope,
             exchange.tenant,
-            request,
+            exchange.request,
             exchange.model,
             window,
             exchange.size,
@@ -122,15 +164,18 @@ class OverflowRetry:
             retried=True,
             headers=dict(exchange.headers),
         )
-        retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
-        retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)
+        retry.headers.update(
+            {
+                "X-Compaction": "compacted-after-overflow",
+                "X-Compaction-Context-Window": str(window),
+                "X-Compaction-Strategies": ",".join(result.strategies),
+                "X-Compaction-Tokens-After": str(tokens),
+            }
+        )
         if over is not None:
             retry.headers[INSTRUCTIONS_HEADER] = over.value
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
+        self.metrics.record_compaction(result.strategies, refused.provider_tokens(result.tokens_before), tokens)
         held = held_references(result.compacted.meta)
-        tokens = round(scale * (result.tokens_after + overhead))
-        retry.headers["X-Compaction-Tokens-After"] = str(tokens)
-        before = round(scale * (result.tokens_before + overhead))
-        self.metrics.record_compaction(result.strategies, before, tokens)
-        return await self._forward(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)
+        return await self.outgoing.plan(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)

@@ -59,6 +59,11 @@ class View:
         """Whether the upstream's view differs from what the client sent."""
         return self.meta is not None
 
+    @property
+    def changed_messages(self) -> list[Message] | None:
+        """The upstream's view when it differs from what the client sent, else None (the client's bytes are sent)."""
+        return self.messages if self.changed else None
+
 
 @dataclass
 class Keyed:

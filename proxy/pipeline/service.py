@@ -1,15 +1,20 @@
-"""Chat-completion compaction for the proxy: the decision for each request, and what is learned from its answer.
+"""The conversation pipeline: the decision for each compacted request, and what is learned from its answer.
 
-For every chat completion:
+For every request of a wire format the proxy compacts (the format is asked for everything format-specific, see
+`proxy.pipeline.wire`):
 
-1. The body is parsed and checked against the proxy's limits; large bodies are worked on off the event loop.
-2. *Rewrite memory* (`rewrites`) replays the plan stored for the longest known prefix of the conversation.
-3. *Anchoring* (`usage`): the provider's count for the longest known prefix of what is now being sent, plus a local
-   count of the rest, is the estimate; the engine compacts when it reaches the trigger.
-4. The compaction, if any, is composed onto the replayed plan and remembered for the whole original request.
-5. When the upstream answers, a plausible usage report anchors the next request; a context overflow it reports in
+1. The body is parsed and checked against the proxy's limits (`RequestWork`, off the event loop when large).
+2. Its window is resolved, and its thresholds (deferring to a client that compacts itself); a small request its
+   bytes show under the trigger goes as it came.
+3. *Rewrite memory* (`rewrites`) replays the plan stored for the longest known prefix of the conversation.
+4. *Anchoring* (`usage`): the provider's count for the longest known prefix of what is now being sent, plus a local
+   count of the rest, is the estimate; the engine compacts when it reaches the trigger (`compacting`, with summaries
+   and offloading).
+5. The compaction, if any, is composed onto the replayed plan, remembered for the whole original request, and sent
+   (`Outgoing`).
+6. When the upstream answers, a plausible usage report anchors the next request; a context overflow it reports in
    its own error shape teaches the caller's tenant the window, and the request is compacted and retried once
-   (`proxy.pipeline.overflow_retry`).
+   (`OverflowRetry`).
 
 All state is scoped by the caller's tenant (a keyed hash of its credentials), and state made under a per-request
 window override only by requests with the same override. Any internal error forwards the original request
@@ -20,13 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, Final
 
 from proxy.config import Mode, Settings
 from proxy.discovery.budget import ProbeBudget
 from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
+    Anchor,
     CompactionChain,
     Decision,
     Outcome,
@@ -36,12 +43,12 @@ from proxy.engine import (
     chain_by_names,
     counter_for_model,
 )
+from proxy.engine.calibration import Calibration
 from proxy.engine.encodings import load_shipped
-from proxy.engine.messages import Message, chain_keys, message_key
-from proxy.engine.strategies.offload import held_references
+from proxy.engine.strategies.offload import StagingOffloadStore, held_references
 from proxy.failures import OutageLog
 from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES, Extension, Forwarded, Splices, Turn, forward
+from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES, Extension, Splices, Turn
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.stateful import ProviderChains
 from proxy.names import shown
@@ -51,18 +58,19 @@ from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.pipeline.measured import measure
+from proxy.pipeline.measured import Measured, measure
 from proxy.pipeline.metrics import CompactionMetrics
-from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.offload.offloading import Offloading, offload_off
+from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES, Prepared
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
+from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.summaries import Summaries, SummaryContext
 from proxy.pipeline.usage import Estimate, UsageReports
-from proxy.pipeline.wire import WireFormat
+from proxy.pipeline.wire import WireRequest
 from proxy.state import StateStore, open_store
 from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
@@ -71,10 +79,8 @@ logger = logging.getLogger("compaction_proxy.compaction")
 
 COMPACTION_HEADER: Final = "x-compaction"
 
-T = TypeVar("T")
 
-
-class ChatCompactionService(OverflowRetry):
+class ChatCompactionService:
     """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
 
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
@@ -111,9 +117,20 @@ class ChatCompactionService(OverflowRetry):
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed)
         self.splice_from = splice_from
-        self.off_loop = OffLoop()
+        self.work = RequestWork(self.limits, self.rewrites)
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
+        self.outgoing = Outgoing(self.mode, self.offloading, self.work)
+        self.retry = OverflowRetry(
+            settings,
+            windows=self.windows,
+            usage=self.usage,
+            offloading=self.offloading,
+            rewrites=self.rewrites,
+            work=self.work,
+            outgoing=self.outgoing,
+            metrics=self.metrics,
+        )
         self.compacting = Compacting(self.summaries, settings.summary_start_at)
         self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
@@ -127,7 +144,7 @@ class ChatCompactionService(OverflowRetry):
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
         self.metrics = CompactionMetrics(registry)
-        self.usage.metrics = self.exact.metrics = self.metrics
+        self.usage.metrics = self.exact.metrics = self.retry.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
 
@@ -145,7 +162,7 @@ class ChatCompactionService(OverflowRetry):
             await self.summaries.aclose()
         await self.discovery.aclose()
         await self.exact.aclose()
-        self.off_loop.close()
+        self.work.close()
         await self.store.close()
 
     async def unready_reason(self) -> str | None:
@@ -162,9 +179,11 @@ class ChatCompactionService(OverflowRetry):
         caller = Caller.of(headers, self.settings, chat.wire.scope)
         spliced = chat.wire.scope is None and self.splice_from is not None and len(chat.body) >= self.splice_from
         splices = self.splices if spliced else None
-        extension, ends = await splices.recognize(caller.scope, chat.body, self.off_loop) if splices else (None, None)
+        extension, ends = (
+            await splices.recognize(caller.scope, chat.body, self.work.off_loop) if splices else (None, None)
+        )
         try:
-            request = extension.request if extension else await self._parse(chat.body, chat.wire)
+            request = extension.request if extension else await self.work.parse(chat.body, chat.wire)
         except InvalidChatRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.decided(chat.wire.name, invalid.outcome)
@@ -187,14 +206,11 @@ class ChatCompactionService(OverflowRetry):
             return plan
         if splices is not None:
             await splices.remember(
-                caller.scope, chat.body, exchange.parsed, exchange.turn, self.off_loop, openings=ends
+                caller.scope, chat.body, exchange.parsed, exchange.turn, self.work.off_loop, openings=ends
             )
         if len(chat.body) >= RELEASE_FROM_BYTES:
             exchange.release(chat.body)
         return plan
-
-    async def _parse(self, raw: bytes, wire: WireFormat) -> Any:
-        return await self.off_loop.run(len(raw), lambda: wire.parse(raw, self.limits))
 
     async def _prepare_provider_state(
         self, chat: IncomingChat, request: ResponsesRequest, headers: Mapping[str, str], caller: Caller
@@ -221,76 +237,118 @@ class ChatCompactionService(OverflowRetry):
     async def _prepare(
         self,
         chat: IncomingChat,
-        request: ChatRequest | ResponsesRequest,
+        request: WireRequest,
         headers: Mapping[str, str],
         caller: Caller,
         extension: Extension | None,
     ) -> ForwardPlan:
-        tenant, scope = caller.tenant, caller.scope
+        """Decide a request: its window and thresholds, its size, the replayed view, the measure, the compaction."""
+        exchange = await self._exchange(chat, request, headers, caller, extension)
+        thresholds = self._thresholds(exchange, headers)
+        calibration = self.usage.calibration(caller.tenant, exchange.model)
+        sized = self._sized_by_bytes(chat, exchange, thresholds, calibration)
+        if sized is not None:
+            return sized
+        view = exchange.turn.view = await self.work.view(exchange)
+        if thresholds is None:
+            self.unknown_models.log(exchange.model)
+            exchange.headers["X-Compaction"] = "unknown-window"
+            self.metrics.decided(chat.wire.name, "unknown_window")
+            return await self.outgoing.plan(chat.body, exchange, view.changed_messages, view.chain, view.held)
+        measured, anchor = await self._measured(exchange, view, thresholds, calibration, headers)
+        context = SummaryContext(
+            caller.scope, chat.path, request, headers, view.chain, chat.wire, anchor.covered if anchor else None
+        )
+        exchange.offload_off = offload_off(headers)
+        staging, strategies = self.offloading.for_request(
+            request, exchange.offload_off or not measured.decision.compact
+        )
+        compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
+        work = partial(self.work.run, exchange, whole=True)
+        outcome = await compacting.outcome(measured, context, work, strategies)
+        self._report(exchange, outcome, thresholds)
+        if outcome.result is None or self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
+            return await self._left(chat, exchange, outcome, view, thresholds)
+        return await self._compacted(chat, exchange, outcome, staging=staging, view=view, headers=headers)
+
+    async def _exchange(
+        self,
+        chat: IncomingChat,
+        request: WireRequest,
+        headers: Mapping[str, str],
+        caller: Caller,
+        extension: Extension | None,
+    ) -> Prepared:
+        """What the pipeline knows of the request once its model and window are resolved."""
         model = chat.wire.model(request, chat.path)
-        resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
+        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
         window = resolved.tokens if resolved else None
-        exchange = Prepared(scope, tenant, request, model, window, len(chat.body), chat.wire, turn=Turn(extension))
+        size, turn = len(chat.body), Turn(extension)
+        exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, chat.wire, turn=turn)
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
             exchange.headers[WINDOW_SOURCE_HEADER] = resolved.source
-        calibration = self.usage.calibration(tenant, model)
-        thresholds = self._thresholds(exchange, headers)
-        sized = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES and not self.exact.may_ask(tenant)
-        if thresholds is not None and sized:
-            bound = byte_bound(chat.body, request.messages, calibration.ratio)
-            if bound is not None and bound < thresholds.trigger_tokens:
-                return self._sized_by_bytes(chat.body, exchange, bound, thresholds)
-        view = exchange.turn.view = await self._view(exchange)
-        if thresholds is None:
-            self.unknown_models.log(model)
-            exchange.headers["X-Compaction"] = "unknown-window"
-            self.metrics.decided(chat.wire.name, "unknown_window")
-            return await self._forward(
-                chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
-            )
+        return exchange
 
+    async def _measured(
+        self,
+        exchange: Prepared,
+        view: View,
+        thresholds: Thresholds,
+        calibration: Calibration,
+        headers: Mapping[str, str],
+    ) -> tuple[Measured, Anchor | None]:
+        """The request counted and decided on, and the usage anchor it rests on (see `proxy.pipeline.measured`)."""
+        request, tenant, model = exchange.request, exchange.tenant, exchange.model
         counter = counter_for_model(model)
-        anchor = await exchange.turn.anchored(self.usage, scope, view.chain)
+        anchor = await exchange.turn.anchored(self.usage, exchange.scope, view.chain)
         known = exchange.turn.counted
         exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
-        measured = await self._work(
+        measured = await self.work.run(
             exchange,
             lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
-        context = SummaryContext(
-            scope, chat.path, request, headers, view.chain, chat.wire, anchor.covered if anchor else None
-        )
-        compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
-        exchange.offload_off = offload_off(headers)
-        staging, strategies = self.offloading.for_request(
-            request, exchange.offload_off or not measured.decision.compact
-        )
-        outcome = await compacting.outcome(measured, context, lambda w: self._work(exchange, w, whole=True), strategies)
-        self._report(exchange, outcome, thresholds)
-        result = outcome.result
-        if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
-            self.metrics.decided(chat.wire.name, "observed" if result else left_as_sent(thresholds))
-            return await self._forward(chat.body, exchange, None, view.original_chain)
-        if result is None:
-            self.metrics.decided(chat.wire.name, left_as_sent(thresholds))
-            return await self._forward(
-                chat.body, exchange, view.messages if view.changed else None, view.chain, view.held
-            )
+        return measured, anchor
 
-        await self.offloading.persist(tenant, staging, result.compacted)
+    async def _left(
+        self, chat: IncomingChat, exchange: Prepared, outcome: Outcome, view: View, thresholds: Thresholds
+    ) -> ForwardPlan:
+        """A request left as it is sent: nothing to remove, observe mode, or instructions alone over the window.
+
+        Observe mode, and instructions over the window, send the client's own bytes: nothing replayed either.
+        """
+        if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
+            self.metrics.decided(chat.wire.name, "observed" if outcome.result else left_as_sent(thresholds))
+            return await self.outgoing.plan(chat.body, exchange, None, view.original_chain)
+        self.metrics.decided(chat.wire.name, left_as_sent(thresholds))
+        return await self.outgoing.plan(chat.body, exchange, view.changed_messages, view.chain, view.held)
+
+    async def _compacted(
+        self,
+        chat: IncomingChat,
+        exchange: Prepared,
+        outcome: Outcome,
+        *,
+        staging: StagingOffloadStore | None,
+        view: View,
+        headers: Mapping[str, str],
+    ) -> ForwardPlan:
+        """Keep what was offloaded, remember the compaction, say so, and send the compacted messages."""
+        result = outcome.result
+        assert result is not None  # the outcome of a compaction
+        await self.offloading.persist(exchange.tenant, staging, result.compacted)
         self.metrics.decided(chat.wire.name, "compacted")
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
-        await self.rewrites.remember(scope, view, result.plan)
+        await self.rewrites.remember(exchange.scope, view, result.plan)
         exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
             "Compacted a conversation.",
             extra={
-                "model": shown(model),
+                "model": shown(exchange.model),
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
@@ -300,10 +358,9 @@ class ChatCompactionService(OverflowRetry):
         )
         # The compacted view is what the full plan gives on the original messages: no need to apply it again.
         compacted = list(result.compacted.messages)
-        chain = await self._work(
-            exchange, lambda: self.rewrites.compacted_chain(scope, compacted, exchange.size), whole=True
-        )
-        return await self._forward(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
+        scope, size = exchange.scope, exchange.size
+        chain = await self.work.run(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, size), whole=True)
+        return await self.outgoing.plan(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
 
     def _thresholds(self, exchange: Prepared, headers: Mapping[str, str]) -> Thresholds | None:
         """The request's thresholds (None without a window), deferring to a client that compacts itself.
@@ -329,78 +386,26 @@ class ChatCompactionService(OverflowRetry):
         exchange.estimate = Estimate(outcome.decision.estimated_tokens, bound=outcome.decision.bounded)
         report_room(outcome.room, self.metrics, exchange.model, thresholds.context_window)
 
-    def _sized_by_bytes(self, raw: bytes, exchange: Prepared, bound: int, thresholds: Thresholds) -> ForwardPlan:
-        """Forward a request its bytes show to be under the trigger as it came (see `proxy.pipeline.byte_bound`)."""
+    def _sized_by_bytes(
+        self, chat: IncomingChat, exchange: Prepared, thresholds: Thresholds | None, calibration: Calibration
+    ) -> ForwardPlan | None:
+        """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
+        small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
+        if thresholds is None or not small or self.exact.may_ask(exchange.tenant):
+            return None
+        bound = byte_bound(chat.body, exchange.request.messages, calibration.ratio)
+        if bound is None or bound >= thresholds.trigger_tokens:
+            return None
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
         return ForwardPlan(
-            body=raw,
+            body=chat.body,
             response_headers=dict(exchange.headers),
             stream=exchange.request.stream,
             context=exchange,
             model=shown(exchange.model),
         )
-
-    async def _view(self, exchange: Prepared) -> View:
-        """The request's messages with the remembered rewrite replayed (see `RewriteMemory` and `Turn.replayed`)."""
-        messages, size = exchange.request.messages, exchange.size
-        return await exchange.turn.replayed(self.rewrites, exchange.scope, messages, size, self.off_loop)
-
-    async def _forward(
-        self,
-        raw: bytes,
-        exchange: Prepared,
-        messages: list[Message] | None,
-        chain: list[bytes] | None,
-        held: tuple[str, ...] = (),
-        *,
-        tokens: int | None = None,
-    ) -> ForwardPlan:
-        """The plan forwarding `messages` (the original bytes when None), asking a stream for its usage.
-
-        :param chain: The chain of what is sent, when already known; computed here otherwise.
-        :param held: The references of the offloaded results `messages` hold: when any, the read tool is offered.
-        :param tokens: The estimated prompt tokens of `messages`, when the exchange has no estimate of its own.
-        """
-        offered = held if messages else ()
-        if exchange.estimate is not None:
-            tokens = exchange.estimate.tokens
-        sized = (exchange.window, tokens)
-        request, reads = await self.offloading.offer(
-            exchange.request,
-            exchange.wire,
-            exchange.tenant,
-            offered,
-            exchange.headers,
-            sized=sized,
-            originals=lambda: self._originals(exchange),
-        )
-        ask_usage = self.mode is Mode.ENFORCE and exchange.wire.asks_usage(request)
-
-        def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
-            sent = request.messages if messages is None else messages
-            sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            if isinstance(request, ChatRequest):
-                return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
-            return request.forwarded(raw, messages), None, sent_chain
-
-        whole = messages is not None and not exchange.turn.splices(messages)
-        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
-        return ForwardPlan(
-            body=body,
-            response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
-            stream=request.stream,
-            strip_usage_chunk=ask_usage,
-            context=exchange,
-            reads=reads,
-            model=shown(exchange.model),
-        )
-
-    async def _originals(self, exchange: Prepared) -> list[Message]:
-        """The request's messages as the client sent them, parsed again when they were `release`d."""
-        request = exchange.parsed if exchange.parsed is not None else await self._parse(exchange.raw, exchange.wire)
-        return request.messages
 
     async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
@@ -418,18 +423,11 @@ class ChatCompactionService(OverflowRetry):
                 counter = counter_for_model(exchange.model)
                 await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
                 return None
-            return await self._retry_after_overflow(exchange, outcome)
+            return await self.retry.after(exchange, outcome)
         except Exception as error:
             self.failures.failed("Recording the upstream's answer failed; it is relayed as it was.", error)
             self.metrics.errors.inc()
             return None
-
-    async def _work(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T:
-        """CPU work for this request: off the event loop when it is large.
-
-        :param whole: The work is proportional to the whole request, not only to what it added to a known one.
-        """
-        return await self.off_loop.run(exchange.size if whole else exchange.turn.new_bytes(exchange.size), work)
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
