@@ -11,13 +11,31 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Final
 
+import aiohttp
 import pytest
 
 from tests.support.examples import load_profile
+from tests.support.openai_upstream import OpenAIUpstream
 
 load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[OpenAIUpstream]:
+    """The OpenAI-like upstream (chat completions and the Responses API) on loopback, with its default window."""
+    async with OpenAIUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain client that sees raw bytes (no decompression) and adds no headers of its own."""
+    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("User-Agent",)) as session:
+        yield session
+
 
 RUN_EVERYTHING: Final = "bash .ci/run"
 """Installs and builds everything the suite needs, then runs it all (see the README for how long it takes)."""

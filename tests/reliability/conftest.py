@@ -53,12 +53,6 @@ MakeProxy = Callable[..., Awaitable[Proxy]]
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[OpenAIUpstream]:
-    async with OpenAIUpstream() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def make_proxy() -> AsyncIterator[MakeProxy]:
     """`await make_proxy(upstream_url, chat=None, **settings)`: a proxy on loopback with the real compaction service.
 
@@ -83,13 +77,6 @@ async def make_proxy() -> AsyncIterator[MakeProxy]:
 @pytest.fixture
 async def proxy(upstream: OpenAIUpstream, make_proxy: MakeProxy) -> Proxy:
     return await make_proxy(upstream.base_url)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain client that sees raw bytes and adds no headers of its own."""
-    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("User-Agent",)) as session:
-        yield session
 
 
 def chat_body(stream: bool = False, messages: list[dict[str, Any]] | None = None, **extra: Any) -> bytes:

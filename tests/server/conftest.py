@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -14,12 +13,6 @@ from proxy.pipeline.exchange import ChatCompaction
 from proxy.server import create_app
 from tests.server.helpers import MakeProxy, Proxy
 from tests.support.openai_upstream import OpenAIUpstream
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[OpenAIUpstream]:
-    async with OpenAIUpstream() as fake:
-        yield fake
 
 
 @pytest.fixture
@@ -42,10 +35,3 @@ async def make_proxy() -> AsyncIterator[MakeProxy]:
 @pytest.fixture
 async def proxy(upstream: OpenAIUpstream, make_proxy: MakeProxy) -> Proxy:
     return await make_proxy(upstream.base_url)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain client that sees raw bytes (no decompression) and adds no headers of its own."""
-    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("User-Agent",)) as session:
-        yield session

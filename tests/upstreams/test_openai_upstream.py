@@ -38,7 +38,7 @@ from tests.support.openai_upstream import (
     tool_loop_responder,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 USER_HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 
 
