@@ -24,6 +24,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.chat.forwarded import WINDOW_SOURCE_HEADER
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
 from proxy.server import errors
@@ -94,6 +95,7 @@ async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan |
     record.model = plan.model
     decided = plan.response_headers
     record.compaction = decided.get("X-Compaction")
+    record.window_source = decided.get(WINDOW_SOURCE_HEADER)
     record.tokens_before = _count(decided.get("X-Compaction-Tokens-Before"))
     record.tokens_after = _count(decided.get("X-Compaction-Tokens-After"))
     return plan
@@ -106,6 +108,7 @@ def _count(header: str | None) -> int | None:
 
 async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
     """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
+    request.app[METRICS].count_usage(outcome.usage)
 
     async def report() -> ForwardPlan | None:
         try:

@@ -27,6 +27,8 @@ class RequestRecord:
     model: str | None = None
     compaction: str | None = None
     """What compaction did (the `X-Compaction` value sent back)."""
+    window_source: str | None = None
+    """Where the context window the decision used came from (the `X-Compaction-Window-Source` value sent back)."""
     tokens_before: int | None = None
     tokens_after: int | None = None
     started: float = field(default_factory=time.perf_counter)
