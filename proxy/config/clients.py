@@ -92,6 +92,16 @@ class ClientSettings(BaseModel):
             " Never logged."
         ),
     )
+    dashboard: bool = Field(
+        default=False,
+        description=(
+            "Serve a dashboard of the last hour at `/dashboard` (a page with no outside resources) and its data at"
+            " `/dashboard.json`: requests and compactions by API and strategy, tokens before and after, offloading,"
+            " cached prompt tokens, window sources, estimate error, fail-opens; figures only, never message content."
+            " Behind `proxy_keys` when they are set (a browser may give the key as the password of its login prompt)."
+            " Off (the default): those paths answer 404."
+        ),
+    )
     workers: int = Field(
         default=1,
         ge=1,

@@ -21,6 +21,10 @@ INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
 
 
+DASHBOARD_PATHS: Final = frozenset({"/dashboard", "/dashboard.json", "/dashboard.js", "/dashboard.css"})
+"""The dashboard's page, data and assets (see `proxy.server.dashboard`): served (for GET) behind the proxy keys."""
+
+
 class RouteKind(StrEnum):
     """A coarse request class: a bounded label set for metrics."""
 
@@ -50,7 +54,7 @@ def compacted_api(method: str, path: str) -> Api | None:
 
 def route_kind(method: str, path: str) -> RouteKind:
     """Classify a request by its (decoded) path."""
-    if path in INTERNAL_PATHS:
+    if path in INTERNAL_PATHS or path in DASHBOARD_PATHS:
         return RouteKind.INTERNAL
     if is_chat_completion(method, path):
         return RouteKind.CHAT

@@ -1,0 +1,111 @@
+"""The dashboard in a real headless Chromium, after a compacting run through the real proxy: it shows the run.
+
+The run goes through the official SDK (chat completions and responses); what the client was told (headers, usage)
+is what the rendered page must show, number for number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from html.parser import HTMLParser
+from typing import Any
+
+import openai
+
+from tests.e2e.conftest import MODEL, StartProxy
+from tests.support.agent_run import TOOLS, agent_responder, run_agent
+from tests.support.chromium import chromium_or_skip, dump_dom
+from tests.support.openai_upstream import OpenAIUpstream
+
+
+class Shown(HTMLParser):
+    """The figures a rendered dashboard shows: {figure id: {item id: data-value}} and each figure's series names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: dict[str, dict[str, str]] = {}
+        self.series: dict[str, list[str]] = {}
+        self.divides_by: dict[str, str] = {}
+        self._figure = ""
+        self._item = ""
+        self._divides = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "section" and found.get("data-figure"):
+            self._figure = str(found["data-figure"])
+            self.items[self._figure], self.series[self._figure] = {}, []
+        elif tag == "div" and found.get("data-item"):
+            self._item = str(found["data-item"])
+        elif tag == "dd" and "data-value" in found:
+            self.items[self._figure][self._item] = str(found["data-value"])
+        elif tag == "li" and found.get("data-series"):
+            self.series[self._figure].append(str(found["data-series"]))
+        self._divides = tag == "p" and found.get("class") == "divides"
+
+    def handle_data(self, data: str) -> None:
+        if self._divides and data.startswith("Divides by: "):
+            self.divides_by[self._figure] = data.removeprefix("Divides by: ")
+
+
+def number(shown: Shown, figure: str, item: str) -> float:
+    return float(shown.items[figure][item])
+
+
+async def test_the_rendered_dashboard_shows_the_runs_figures(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
+    chromium_or_skip()  # before the run: a missing browser is named at once, never after a minute of work
+    upstream.responder = agent_responder()
+    base_url = await start_proxy(dashboard=True)
+    told: list[dict[str, str]] = []
+    prompt = cached = 0
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+
+        async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+            nonlocal prompt, cached
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+            )
+            completion = raw.parse()
+            told.append(dict(raw.headers))
+            assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+            prompt += completion.usage.prompt_tokens
+            cached += completion.usage.prompt_tokens_details.cached_tokens or 0
+            return completion.choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
+
+        await run_agent(turn, tasks=4, steps=12)
+        responses = 3
+        for question in range(responses):
+            response = await client.responses.create(model=MODEL, input=f"Question {question}: what changed?")
+            assert response.usage is not None
+            prompt += response.usage.input_tokens
+            cached += response.usage.input_tokens_details.cached_tokens
+
+    compacted = [headers for headers in told if headers["x-compaction"] == "compacted"]
+    assert compacted, "the run must compact for the dashboard to show compactions"
+    tokens_before = sum(int(headers["x-compaction-tokens-before"]) for headers in compacted)
+    tokens_after = sum(int(headers["x-compaction-tokens-after"]) for headers in compacted)
+
+    shown = Shown()
+    shown.feed(await dump_dom(base_url.removesuffix("/v1") + "/dashboard"))
+
+    assert number(shown, "requests", "chat_completions") == len(told)
+    assert number(shown, "requests", "responses") == responses
+    assert number(shown, "decisions", "seen_chat_completions") == len(told)
+    assert number(shown, "decisions", "seen_responses") == responses
+    assert number(shown, "decisions", "compacted") == len(compacted)
+    assert number(shown, "tokens", "compactions") == len(compacted)
+    assert number(shown, "tokens", "before") == tokens_before
+    assert number(shown, "tokens", "after") == tokens_after
+    assert 0 < number(shown, "tokens", "removed_share") == 1 - tokens_after / tokens_before
+    assert number(shown, "cache", "prompt") == prompt
+    assert cached > 0 and number(shown, "cache", "cached") == cached
+    assert number(shown, "cache", "cached_share") == cached / prompt
+    assert number(shown, "windows", "known") == len(told) + responses
+    assert number(shown, "fail_open", "fail_open") == 0
+    strategies = Counter(name for headers in compacted for name in headers["x-compaction-strategies"].split(","))
+    assert {name: number(shown, "strategies", name) for name in shown.items["strategies"]} == strategies
+    # Every figure says what it divides by.
+    assert set(shown.divides_by) == set(shown.items) and all(shown.divides_by.values())
