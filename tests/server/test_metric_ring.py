@@ -1,0 +1,58 @@
+"""The metric ring: bounded, and its minutes add up to its window's total, whatever was counted when."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.server.metric_ring import MetricRing, snapshot
+
+ROUTES = ("chat_completions", "responses", "other")
+
+# Each minute: the increments counted in it, as (route, amount).
+_MINUTES = st.lists(st.lists(st.tuples(st.sampled_from(ROUTES), st.integers(1, 50)), max_size=6), max_size=30)
+
+
+@given(minutes=_MINUTES, points=st.integers(1, 8))
+def test_minutes_add_up_to_the_windows_total_and_the_ring_stays_bounded(
+    minutes: list[list[tuple[str, int]]], points: int
+) -> None:
+    registry = CollectorRegistry()
+    requests = Counter("requests", "", ["route"], registry=registry)
+    now = [1_000.0]
+    ring = MetricRing(registry, points=points, clock=lambda: now[0])
+    ring.sample()
+    counted: list[dict[str, int]] = []
+    for increments in minutes:
+        this_minute: dict[str, int] = {}
+        for route, amount in increments:
+            requests.labels(route).inc(amount)
+            this_minute[route] = this_minute.get(route, 0) + amount
+        counted.append(this_minute)
+        now[0] += 60
+        ring.sample()
+        assert len(ring) <= points + 1
+
+    window = ring.read()
+    assert window.ends == sorted(window.ends) and len(window.minutes) == len(window.ends) <= points + 1
+    kept = counted[-(len(window.minutes) - 1) :] if len(window.minutes) > 1 else []
+    for route in ROUTES:
+        key = ("requests_total", (("route", route),))
+        per_minute = [minute.get(key, 0.0) for minute in window.minutes]
+        assert per_minute[-1] == 0  # nothing counted since the last sample
+        assert per_minute[:-1] == [float(minute.get(route, 0)) for minute in kept]
+        assert window.total.get(key, 0.0) == sum(per_minute)
+
+
+def test_a_snapshot_keeps_totals_sums_counts_and_gauges_never_buckets() -> None:
+    registry = CollectorRegistry()
+    Counter("things", "", registry=registry).inc(3)
+    Histogram("sizes", "", buckets=(1, 10), registry=registry).observe(4)
+    Gauge("held", "", registry=registry).set(7)
+    assert snapshot(registry) == {
+        ("things_total", ()): 3.0,
+        ("sizes_sum", ()): 4.0,
+        ("sizes_count", ()): 1.0,
+        ("held", ()): 7.0,
+    }
