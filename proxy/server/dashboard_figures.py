@@ -186,15 +186,54 @@ def _window_items(change: Change) -> list[Item]:
     ]
 
 
+_ERROR: Final = "compaction_proxy_estimate_error_ratio"
+CLOSE: Final = 0.05
+"""An estimate within this share of the reported count either way is close."""
+
+
+def buckets(change: Change, name: str) -> list[tuple[float, float]]:
+    """A histogram's cumulative buckets as (upper bound, count), lowest first (`+Inf` last)."""
+    by_bound = summed(change, name + "_bucket", "le")
+    return sorted((float(bound), count) for bound, count in by_bound.items())
+
+
+def quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
+    """The `q` quantile, interpolated linearly within its bucket as Prometheus' `histogram_quantile` does."""
+    if not cumulative or not cumulative[-1][1]:
+        return None
+    rank = q * cumulative[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in cumulative:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            if bound <= 0 and not below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+        lower, below = bound, count
+    return lower
+
+
+def _close(cumulative: list[tuple[float, float]]) -> float | None:
+    """The share of estimates within `CLOSE` either way (the histogram has buckets at both bounds)."""
+    found = dict(cumulative)
+    checked = cumulative[-1][1] if cumulative else 0.0
+    return share(found.get(CLOSE, 0.0) - found.get(-CLOSE, 0.0), checked)
+
+
 def _estimate(change: Change) -> dict[str, float | None]:
-    checked = total(change, "compaction_proxy_estimate_error_ratio_count")
-    return {"mean error": share(total(change, "compaction_proxy_estimate_error_ratio_sum"), checked)}
+    cumulative = buckets(change, _ERROR)
+    return {"p10": quantile(0.1, cumulative), "median": quantile(0.5, cumulative), "p90": quantile(0.9, cumulative)}
 
 
 def _estimate_items(change: Change) -> list[Item]:
-    checked = total(change, "compaction_proxy_estimate_error_ratio_count")
-    mean = share(total(change, "compaction_proxy_estimate_error_ratio_sum"), checked)
-    return [Item("checked", "estimates checked", checked), Item("mean_error", "mean error", mean, "ratio")]
+    cumulative = buckets(change, _ERROR)
+    return [
+        Item("checked", "estimates checked", cumulative[-1][1] if cumulative else 0.0),
+        Item("close_share", "within 5% / checked", _close(cumulative), SHARE),
+        Item("median_error", "median error", quantile(0.5, cumulative), "ratio"),
+        Item("p90_error", "90th percentile", quantile(0.9, cumulative), "ratio"),
+    ]
 
 
 def _fail_open_items(change: Change) -> list[Item]:
@@ -279,9 +318,10 @@ FIGURES: Final = (
     Figure(
         "estimate",
         "Estimate error",
-        "mean of (estimated - reported) / reported per minute",
-        "Mean error: the sum of (estimated - reported) / reported prompt tokens / estimates a usage report checked.",
-        ("compaction_proxy_estimate_error_ratio",),
+        "(estimated - reported) / reported prompt tokens: 10th percentile, median, 90th percentile per minute",
+        "Within 5%: estimates off by at most 5% either way / estimates a usage report checked. The median and 90th"
+        " percentile are interpolated within the histogram's buckets, as Prometheus' histogram_quantile does.",
+        (_ERROR + "_bucket",),
         _estimate,
         _estimate_items,
         "ratio",

@@ -1,7 +1,7 @@
 """The last hour of the app's Prometheus registry, one cumulative snapshot a minute, for the dashboard.
 
 Nothing is counted here: the proxy's counters already count everything once. A snapshot copies each counter's total,
-each histogram's sum and count and each gauge's value; the difference between two snapshots is what happened in
+each histogram's buckets, sum and count and each gauge's value; the difference between two snapshots is what happened in
 between. The ring keeps `points + 1` snapshots (the oldest is the baseline of the first minute) and the minute in
 progress is the difference between now and the newest, so a figure is never older than the request that reads it.
 """
@@ -27,8 +27,9 @@ SeriesKey = tuple[str, Labels]
 Snapshot = Mapping[SeriesKey, float]
 """Every kept sample of the registry at one moment."""
 
-_KEPT_SUFFIXES: Final = {"counter": ("_total",), "histogram": ("_sum", "_count"), "gauge": ("",)}
-"""Which samples of each metric type a snapshot keeps: totals, sums and counts, values; never buckets."""
+_KEPT_SUFFIXES: Final = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+"""Which samples of each metric type a snapshot keeps: totals; buckets, sums and counts; values (never `_created`).
+A histogram with negative buckets (the estimate error) has no `_sum`: its buckets are all there is."""
 
 STEP_SECONDS: Final = 60.0
 POINTS: Final = 60
@@ -36,7 +37,7 @@ POINTS: Final = 60
 
 
 def snapshot(registry: CollectorRegistry) -> dict[SeriesKey, float]:
-    """Copy the registry's counters, histogram sums and counts and gauges."""
+    """Copy the registry's counters, histograms and gauges."""
     taken: dict[SeriesKey, float] = {}
     for family in registry.collect():
         suffixes = _KEPT_SUFFIXES.get(family.type)

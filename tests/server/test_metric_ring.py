@@ -45,13 +45,16 @@ def test_minutes_add_up_to_the_windows_total_and_the_ring_stays_bounded(
         assert window.total.get(key, 0.0) == sum(per_minute)
 
 
-def test_a_snapshot_keeps_totals_sums_counts_and_gauges_never_buckets() -> None:
+def test_a_snapshot_keeps_totals_histograms_and_gauges_never_creation_times() -> None:
     registry = CollectorRegistry()
     Counter("things", "", registry=registry).inc(3)
     Histogram("sizes", "", buckets=(1, 10), registry=registry).observe(4)
     Gauge("held", "", registry=registry).set(7)
     assert snapshot(registry) == {
         ("things_total", ()): 3.0,
+        ("sizes_bucket", (("le", "1.0"),)): 0.0,
+        ("sizes_bucket", (("le", "10.0"),)): 1.0,
+        ("sizes_bucket", (("le", "+Inf"),)): 1.0,
         ("sizes_sum", ()): 4.0,
         ("sizes_count", ()): 1.0,
         ("held", ()): 7.0,

@@ -16,11 +16,13 @@ def sampled_names(exposition: str) -> set[str]:
     return names
 
 
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+
+
 def declared_names(exposition: str) -> set[str]:
-    """Every family's name (a counter's also with `_total`), whether or not it has a series yet."""
+    """Every family's name and its samples' names (`_total`; `_bucket`, `_sum`, `_count`), series or not yet."""
     names: set[str] = set()
     for family in text_string_to_metric_families(exposition):
         names.add(family.name)
-        if family.type == "counter":
-            names.add(family.name + "_total")
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))
     return names
