@@ -203,13 +203,13 @@ def quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
         return None
     rank = q * cumulative[-1][1]
     lower, below = 0.0, 0.0
-    for bound, count in cumulative:
+    for index, (bound, count) in enumerate(cumulative):
         if count >= rank:
             if bound == float("inf"):
                 return lower
-            if bound <= 0 and not below:
+            if index == 0 and bound <= 0:
                 return bound
-            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
         lower, below = bound, count
     return lower
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.server.dashboard_figures import buckets, quantile
 from proxy.server.metric_ring import MetricRing, snapshot
 
 ROUTES = ("chat_completions", "responses", "other")
@@ -59,3 +63,24 @@ def test_a_snapshot_keeps_totals_histograms_and_gauges_never_creation_times() ->
         ("sizes_count", ()): 1.0,
         ("held", ()): 7.0,
     }
+
+
+_BOUNDS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+@given(
+    observed=st.lists(st.floats(-0.9, 0.9, allow_nan=False), min_size=1, max_size=60),
+    q=st.sampled_from((0.1, 0.5, 0.9)),
+)
+def test_a_quantile_from_buckets_lies_in_the_bucket_of_the_true_quantile(observed: list[float], q: float) -> None:
+    registry = CollectorRegistry()
+    errors = Histogram("error_ratio", "", buckets=_BOUNDS, registry=registry)
+    for value in observed:
+        errors.observe(value)
+    found = quantile(q, buckets(snapshot(registry), "error_ratio"))
+    assert found is not None
+    ranked = sorted(observed)
+    true = ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+    edges = [-math.inf, *_BOUNDS, math.inf]
+    low, high = next((low, high) for low, high in itertools.pairwise(edges) if low < true <= high)
+    assert max(low, _BOUNDS[0]) - 1e-9 <= found <= min(high, _BOUNDS[-1]) + 1e-9
