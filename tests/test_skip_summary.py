@@ -29,3 +29,21 @@ def test_a_run_without_redis_server_names_the_skip_and_how_to_enable_it() -> Non
     assert "    to run them: apt-get install redis-server" in summary
     assert "To run everything, as CI does: bash .ci/run" in summary
     assert summary.count("redis-server is not installed") == 1  # each reason once
+
+
+def test_a_run_without_chromium_names_the_skip_and_how_to_enable_it() -> None:
+    environment = {name: value for name, value in os.environ.items() if name != "CI"}
+    environment["PATH"] = str(Path(sys.executable).parent)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e/test_dashboard.py"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout[result.stdout.index("skipped, and how to run them") :]
+    assert "1 skipped: chromium not installed (Debian's package): apt-get install chromium" in summary
+    assert "    to run them: apt-get install chromium" in summary

@@ -20,7 +20,7 @@ from aiohttp import web
 from proxy.server import errors
 from proxy.server.dashboard_figures import dashboard_json
 from proxy.server.keys import METRICS, SETTINGS
-from proxy.server.metric_ring import STEP_SECONDS, MetricRing
+from proxy.server.metric_ring import POINTS, STEP_SECONDS, MetricRing
 
 RING = web.AppKey("metric_ring", MetricRing)
 """The last hour of the app's metrics; present while the app runs with `dashboard` on."""
@@ -82,7 +82,7 @@ async def data(request: web.Request) -> web.Response:
     ring = request.app.get(RING)
     if ring is None:
         return _off()
-    return web.json_response(dashboard_json(ring.read(), STEP_SECONDS), headers=SECURITY_HEADERS)
+    return web.json_response(dashboard_json(ring.read(), STEP_SECONDS, POINTS * STEP_SECONDS), headers=SECURITY_HEADERS)
 
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:

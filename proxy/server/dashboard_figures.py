@@ -339,10 +339,11 @@ FIGURES: Final = (
 """The dashboard's figures, in the order the page shows them."""
 
 
-def dashboard_json(window: Window, step_seconds: float) -> dict[str, Any]:
-    """The dashboard's data: the minutes' end times and every figure over them."""
+def dashboard_json(window: Window, step_seconds: float, window_seconds: float) -> dict[str, Any]:
+    """The dashboard's data: the minutes' end times (Unix seconds) and every figure over them."""
     return {
         "step_seconds": step_seconds,
+        "window_seconds": window_seconds,
         "ends": window.ends,
         "figures": [figure.to_json(window) for figure in FIGURES],
     }

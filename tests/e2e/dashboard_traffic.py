@@ -21,9 +21,13 @@ from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.reading_model import reading_chat_responder
 
 
-async def exercise(base_url: str, upstream: OpenAIUpstream, *, tasks: int = 2) -> None:
-    """Send the run (see the module docstring) to the proxy at `base_url` (its `/v1`)."""
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-dashboard", max_retries=0) as client:
+async def exercise(base_url: str, upstream: OpenAIUpstream, *, tasks: int = 2, key: str = "sk-dashboard") -> None:
+    """Send the run (see the module docstring) to the proxy at `base_url` (its `/v1`) as the caller with `key`.
+
+    A run repeated with the same `key` finds its overflow already learned and its compactions remembered: give
+    each repetition a key of its own.
+    """
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
         upstream.responder = agent_responder()
 
         async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
@@ -41,10 +45,10 @@ async def exercise(base_url: str, upstream: OpenAIUpstream, *, tasks: int = 2) -
 
         root = base_url.removesuffix("/v1")
         async with aiohttp.ClientSession() as http:
-            overflowing = {"Authorization": "Bearer sk-dashboard", "X-Context-Window": "100000"}
+            overflowing = {"Authorization": f"Bearer {key}", "X-Context-Window": "100000"}
             async with http.post(f"{base_url}/chat/completions", data=history(30), headers=overflowing) as response:
                 assert response.headers["X-Compaction"] == "compacted-after-overflow", response.headers
-            on_learned = {"Authorization": "Bearer sk-dashboard"}
+            on_learned = {"Authorization": f"Bearer {key}"}
             async with http.post(f"{base_url}/chat/completions", data=history(2), headers=on_learned) as response:
                 assert response.headers["X-Compaction-Window-Source"] == "learned"
             upstream.fail_next(reset=True)

@@ -29,14 +29,14 @@ function formatted(value, kind) {
   return Math.round(value).toLocaleString("en-US");
 }
 
-function plot(figure, ends) {
+function plot(figure, ends, windowSeconds) {
   const svg = svgElement("svg", { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-label": figure.title });
   const values = figure.series.flatMap((series) => series.values.filter((v) => v !== null));
   const top = Math.max(0, ...values);
   const bottom = Math.min(0, ...values);
   const span = top - bottom || 1;
-  const count = Math.max(ends.length, 1);
-  const x = (i) => PAD.left + (count === 1 ? 0.5 : i / (count - 1)) * (WIDTH - PAD.left - PAD.right);
+  const now = ends[ends.length - 1];
+  const x = (i) => PAD.left + (1 - (now - ends[i]) / windowSeconds) * (WIDTH - PAD.left - PAD.right);
   const y = (v) => PAD.top + (1 - (v - bottom) / span) * (HEIGHT - PAD.top - PAD.bottom);
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: WIDTH - PAD.right, y1: y(0), y2: y(0) }));
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: HEIGHT - PAD.bottom }));
@@ -46,9 +46,10 @@ function plot(figure, ends) {
     label.textContent = formatted(value, figure.kind);
     svg.append(label);
   }
-  const minutes = ends.length > 1 ? Math.round((ends[ends.length - 1] - ends[0]) / 60) : 0;
-  const start = minutes ? `${minutes} min ago` : "this minute";
-  for (const [text, position, anchor] of [[start, PAD.left, "start"], ["now", WIDTH - PAD.right, "end"]]) {
+  const minutes = Math.round(windowSeconds / 60);
+  const ticks = [[`${minutes} min ago`, 0, "start"], [`${minutes / 2} min ago`, 0.5, "middle"], ["now", 1, "end"]];
+  for (const [text, share, anchor] of ticks) {
+    const position = PAD.left + share * (WIDTH - PAD.left - PAD.right);
     const label = svgElement("text", { x: position, y: HEIGHT - 4, "text-anchor": anchor });
     label.textContent = text;
     svg.append(label);
@@ -68,10 +69,10 @@ function plot(figure, ends) {
   return svg;
 }
 
-function section(figure, ends) {
+function section(figure, ends, windowSeconds) {
   const node = element("section", { class: "figure", "data-figure": figure.id });
   node.append(element("h2", {}, figure.title), element("p", { class: "unit" }, figure.unit));
-  node.append(plot(figure, ends));
+  node.append(plot(figure, ends, windowSeconds));
   const legend = element("ul", { class: "legend" });
   figure.series.forEach((series, index) => {
     const entry = element("li", { "data-series": series.name });
@@ -101,9 +102,10 @@ async function refresh() {
     if (!response.ok) throw new Error(`dashboard.json answered ${response.status}`);
     const data = await response.json();
     const figures = document.getElementById("figures");
-    figures.replaceChildren(...data.figures.map((figure) => section(figure, data.ends)));
+    figures.replaceChildren(...data.figures.map((figure) => section(figure, data.ends, data.window_seconds)));
     const when = new Date(data.ends[data.ends.length - 1] * 1000);
-    status.textContent = `Last ${data.ends.length - 1} whole minutes and the one in progress; read at ${when.toISOString()}.`;
+    const kept = data.ends.length - 1;
+    status.textContent = `One point a minute: ${kept} whole minute${kept === 1 ? "" : "s"} kept (at most an hour) and the one in progress; read at ${when.toISOString()}.`;
     document.body.setAttribute("data-loaded", "true");
   } catch (error) {
     status.textContent = `Could not read the figures: ${error.message}. Retrying in ${REFRESH_MS / 1000} s.`;
