@@ -26,6 +26,7 @@ TASKS = (1, 3, 2, 4, 1, 2, 3, 2)
 
 
 async def main(path: Path, minutes: int) -> None:
+    """Run `minutes` minutes of traffic and one more run, then write the screenshot to `path` (absolute)."""
     async with OpenAIUpstream(context_window=WINDOW) as upstream:
         proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
         try:
@@ -35,7 +36,7 @@ async def main(path: Path, minutes: int) -> None:
                 await exercise(proxy.url, upstream, tasks=TASKS[minute % len(TASKS)], key=f"sk-minute-{minute}")
                 if minute < minutes:
                     await asyncio.sleep(max(0.0, started + (minute + 1) * STEP_SECONDS + 1 - time.monotonic()))
-            await screenshot(proxy.url.removesuffix("/v1") + "/dashboard", path.resolve(), height=1250)
+            await screenshot(proxy.url.removesuffix("/v1") + "/dashboard", path, height=1320)
         finally:
             await proxies.close()
     print(path)
@@ -46,4 +47,4 @@ if __name__ == "__main__":
     parser.add_argument("path", type=Path)
     parser.add_argument("--minutes", type=int, default=6)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.path, arguments.minutes))
+    asyncio.run(main(arguments.path.resolve(), arguments.minutes))
