@@ -24,7 +24,6 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, IncomingChat, Refusal
-from proxy.chat.forwarded import WINDOW_SOURCE_HEADER
 from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.failures import log_failure
 from proxy.server import errors
@@ -93,17 +92,8 @@ async def _prepare(request: web.Request, body: bytes, api: Api) -> ForwardPlan |
         request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
         record.fail_open.append(plan.failed_open)
     record.model = plan.model
-    decided = plan.response_headers
-    record.compaction = decided.get("X-Compaction")
-    record.window_source = decided.get(WINDOW_SOURCE_HEADER)
-    record.tokens_before = _count(decided.get("X-Compaction-Tokens-Before"))
-    record.tokens_after = _count(decided.get("X-Compaction-Tokens-After"))
+    record.decided(plan.response_headers)
     return plan
-
-
-def _count(header: str | None) -> int | None:
-    """A token count the compaction side reported in a header, as a number for the access line."""
-    return int(header) if header is not None and header.isdigit() else None
 
 
 async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
@@ -230,6 +220,7 @@ async def _forward_planned(
             if retry is None:
                 return await _relay_buffered(request, response, plan, error)
     record.retried = True
+    record.decided(retry.response_headers)
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
     async with _send(request, target, retry.body, plain=retry.reads is not None) as response:

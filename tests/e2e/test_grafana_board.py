@@ -33,6 +33,11 @@ async def test_every_metric_the_board_names_has_a_series_after_a_run(
     await exercise(base_url, upstream)
     async with aiohttp.ClientSession() as http, http.get(base_url.removesuffix("/v1") + "/metrics") as response:
         exposition = await response.text()
+    # The retried overflow counts as what its answer said (`X-Compaction: compacted-after-overflow`).
+    assert 'compaction_proxy_decisions_total{decision="compacted-after-overflow",route="chat_completions"} 1.0' in (
+        exposition
+    )
+    assert 'compaction_proxy_window_sources_total{source="learned"}' in exposition
     named = board_metrics()
     assert len(named) >= 20
     assert named <= declared_names(exposition), named - declared_names(exposition)
