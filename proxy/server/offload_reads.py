@@ -34,6 +34,7 @@ from proxy.offload.rounds import summed, without_tools
 from proxy.responses.answers import chat_usage
 from proxy.server.decoding import outcome_from_body
 from proxy.server.held_stream import Held, hold_response, refused, relay_failure
+from proxy.server.keys import METRICS
 from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.relay import ClientReply, finish, pump, write
 from proxy.server.sse import StreamObserver
@@ -85,6 +86,8 @@ async def answer_reads(
         await complete(request, plan, outcome_from_body(response.status, sent, "identity"))
         return out
     first = usages[0]
+    for round_usage in [*usages[1:], held.usage or {}]:  # the first round's is counted with the outcome below
+        request.app[METRICS].count_usage(chat_usage(round_usage) if back.api is Api.RESPONSES else round_usage)
     await complete(request, plan, ChatOutcome(200, chat_usage(first) if back.api is Api.RESPONSES else first))
     return out
 

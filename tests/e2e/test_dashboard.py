@@ -10,12 +10,15 @@ from collections import Counter
 from html.parser import HTMLParser
 from typing import Any
 
+import aiohttp
 import openai
 
 from tests.e2e.conftest import MODEL, StartProxy
+from tests.e2e.test_offload_reads import CLIENT_TOOLS, conversation
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
 from tests.support.chromium import chromium_or_skip, dump_dom
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.reading_model import reading_chat_responder
 
 
 class Shown(HTMLParser):
@@ -109,3 +112,23 @@ async def test_the_rendered_dashboard_shows_the_runs_figures(upstream: OpenAIUps
     assert {name: number(shown, "strategies", name) for name in shown.items["strategies"]} == strategies
     # Every figure says what it divides by.
     assert set(shown.divides_by) == set(shown.items) and all(shown.divides_by.values())
+
+
+async def test_every_round_of_a_read_counts_its_prompt_tokens_as_the_client_is_billed(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    upstream.responder = reading_chat_responder
+    base_url = await start_proxy(dashboard=True)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+        completion = await client.chat.completions.create(
+            model=MODEL,
+            messages=conversation(),  # type: ignore[arg-type]
+            tools=CLIENT_TOOLS,  # type: ignore[arg-type]
+        )
+    assert completion.usage is not None and len(upstream.usages) == 2  # the question, then the answer after the read
+    async with aiohttp.ClientSession() as http, http.get(base_url.removesuffix("/v1") + "/dashboard.json") as got:
+        figures = {figure["id"]: figure for figure in (await got.json())["figures"]}
+    items = {item["id"]: item["value"] for item in figures["cache"]["items"]}
+    assert items["prompt"] == completion.usage.prompt_tokens == sum(usage["prompt_tokens"] for usage in upstream.usages)
+    offload = {item["id"]: item["value"] for item in figures["offload"]["items"]}
+    assert offload["offloaded"] == offload["served"] == 1
