@@ -18,7 +18,7 @@ from typing import Final
 from aiohttp import web
 
 from proxy.server import errors
-from proxy.server.dashboard_figures import dashboard_json
+from proxy.server.dashboard_figures import FAMILIES, dashboard_json
 from proxy.server.keys import METRICS, SETTINGS
 from proxy.server.metric_ring import POINTS, STEP_SECONDS, MetricRing
 
@@ -78,16 +78,20 @@ async def _serve(body: bytes | None, content_type: str, request: web.Request) ->
 
 
 async def data(request: web.Request) -> web.Response:
-    """The figures over the last hour (see `proxy.server.dashboard_figures.dashboard_json`)."""
+    """The figures over the last hour (see `proxy.server.dashboard_figures.dashboard_json`).
+
+    Computing them takes milliseconds (tens with many series): done off the event loop, which forwards requests.
+    """
     ring = request.app.get(RING)
     if ring is None:
         return _off()
-    return web.json_response(dashboard_json(ring.read(), STEP_SECONDS, POINTS * STEP_SECONDS), headers=SECURITY_HEADERS)
+    figures = await asyncio.to_thread(dashboard_json, ring.read(), STEP_SECONDS, POINTS * STEP_SECONDS)
+    return web.json_response(figures, headers=SECURITY_HEADERS)
 
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     """Take the baseline snapshot at startup and one a minute after, until cleanup."""
-    ring = MetricRing(app[METRICS].registry)
+    ring = MetricRing(app[METRICS].registry, FAMILIES)
     ring.sample()
     app[RING] = ring
     task = asyncio.create_task(ring.run(STEP_SECONDS))

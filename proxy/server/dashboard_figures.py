@@ -6,14 +6,15 @@ number comes from) and never anything of a message. A share says what it divides
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from proxy.server.metric_ring import SeriesKey, Window
+from proxy.server.metric_ring import Snapshot, Window
 
-Change = Mapping[SeriesKey, float]
-"""What each series gained over some span (one minute, or the window)."""
+Change = Snapshot
+"""What each series gained over some span (one minute, or the window), by sample name."""
 
 Kind = Literal["count", "share", "ratio"]
 """How a value is shown: a count, a share of 1 (as a percentage), a signed ratio (as a percentage)."""
@@ -26,9 +27,7 @@ ALL: Final = "all"
 def summed(change: Change, name: str, by: str | None = None, **where: str) -> dict[str, float]:
     """The sample `name` summed by the value of label `by` (into `ALL` when None), over series matching `where`."""
     sums: dict[str, float] = {}
-    for (sample, labels), value in change.items():
-        if sample != name:
-            continue
+    for labels, value in change.get(name, {}).items():
         found = dict(labels)
         if any(found.get(label) != wanted for label, wanted in where.items()):
             continue
@@ -98,9 +97,9 @@ def _requests(change: Change) -> dict[str, float]:
 
 def _decisions(change: Change) -> dict[str, float]:
     found: dict[str, float] = {}
-    for (sample, labels), value in change.items():
-        if sample == "compaction_proxy_decisions_total":
-            found[f"{dict(labels)['route']} {dict(labels)['decision']}"] = value
+    for labels, value in change.get("compaction_proxy_decisions_total", {}).items():
+        named = dict(labels)
+        found[f"{named['route']} {named['decision']}"] = value
     return found
 
 
@@ -337,6 +336,12 @@ FIGURES: Final = (
     ),
 )
 """The dashboard's figures, in the order the page shows them."""
+
+
+FAMILIES: Final = frozenset(
+    re.sub(r"_(total|bucket|sum|count)$", "", metric) for figure in FIGURES for metric in figure.metrics
+)
+"""The metric families the figures read: all the ring keeps."""
 
 
 def dashboard_json(window: Window, step_seconds: float, window_seconds: float) -> dict[str, Any]:

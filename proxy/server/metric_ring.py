@@ -1,9 +1,10 @@
 """The last hour of the app's Prometheus registry, one cumulative snapshot a minute, for the dashboard.
 
 Nothing is counted here: the proxy's counters already count everything once. A snapshot copies each counter's total,
-each histogram's buckets, sum and count and each gauge's value; the difference between two snapshots is what happened in
-between. The ring keeps `points + 1` snapshots (the oldest is the baseline of the first minute) and the minute in
-progress is the difference between now and the newest, so a figure is never older than the request that reads it.
+each histogram's buckets, sum and count and each gauge's value, of the metric families asked for; the difference
+between two snapshots is what happened in between. The ring keeps `points` minutes (each minute's difference is
+taken once, when it ends) and the snapshot they start from; the minute in progress is the difference between now and
+the newest snapshot, so a figure is never older than the request that reads it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Final
 
 from prometheus_client import CollectorRegistry
@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry
 Labels = tuple[tuple[str, str], ...]
 """A sample's labels, sorted by name."""
 
-SeriesKey = tuple[str, Labels]
-"""A sample's name (`compaction_proxy_requests_total`) and its labels."""
+Series = dict[Labels, float]
+"""One sample name's series: labels -> value."""
 
-Snapshot = Mapping[SeriesKey, float]
-"""Every kept sample of the registry at one moment."""
+Snapshot = Mapping[str, Series]
+"""Kept samples at one moment (or what they gained over a span), by sample name (`compaction_proxy_requests_total`)."""
 
 _KEPT_SUFFIXES: Final = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 """Which samples of each metric type a snapshot keeps: totals; buckets, sums and counts; values (never `_created`).
@@ -36,22 +36,26 @@ POINTS: Final = 60
 """One point a minute over the last hour."""
 
 
-def snapshot(registry: CollectorRegistry) -> dict[SeriesKey, float]:
-    """Copy the registry's counters, histograms and gauges."""
-    taken: dict[SeriesKey, float] = {}
+def snapshot(registry: CollectorRegistry, families: Collection[str] | None = None) -> dict[str, Series]:
+    """Copy the registry's counters, histograms and gauges: those of `families` (family names), or all when None."""
+    taken: dict[str, Series] = {}
     for family in registry.collect():
         suffixes = _KEPT_SUFFIXES.get(family.type)
-        if suffixes is None:
+        if suffixes is None or (families is not None and family.name not in families):
             continue
         for sample in family.samples:
             if sample.name.removeprefix(family.name) in suffixes:
-                taken[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+                taken.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
     return taken
 
 
-def difference(later: Snapshot, earlier: Snapshot) -> dict[SeriesKey, float]:
+def difference(later: Snapshot, earlier: Snapshot) -> dict[str, Series]:
     """What each series gained from `earlier` to `later` (a series new since then counts from zero)."""
-    return {key: value - earlier.get(key, 0.0) for key, value in later.items()}
+    gained: dict[str, Series] = {}
+    for name, series in later.items():
+        before = earlier.get(name, {})
+        gained[name] = {labels: value - before.get(labels, 0.0) for labels, value in series.items()}
+    return gained
 
 
 @dataclass(frozen=True)
@@ -61,53 +65,63 @@ class Window:
     :param ends: When each minute ended (Unix seconds), oldest first; the last is now (the minute in progress).
     :param minutes: What each series gained in each minute, aligned with `ends`.
     :param total: What each series gained over the whole window.
-    :param latest: Each series' value now (gauges are read from here).
     """
 
     ends: list[float]
-    minutes: list[dict[SeriesKey, float]]
-    total: dict[SeriesKey, float]
-    latest: dict[SeriesKey, float]
+    minutes: list[Snapshot]
+    total: Snapshot
 
 
 class MetricRing:
-    """Bounded snapshots of one registry: `points + 1` of them at most, `step` seconds apart.
+    """`points` minutes of one registry's metrics at most, and the snapshot the oldest kept minute starts from.
 
     :param registry: The registry to read.
-    :param points: Whole minutes kept (the window is `points * step` seconds, plus the minute in progress).
+    :param families: The metric families to keep (family names, as `# TYPE` names them); all when None.
+    :param points: Whole minutes kept (the window is `points` minutes, plus the minute in progress).
     :param clock: Wall-clock seconds, for the times the page shows.
     """
 
     def __init__(
         self,
         registry: CollectorRegistry,
+        families: Collection[str] | None = None,
         *,
         points: int = POINTS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
+        self.families = None if families is None else frozenset(families)
         self.clock = clock
-        self._ring: deque[tuple[float, dict[SeriesKey, float]]] = deque(maxlen=points + 1)
+        self._minutes: deque[tuple[float, Snapshot]] = deque(maxlen=points)
+        self._start: Snapshot | None = None
+        self._latest: Snapshot = {}
 
     def __len__(self) -> int:
-        return len(self._ring)
+        """Whole minutes kept."""
+        return len(self._minutes)
 
     def sample(self) -> None:
-        """Keep a snapshot of now; the oldest goes when the ring is full."""
-        self._ring.append((self.clock(), snapshot(self.registry)))
+        """End a minute at now (the first call only starts one); the oldest minute goes when the ring is full."""
+        taken = snapshot(self.registry, self.families)
+        if self._start is None:
+            self._start = taken
+        else:
+            if len(self._minutes) == self._minutes.maxlen:
+                self._start = _added(self._start, self._minutes[0][1])
+            self._minutes.append((self.clock(), difference(taken, self._latest)))
+        self._latest = taken
 
     def read(self) -> Window:
         """The kept minutes and the minute in progress, against a snapshot taken now."""
-        if not self._ring:
+        if self._start is None:
             self.sample()
-        now = (self.clock(), snapshot(self.registry))
-        taken = [*self._ring, now]
-        minutes = [difference(later[1], earlier[1]) for earlier, later in pairwise(taken)]
+        assert self._start is not None
+        now = snapshot(self.registry, self.families)
+        kept = list(self._minutes)
         return Window(
-            ends=[moment for moment, _ in taken[1:]],
-            minutes=minutes,
-            total=difference(now[1], taken[0][1]),
-            latest=now[1],
+            ends=[*(end for end, _ in kept), self.clock()],
+            minutes=[*(minute for _, minute in kept), difference(now, self._latest)],
+            total=difference(now, self._start),
         )
 
     async def run(self, step: float = STEP_SECONDS) -> None:
@@ -115,3 +129,13 @@ class MetricRing:
         while True:
             await asyncio.sleep(step)
             self.sample()
+
+
+def _added(start: Snapshot, gained: Snapshot) -> dict[str, Series]:
+    """`start` moved forward by what was `gained`: the snapshot at the end of the minute that gained it."""
+    moved = {name: dict(series) for name, series in start.items()}
+    for name, series in gained.items():
+        target = moved.setdefault(name, {})
+        for labels, value in series.items():
+            target[labels] = target.get(labels, 0.0) + value
+    return moved

@@ -24,8 +24,9 @@ def test_minutes_add_up_to_the_windows_total_and_the_ring_stays_bounded(
 ) -> None:
     registry = CollectorRegistry()
     requests = Counter("requests", "", ["route"], registry=registry)
+    Counter("ignored", "", registry=registry).inc()
     now = [1_000.0]
-    ring = MetricRing(registry, points=points, clock=lambda: now[0])
+    ring = MetricRing(registry, {"requests"}, points=points, clock=lambda: now[0])
     ring.sample()
     counted: list[dict[str, int]] = []
     for increments in minutes:
@@ -36,17 +37,18 @@ def test_minutes_add_up_to_the_windows_total_and_the_ring_stays_bounded(
         counted.append(this_minute)
         now[0] += 60
         ring.sample()
-        assert len(ring) <= points + 1
+        assert len(ring) <= points
 
     window = ring.read()
-    assert window.ends == sorted(window.ends) and len(window.minutes) == len(window.ends) <= points + 1
-    kept = counted[-(len(window.minutes) - 1) :] if len(window.minutes) > 1 else []
+    assert len(window.minutes) == len(window.ends) == min(len(minutes), points) + 1
+    assert window.ends == sorted(window.ends)
+    assert all(set(minute) <= {"requests_total"} for minute in [*window.minutes, window.total])
+    kept = counted[len(counted) - len(window.minutes) + 1 :]
     for route in ROUTES:
-        key = ("requests_total", (("route", route),))
-        per_minute = [minute.get(key, 0.0) for minute in window.minutes]
+        per_minute = [minute.get("requests_total", {}).get((("route", route),), 0.0) for minute in window.minutes]
         assert per_minute[-1] == 0  # nothing counted since the last sample
         assert per_minute[:-1] == [float(minute.get(route, 0)) for minute in kept]
-        assert window.total.get(key, 0.0) == sum(per_minute)
+        assert window.total.get("requests_total", {}).get((("route", route),), 0.0) == sum(per_minute)
 
 
 def test_a_snapshot_keeps_totals_histograms_and_gauges_never_creation_times() -> None:
@@ -55,14 +57,13 @@ def test_a_snapshot_keeps_totals_histograms_and_gauges_never_creation_times() ->
     Histogram("sizes", "", buckets=(1, 10), registry=registry).observe(4)
     Gauge("held", "", registry=registry).set(7)
     assert snapshot(registry) == {
-        ("things_total", ()): 3.0,
-        ("sizes_bucket", (("le", "1.0"),)): 0.0,
-        ("sizes_bucket", (("le", "10.0"),)): 1.0,
-        ("sizes_bucket", (("le", "+Inf"),)): 1.0,
-        ("sizes_sum", ()): 4.0,
-        ("sizes_count", ()): 1.0,
-        ("held", ()): 7.0,
+        "things_total": {(): 3.0},
+        "sizes_bucket": {(("le", "1.0"),): 0.0, (("le", "10.0"),): 1.0, (("le", "+Inf"),): 1.0},
+        "sizes_sum": {(): 4.0},
+        "sizes_count": {(): 1.0},
+        "held": {(): 7.0},
     }
+    assert snapshot(registry, {"held"}) == {"held": {(): 7.0}}
 
 
 _BOUNDS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
