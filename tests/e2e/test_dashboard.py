@@ -132,3 +132,20 @@ async def test_every_round_of_a_read_counts_its_prompt_tokens_as_the_client_is_b
     assert items["prompt"] == completion.usage.prompt_tokens == sum(usage["prompt_tokens"] for usage in upstream.usages)
     offload = {item["id"]: item["value"] for item in figures["offload"]["items"]}
     assert offload["offloaded"] == offload["served"] == 1
+
+
+async def test_a_browser_given_the_key_as_its_password_sees_the_figures(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    key = "browser-key-0123456789"
+    base_url = await start_proxy(dashboard=True, proxy_keys=[key])
+    async with openai.AsyncOpenAI(
+        base_url=base_url, api_key="sk-test", max_retries=0, default_headers={"X-Proxy-Key": key}
+    ) as client:
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}])
+    page = base_url.removesuffix("/v1") + "/dashboard"
+    refused, shown = Shown(), Shown()
+    refused.feed(await dump_dom(page))
+    assert refused.items == {}  # without the key: the 401, no figures
+    shown.feed(await dump_dom(page.replace("http://", "http://anyone:" + key + "@")))
+    assert number(shown, "requests", "chat_completions") == 1

@@ -98,7 +98,12 @@ function section(figure, ends, windowSeconds) {
 async function refresh() {
   const status = document.getElementById("status");
   try {
-    const response = await fetch("dashboard.json", { cache: "no-store", credentials: "same-origin" });
+    // Relative to the page, without any user:password@ it was opened with (fetch refuses those; the browser's
+    // login cache still sends the key).
+    const url = new URL("dashboard.json", window.location.href);
+    url.username = "";
+    url.password = "";
+    const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
     if (!response.ok) throw new Error(`dashboard.json answered ${response.status}`);
     const data = await response.json();
     const figures = document.getElementById("figures");
