@@ -87,8 +87,9 @@ class ClientSettings(BaseModel):
         description=(
             "Inbound authentication for a shared gateway: when not empty, every forwarded request must carry one of"
             " these secrets in `X-Proxy-Key: <key>` or `Proxy-Authorization: Bearer <key>` (else 401); the header is"
-            " removed before forwarding. `/healthz`, `/readyz` and `/metrics` stay open. Each key at least 16"
-            " characters. Empty (the default): off. From the environment: a JSON list or comma-separated keys."
+            " removed before forwarding. `/healthz`, `/readyz` and `/metrics` stay open (the dashboard does not)."
+            " Each key at least 16 characters. Empty (the default): off. From the environment: a JSON list or"
+            " comma-separated keys."
             " Never logged."
         ),
     )
