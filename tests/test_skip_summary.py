@@ -38,5 +38,5 @@ def test_a_run_without_redis_server_names_the_skip_and_how_to_enable_it() -> Non
 
 def test_a_run_without_chromium_names_the_skip_and_how_to_enable_it() -> None:
     summary = skip_summary_without_tools("tests/e2e/test_dashboard.py")
-    assert "1 skipped: chromium not installed (Debian's package): apt-get install chromium" in summary
+    assert "2 skipped: chromium not installed (Debian's package): apt-get install chromium" in summary
     assert "    to run them: apt-get install chromium" in summary
