@@ -47,6 +47,7 @@ ENABLERS: Final = (
     ("helm-python-sdk", "pip install -e '.[dev]'"),
     ("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)"),
     ("container image", "the build command in the reason above (see deploy/README.md)"),
+    ("chromium", "apt-get install chromium"),
 )
 """(a word of the skip reason, the command that enables those tests); the first match wins."""
 

@@ -60,3 +60,14 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert "### What each chain keeps" in done.stdout
     assert {row["chain"] for row in results["retention"]["rows"]} == set(retention.CHAINS)
     assert {row["relay"] for row in results["memory"]} == {"proxy", "bare relay"}
+
+
+def test_the_dashboard_screenshot_script_writes_a_png(tmp_path: Path) -> None:
+    from tests.support.chromium import chromium_or_skip
+
+    chromium_or_skip()
+    path = tmp_path / "dashboard.png"
+    args = ["-m", "bench.dashboard_screenshot", str(path), "--minutes", "0"]
+    done = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -87,9 +87,20 @@ class ClientSettings(BaseModel):
         description=(
             "Inbound authentication for a shared gateway: when not empty, every forwarded request must carry one of"
             " these secrets in `X-Proxy-Key: <key>` or `Proxy-Authorization: Bearer <key>` (else 401); the header is"
-            " removed before forwarding. `/healthz`, `/readyz` and `/metrics` stay open. Each key at least 16"
-            " characters. Empty (the default): off. From the environment: a JSON list or comma-separated keys."
+            " removed before forwarding. `/healthz`, `/readyz` and `/metrics` stay open (the dashboard does not)."
+            " Each key at least 16 characters. Empty (the default): off. From the environment: a JSON list or"
+            " comma-separated keys."
             " Never logged."
+        ),
+    )
+    dashboard: bool = Field(
+        default=False,
+        description=(
+            "Serve a dashboard of the last hour at `/dashboard` (a page with no outside resources) and its data at"
+            " `/dashboard.json`: requests and compactions by API and strategy, tokens before and after, offloading,"
+            " cached prompt tokens, window sources, estimate error, fail-opens; figures only, never message content."
+            " Behind `proxy_keys` when they are set (a browser may give the key as the password of its login prompt)."
+            " Off (the default): those paths answer 404."
         ),
     )
     workers: int = Field(

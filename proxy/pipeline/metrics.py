@@ -17,11 +17,11 @@ class CompactionMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry if registry is not None else CollectorRegistry()
         self.requests = Counter(
-            "compaction_proxy_decisions",
-            "Requests of the wire formats the proxy compacts, by format (api) and by what compaction did: compacted,"
-            " unchanged, deferred (to a client that compacts itself), observed, skipped, unknown_window,"
-            " provider_state, unparsed, too_deep (nested deeper than the proxy writes JSON: forwarded untouched),"
-            " refused; each request once.",
+            "compaction_proxy_outcomes",
+            "Requests of the wire formats the proxy compacts, each once, by format (api) and by what the pipeline first"
+            " decided: compacted, unchanged, deferred (to a client that compacts itself), observed, skipped,"
+            " unknown_window, provider_state, unparsed, too_deep (nested deeper than the proxy writes JSON: forwarded"
+            " untouched), refused. compaction_proxy_decisions_total counts what the client was finally told.",
             ["api", "outcome"],
             registry=registry,
         )

@@ -88,6 +88,10 @@ def _account(request: web.Request, record: RequestRecord) -> None:
     metrics.request_duration.labels(route=route).observe(elapsed)
     if record.upstream_latency is not None:
         metrics.upstream_latency.labels(route=route).observe(record.upstream_latency)
+    if record.compaction is not None:
+        metrics.decisions.labels(route=route, decision=record.compaction).inc()
+    if record.window_source is not None:
+        metrics.window_sources.labels(source=record.window_source).inc()
     if record.error in ("unreachable", "timeout", "broken_stream"):
         metrics.upstream_errors.labels(kind=record.error).inc()
     fields = {

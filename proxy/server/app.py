@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
 from proxy.pipeline.exchange import ChatCompaction, PassThrough
-from proxy.server import health
+from proxy.server import dashboard, health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.forwarding import proxy_request
@@ -80,6 +80,7 @@ def create_app(
     app[METRICS] = metrics
     app[READINESS] = Readiness()
     health.add_routes(app)
+    dashboard.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_upstream_client)
     app.on_startup.append(_warm_up)

@@ -9,6 +9,8 @@ hop-by-hop and `X-Proxy-Key` is dropped with it (see `proxy.server.headers`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from typing import Final
@@ -18,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.server import errors
 from proxy.server.keys import RECORD, SETTINGS
-from proxy.server.routes import INTERNAL_PATHS
+from proxy.server.routes import DASHBOARD_PATHS, INTERNAL_PATHS
 
 PROXY_KEY_HEADER: Final = "X-Proxy-Key"
 """The proxy's own credential header; removed before forwarding."""
@@ -40,6 +42,23 @@ def presented_keys(request: web.Request) -> list[str]:
     return found
 
 
+def basic_passwords(request: web.Request) -> list[str]:
+    """The passwords of the request's `Authorization: Basic` credentials (a browser login prompt); any user."""
+    found = []
+    for value in request.headers.getall("Authorization", ()):
+        scheme, _, token = value.strip().partition(" ")
+        if scheme.lower() != "basic":
+            continue
+        try:
+            decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+        _, colon, password = decoded.partition(":")
+        if colon and password:
+            found.append(password)
+    return found
+
+
 def key_matches(presented: list[str], allowed: list[bytes]) -> bool:
     """Whether any presented key equals any allowed digest; every pair is compared, with no early exit."""
     matched = False
@@ -55,19 +74,25 @@ async def inbound_auth(request: web.Request, handler: Handler) -> web.StreamResp
     """Answer 401 (OpenAI-style) to a request without a valid proxy key, when proxy keys are configured.
 
     The proxy's own probes (`GET /healthz`, `/readyz`, `/metrics`) stay open, so kubelets and scrapers need no key.
+    The dashboard (`DASHBOARD_PATHS`) is not open; a browser cannot set a header, so there the key may also come as
+    the password of `Authorization: Basic` (the 401 asks for it), which is never forwarded from those paths.
     """
     settings = request.app[SETTINGS]
     if not settings.proxy_keys or (request.method in _OPEN_METHODS and request.path in INTERNAL_PATHS):
         return await handler(request)
     allowed = [_digest(key.get_secret_value()) for key in settings.proxy_keys]
-    if key_matches(presented_keys(request), allowed):
+    dashboard = request.path in DASHBOARD_PATHS
+    presented = presented_keys(request) + (basic_passwords(request) if dashboard else [])
+    if key_matches(presented, allowed):
         return await handler(request)
     request[RECORD].error = "proxy_key"
     response = errors.error_response(
         401,
-        "This proxy requires a proxy key: send it in the X-Proxy-Key header or as Proxy-Authorization: Bearer <key>.",
+        "This proxy requires a proxy key: send it in the X-Proxy-Key header or as Proxy-Authorization: Bearer <key>"
+        + (" (in a browser: as the password, any user name)." if dashboard else "."),
         type_="invalid_request_error",
         code="invalid_proxy_key",
     )
-    response.headers["WWW-Authenticate"] = 'Bearer realm="compaction-proxy"'
+    scheme = "Basic" if dashboard else "Bearer"
+    response.headers["WWW-Authenticate"] = f'{scheme} realm="compaction-proxy"'
     return response

@@ -93,20 +93,13 @@ async def _prepare(request: web.Request, body: bytes, wire: WireFormat) -> Forwa
         request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
         record.fail_open.append(plan.failed_open)
     record.model = plan.model
-    decided = plan.response_headers
-    record.compaction = decided.get("X-Compaction")
-    record.tokens_before = _count(decided.get("X-Compaction-Tokens-Before"))
-    record.tokens_after = _count(decided.get("X-Compaction-Tokens-After"))
+    record.decided(plan.response_headers)
     return plan
-
-
-def _count(header: str | None) -> int | None:
-    """A token count the compaction side reported in a header, as a number for the access line."""
-    return int(header) if header is not None and header.isdigit() else None
 
 
 async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
     """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
+    request.app[METRICS].count_usage(outcome.usage)
 
     async def report() -> ForwardPlan | None:
         try:
@@ -228,6 +221,7 @@ async def _forward_planned(
             if retry is None:
                 return await _relay_buffered(request, response, plan, error)
     record.retried = True
+    record.decided(retry.response_headers)
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
     async with _send(request, target, retry.body, plain=retry.reads is not None) as response:

@@ -17,9 +17,17 @@ HOP_BY_HOP: frozenset[str] = frozenset(
 )
 """Hop-by-hop header names (lower case); every `Proxy-*` header and whatever `Connection` lists are dropped too."""
 
-REQUEST_ONLY_DROPS: frozenset[str] = frozenset({"host", "expect", "x-proxy-key"})
+CONTROL_HEADERS: frozenset[str] = frozenset(
+    {"x-compaction", "x-compaction-client", "x-compaction-offload", "x-context-window"}
+)
+"""Request headers that instruct the proxy itself (lower case): compaction off, the client-compaction policy,
+offloading off, the window for one request. They are read before forwarding and never sent on: they mean nothing to
+the provider. `X-Conversation-Id` is not one of them: a provider may use it too, so it passes."""
+
+REQUEST_ONLY_DROPS: frozenset[str] = frozenset({"host", "expect", "x-proxy-key"} | CONTROL_HEADERS)
 """Request headers the proxy sets itself or consumes: Host becomes the upstream's, `Expect: 100-continue` is answered
-here, and `X-Proxy-Key` (the proxy's own inbound credential, see `proxy.server.auth`) never leaves it."""
+here, `X-Proxy-Key` (the proxy's own inbound credential, see `proxy.server.auth`) and the `CONTROL_HEADERS` never
+leave it."""
 
 SENSITIVE: frozenset[str] = frozenset(
     {"authorization", "api-key", "x-api-key", "cookie", "set-cookie", "proxy-authorization", "x-proxy-key"}

@@ -9,7 +9,8 @@ both: either it receives `registry` (see `ProxyMetrics.registry`) or the `ChatCo
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -99,6 +100,31 @@ class ProxyMetrics:
             "Usage-only stream chunks the proxy asked for and removed before the client saw them.",
             registry=self.registry,
         )
+        self.decisions = Counter(
+            "compaction_proxy_decisions",
+            "Requests the compaction side saw, by route kind (the API) and what it did: the `X-Compaction` value"
+            " sent back (compacted, unchanged, would-compact, deferred, skipped, unknown-window, error, ...).",
+            ["route", "decision"],
+            registry=self.registry,
+        )
+        self.window_sources = Counter(
+            "compaction_proxy_window_sources",
+            "Requests the compaction side saw with a known context window, by where it came from: request, learned"
+            " (from an overflow error), configured, discovered (asked of the upstream), table, default.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "compaction_proxy_prompt_tokens",
+            "Prompt tokens the upstream reported in the usage of the answers the compaction side saw.",
+            registry=self.registry,
+        )
+        self.cached_prompt_tokens = Counter(
+            "compaction_proxy_cached_prompt_tokens",
+            "Of compaction_proxy_prompt_tokens, those the upstream reported served from its prompt cache"
+            " (`prompt_tokens_details.cached_tokens`, the Responses API's `input_tokens_details.cached_tokens`).",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "compaction_proxy_in_flight_requests",
             "Requests being handled right now, streams included.",
@@ -106,8 +132,24 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+    def count_usage(self, usage: Mapping[str, Any] | None) -> None:
+        """Count the prompt tokens of an upstream usage report (chat field names), and how many were cached."""
+        prompt = _tokens(usage.get("prompt_tokens")) if usage else None
+        if usage is None or prompt is None:
+            return
+        self.prompt_tokens.inc(prompt)
+        details = usage.get("prompt_tokens_details")
+        cached = _tokens(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        if cached:
+            self.cached_prompt_tokens.inc(min(cached, prompt))
+
     def render(self) -> tuple[bytes, str]:
         """Return the exposition text (the pod's, under several workers) and its content type."""
         if self.pod_directory is not None:
             return render_pod(self.pod_directory), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _tokens(value: Any) -> int | None:
+    """`value` when it is a token count (a non-negative int, not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

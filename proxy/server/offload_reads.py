@@ -33,6 +33,7 @@ from proxy.pipeline.offload.reads import ReadBack, Round
 from proxy.pipeline.offload.rounds import summed, without_tools
 from proxy.server.decoding import outcome_from_body
 from proxy.server.held_stream import Held, hold_response, refused, relay_failure
+from proxy.server.keys import METRICS
 from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.relay import ClientReply, finish, pump, write
 from proxy.server.sse import StreamObserver
@@ -84,6 +85,8 @@ async def answer_reads(
         await complete(request, plan, outcome_from_body(back.wire, response.status, sent, "identity"))
         return out
     first = usages[0]
+    for round_usage in [*usages[1:], held.usage or {}]:  # the first round's is counted with the outcome below
+        request.app[METRICS].count_usage(back.wire.usage_in_chat_terms(round_usage))
     await complete(request, plan, ChatOutcome(200, back.wire.usage_in_chat_terms(first)))
     return out
 

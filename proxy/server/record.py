@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
 
 @dataclass
@@ -25,6 +28,8 @@ class RequestRecord:
     model: str | None = None
     compaction: str | None = None
     """What compaction did (the `X-Compaction` value sent back)."""
+    window_source: str | None = None
+    """Where the context window the decision used came from (the `X-Compaction-Window-Source` value sent back)."""
     tokens_before: int | None = None
     tokens_after: int | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -39,6 +44,21 @@ class RequestRecord:
     client_disconnected: bool = False
     error: str | None = None
 
+    def decided(self, headers: Mapping[str, str]) -> None:
+        """Note what the compaction side told the client (its response headers), for the access line and metrics.
+
+        Called again for the plan of a retry, whose headers replace the first plan's where it sends them.
+        """
+        self.compaction = headers.get("X-Compaction", self.compaction)
+        self.window_source = headers.get(WINDOW_SOURCE_HEADER, self.window_source)
+        self.tokens_before = _count(headers.get("X-Compaction-Tokens-Before")) or self.tokens_before
+        self.tokens_after = _count(headers.get("X-Compaction-Tokens-After")) or self.tokens_after
+
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
         return time.perf_counter() - self.started
+
+
+def _count(header: str | None) -> int | None:
+    """A token count the compaction side reported in a header, as a number for the access line."""
+    return int(header) if header is not None and header.isdigit() else None

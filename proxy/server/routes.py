@@ -13,6 +13,10 @@ INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
 
 
+DASHBOARD_PATHS: Final = frozenset({"/dashboard", "/dashboard.json", "/dashboard.js", "/dashboard.css"})
+"""The dashboard's page, data and assets (see `proxy.server.dashboard`): served (for GET) behind the proxy keys."""
+
+
 class RouteKind(StrEnum):
     """A coarse class of the requests no wire format compacts: with the formats' names, a bounded label set."""
 
@@ -25,7 +29,7 @@ class RouteKind(StrEnum):
 
 def route_kind(method: str, path: str) -> str:
     """Classify a request by its (decoded) path: the name of the wire format that compacts it, or a `RouteKind`."""
-    if path in INTERNAL_PATHS:
+    if path in INTERNAL_PATHS or path in DASHBOARD_PATHS:
         return RouteKind.INTERNAL.value
     wire = format_of(method, path)
     if wire is not None:

@@ -134,6 +134,10 @@ CHART_CASES: dict[str, ChartCase] = {
         ("ConfigMap", "Deployment", "Service", "ServiceMonitor"),
         external_secrets=("redis-url", "my-tenant-key"),
     ),
+    "gateway-grafana-dashboard": ChartCase(
+        {"grafanaDashboard": {"enabled": True}, "redis": {"enabled": False}},
+        ("ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service"),
+    ),
     "sidecar": ChartCase(SIDECAR_ONLY, ("ConfigMap", "Deployment", "Secret")),
     "sidecar-classic-container": ChartCase(
         {**SIDECAR_ONLY, "sidecar": {**SIDECAR_ONLY["sidecar"], "native": False}},
@@ -480,6 +484,25 @@ def test_chart_gateway_defaults(helm: ModuleType, tmp_path: Path) -> None:
     assert again.tenant_key.get_secret_value() != key
 
 
+GRAFANA_BOARD = DEPLOY / "grafana" / "compaction-proxy.json"
+
+
+def test_chart_grafana_dashboard_is_off_by_default_and_labelled_for_the_sidecar(helm: ModuleType) -> None:
+    assert not [doc for doc in rendered_docs(helm, {}) if doc["metadata"]["name"].endswith("grafana-dashboard")]
+    annotations = {"k8s-sidecar-target-directory": "llm"}
+    values = {"grafanaDashboard": {"enabled": True, "namespace": "monitoring", "annotations": annotations}}
+    [board] = [doc for doc in rendered_docs(helm, values) if doc["metadata"]["name"].endswith("grafana-dashboard")]
+    assert board["kind"] == "ConfigMap" and board["metadata"]["namespace"] == "monitoring"
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["annotations"] == annotations
+    # The chart ships the same board as deploy/grafana, byte for byte, and it is one JSON document.
+    assert board["data"]["compaction-proxy.json"] == GRAFANA_BOARD.read_text().rstrip("\n")
+    assert json.loads(board["data"]["compaction-proxy.json"])["uid"] == "compaction-proxy"
+    relabelled = {"grafanaDashboard": {"enabled": True, "sidecarLabel": "dashboards", "sidecarLabelValue": "llm"}}
+    [board] = [doc for doc in rendered_docs(helm, relabelled) if doc["metadata"]["name"].endswith("grafana-dashboard")]
+    assert board["metadata"]["labels"]["dashboards"] == "llm" and "grafana_dashboard" not in board["metadata"]["labels"]
+
+
 def test_chart_external_redis_and_secrets(helm: ModuleType) -> None:
     docs = rendered_docs(helm, CHART_CASES["gateway-external-redis-secrets-monitor"].values)
     [gateway] = by_kind(docs, "Deployment").values()
@@ -548,6 +571,8 @@ def test_chart_sets_workers_from_the_cpu_limit(helm: ModuleType, values: dict[st
         ({"mode": "on"}, "enforce"),
         ({"config": {"compact_at": 1.5}}, "compact_at"),
         ({"redis": {"enabled": False}, "gateway": {"workers": 2}}, "gateway.workers > 1 needs shared state"),
+        ({"grafanaDashboard": {"enabled": "yes"}}, "/grafanaDashboard/enabled"),
+        ({"grafanaDashboard": {"folder": "llm"}}, "folder"),
     ],
     ids=[
         "nothing-enabled",
@@ -558,6 +583,8 @@ def test_chart_sets_workers_from_the_cpu_limit(helm: ModuleType, values: dict[st
         "bad-mode",
         "bad-config",
         "workers-without-redis",
+        "grafana-enabled-not-a-boolean",
+        "grafana-unknown-key",
     ],
 )
 def test_chart_rejects_bad_values(helm: ModuleType, values: dict[str, Any], message: str) -> None:

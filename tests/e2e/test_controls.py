@@ -80,7 +80,7 @@ async def test_overflow_is_compacted_and_retried_once(upstream: OpenAIUpstream, 
         metrics = await response.text()
     assert "compaction_proxy_tokens_after_count 1.0" in metrics
     assert 'compaction_proxy_overflow_retries_total{result="compacted"} 1.0' in metrics
-    assert 'compaction_proxy_decisions_total{api="chat_completions",outcome="compacted"}' not in metrics
+    assert 'compaction_proxy_outcomes_total{api="chat_completions",outcome="compacted"}' not in metrics
     # The learned window holds for the next request: compacted up front, no second rejection.
     status, headers, _ = await post(base_url, history(21))
     assert status == 200
@@ -145,4 +145,4 @@ async def test_metrics_count_compactions_by_strategy(upstream: OpenAIUpstream, s
     async with aiohttp.ClientSession() as http, http.get(base_url.removesuffix("/v1") + "/metrics") as response:
         text = await response.text()
     assert 'compaction_proxy_compactions_total{strategy="sliding_window"} 1.0' in text
-    assert 'compaction_proxy_decisions_total{api="chat_completions",outcome="compacted"} 1.0' in text
+    assert 'compaction_proxy_outcomes_total{api="chat_completions",outcome="compacted"} 1.0' in text

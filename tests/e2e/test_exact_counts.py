@@ -142,7 +142,7 @@ async def test_a_server_without_the_endpoints_is_asked_once(proxies: LoopbackPro
     # bytes) were sized by their bytes and counted nothing.
     exposed = await metrics(proxy)
     assert 'compaction_proxy_exact_counts_total{result="failed"} 1.0' in exposed
-    assert 'compaction_proxy_decisions_total{api="chat_completions",outcome="unchanged"} 4.0' in exposed
+    assert 'compaction_proxy_outcomes_total{api="chat_completions",outcome="unchanged"} 4.0' in exposed
 
 
 async def test_a_slow_server_delays_a_request_by_the_budget_at_most(proxies: LoopbackProxies) -> None:

@@ -282,7 +282,7 @@ async def test_json_nested_deeper_than_the_proxy_writes_is_forwarded_untouched_w
     assert upstream.requests[-1].body == sent
     assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
     api_label = "chat_completions" if api == "chat" else "responses"
-    assert proxy.metric("compaction_proxy_decisions_total", api=api_label, outcome="too_deep") == 1
+    assert proxy.metric("compaction_proxy_outcomes_total", api=api_label, outcome="too_deep") == 1
 
 
 async def test_a_deep_message_appended_to_a_known_conversation_is_forwarded_untouched_without_an_error(
@@ -298,4 +298,4 @@ async def test_a_deep_message_appended_to_a_known_conversation_is_forwarded_unto
         await post_chat(http, proxy, sent)
     assert upstream.requests[-1].body == sent
     assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
-    assert proxy.metric("compaction_proxy_decisions_total", api="chat_completions", outcome="too_deep") == 1
+    assert proxy.metric("compaction_proxy_outcomes_total", api="chat_completions", outcome="too_deep") == 1

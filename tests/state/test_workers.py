@@ -190,7 +190,7 @@ async def test_every_scrape_reports_the_whole_pod(
     assert set(scraped_by) == set(range(WORKERS)), f"every scrape met worker {scraped_by[0]}: nothing was shown"
     for exposition in scrapes:
         assert metric(exposition, 'compaction_proxy_requests_total{route="chat_completions",status="200"}') == requests
-        decided = 'compaction_proxy_decisions_total{api="chat_completions",outcome="unchanged"}'
+        decided = 'compaction_proxy_outcomes_total{api="chat_completions",outcome="unchanged"}'
         assert metric(exposition, decided) == requests
         assert metric(exposition, "compaction_proxy_tokens_before_count") == 0  # nothing compacted, in any worker
         assert metric(exposition, "compaction_proxy_in_flight_requests") == 1  # the scrape itself, not one per worker
