@@ -16,6 +16,7 @@ import asyncio
 import errno
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -56,6 +57,13 @@ class UpstreamTimeout(UpstreamError):
 
 PIECES_FROM_BYTES: Final = 64 * 1024
 """Bodies from this size are handed to the client in two pieces (see `_in_pieces`)."""
+LOOP_SLICE_SECONDS: Final = 0.005
+"""Reading an answer already buffered gives the event loop a turn at least this often (see `read_chunk`)."""
+
+RELAY_PIECE_BYTES: Final = 64 * 1024
+"""The most bytes of an answer read at once: what one relay step inspects (splits, inflates, edits) before the loop
+may turn again, however much the upstream sent ahead while the proxy was busy."""
+
 HEAD_PIECE_BYTES: Final = 16 * 1024
 
 DETAIL_LIMIT = 200
@@ -122,6 +130,7 @@ class Upstream:
         self.session = session
         self.first_byte_timeout = settings.first_byte_timeout
         self.idle_timeout = settings.idle_timeout
+        self._turn_started = time.monotonic()
 
     @staticmethod
     def create_session(settings: Settings) -> aiohttp.ClientSession:
@@ -180,11 +189,25 @@ class Upstream:
         """
         try:
             async with asyncio.timeout(self.idle_timeout):
-                return await response.content.readany()
+                chunk = await response.content.read(RELAY_PIECE_BYTES)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"the response paused for more than {self.idle_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(_failure(exc)) from exc
+        await self._share_the_loop()
+        return chunk
+
+    async def _share_the_loop(self) -> None:
+        """Give the event loop a turn once reading has held it `LOOP_SLICE_SECONDS`.
+
+        A read of data already buffered returns without suspending, so a relay of an upstream that sends faster than
+        the client reads (a flood of small events) would otherwise hold the loop, `/healthz` and every other request
+        with it, until the buffer ran dry.
+        """
+        now = time.monotonic()
+        if now - self._turn_started >= LOOP_SLICE_SECONDS:
+            await asyncio.sleep(0)
+            self._turn_started = time.monotonic()
 
 
 async def _in_pieces(body: bytes) -> AsyncIterator[memoryview]:
