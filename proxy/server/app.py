@@ -20,6 +20,7 @@ from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLog
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
+from proxy.server.websocket import OPEN_TUNNELS, close_tunnels
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -78,12 +79,14 @@ def create_app(
     app[CHAT] = compaction
     app[METRICS] = metrics
     app[READINESS] = Readiness()
+    app[OPEN_TUNNELS] = set()
     health.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_upstream_client)
     app.on_startup.append(_warm_up)
     app.on_startup.append(_ready)
     app.on_shutdown.append(_stopping)
+    app.on_shutdown.append(close_tunnels)
     app.on_cleanup.append(_close_chat)
     return app
 

@@ -48,6 +48,19 @@ def compacted_api(method: str, path: str) -> Api | None:
     return None
 
 
+def is_websocket_upgrade(method: str, upgrade: str | None) -> bool:
+    """Whether the request asks to switch to WebSocket (RFC 6455: a GET with `Upgrade: websocket`)."""
+    return method == "GET" and upgrade is not None and upgrade.strip().lower() == "websocket"
+
+
+def socket_api(path: str) -> Api | None:
+    """The wire format of the messages on a WebSocket to `path` that compaction should see, or None.
+
+    A socket to `/v1/responses` speaks the Responses API's WebSocket mode (`response.create` messages).
+    """
+    return Api.RESPONSES if _RESPONSES_PATH.match(path) is not None else None
+
+
 def route_kind(method: str, path: str) -> RouteKind:
     """Classify a request by its (decoded) path."""
     if path in INTERNAL_PATHS:
