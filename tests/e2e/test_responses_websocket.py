@@ -8,13 +8,18 @@ pipeline (estimates anchored on the reported usage, compaction, rewrite memory) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.chat.exchange import Refusal
+from proxy.server.websocket_responses import create_message, refusal_event
 from tests.support.codex_client import CodexShapedClient, compacting_responder
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
@@ -81,3 +86,98 @@ async def test_a_long_run_over_one_socket_is_compacted_as_over_http(upstreams: l
     assert max(received) < WINDOW
     estimated = "compaction_proxy_estimate_error_ratio_count"
     assert socket_metrics[estimated] == http_metrics[estimated] >= TURNS // 2, "usage reported back, as over HTTP"
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[OpenAIUpstream]:
+    async with OpenAIUpstream(context_window=WINDOW) as fake:
+        yield fake
+
+
+async def socket_events(proxy_url: str, messages: list[bytes], answers: int) -> list[dict[str, Any]]:
+    """Send `messages` on one socket to `/v1/responses`; return the events received until `answers` responses ended."""
+    ended: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as session, session.ws_connect(proxy_url + "/responses") as ws:
+        for message in messages:
+            await ws.send_str(message.decode())
+        while len(ended) < answers:
+            event = json.loads((await ws.receive()).data)
+            events.append(event)
+            if event["type"] in ("response.completed", "error"):
+                ended.append(event)
+    return events
+
+
+def create(**body: Any) -> bytes:
+    return json.dumps({"type": "response.create", "model": MODEL, **body}).encode()
+
+
+async def test_a_chain_kept_by_the_upstream_continues_on_the_socket(upstream: OpenAIUpstream) -> None:
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
+    proxy = await proxies.start()
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(proxy.url + "/responses") as ws:
+            await ws.send_str(create(input="first", store=False).decode())
+            first = await until_completed(ws)
+            await ws.send_str(create(input="second", store=False, previous_response_id=first["id"]).decode())
+            second = await until_completed(ws)
+    finally:
+        await proxies.close()
+    assert second["output"][0]["content"][0]["text"] == "ok 3 items", "the first turn, its answer, the new input"
+    assert upstream.responses_requests[-1]["previous_response_id"] == first["id"]
+
+
+async def until_completed(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    while True:
+        event = json.loads((await ws.receive()).data)
+        assert event["type"] != "error", event
+        if event["type"] == "response.completed":
+            response: dict[str, Any] = event["response"]
+            return response
+
+
+async def test_a_request_over_the_limits_is_answered_on_the_socket_and_not_forwarded(upstream: OpenAIUpstream) -> None:
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW}, max_messages=2)
+    proxy = await proxies.start()
+    try:
+        events = await socket_events(
+            proxy.url, [create(input=["a", "b", "c"]), create(input="then a small one")], answers=2
+        )
+    finally:
+        await proxies.close()
+    refusal = events[0]
+    assert (refusal["type"], refusal["status"], refusal["error"]["code"]) == ("error", 400, "too_many_messages")
+    assert events[-1]["type"] == "response.completed", "the socket stays open"
+    assert [request["input"] for request in upstream.responses_requests] == ["then a small one"]
+
+
+async def test_what_the_proxy_does_not_read_passes_untouched(upstream: OpenAIUpstream) -> None:
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
+    proxy = await proxies.start()
+    unknown = b'{"type": "response.append", "input": "x"}'
+    try:
+        events = await socket_events(proxy.url, [b"not json", unknown, create(input="hi", stream_id="lane-2")], 3)
+    finally:
+        await proxies.close()
+    assert [event["type"] for event in events[:2]] == ["error", "error"], "the upstream's answers to each"
+    assert "'response.append'" in events[1]["error"]["message"]
+    assert {event.get("stream_id") for event in events[2:]} == {"lane-2"}
+
+
+@given(
+    body=st.dictionaries(st.text(max_size=8).filter(lambda key: key != "type"), st.integers() | st.text(), max_size=5)
+)
+def test_a_planned_body_becomes_a_create_message(body: dict[str, Any]) -> None:
+    for spaced in (json.dumps(body).encode(), json.dumps(body, indent=2).encode()):
+        assert json.loads(create_message(spaced)) == {"type": "response.create", **body}
+
+
+@given(status=st.sampled_from([400, 413]), code=st.text(min_size=1, max_size=20), param=st.none() | st.text(max_size=9))
+def test_a_refusal_is_an_error_event(status: int, code: str, param: str | None) -> None:
+    event = json.loads(refusal_event(Refusal(status, "over the limit", code, param)))
+    assert event == {
+        "type": "error",
+        "status": status,
+        "error": {"type": "invalid_request_error", "code": code, "message": "over the limit", "param": param},
+    }
