@@ -105,6 +105,8 @@ class ResponsesService:
         self._max_remembered = max_remembered
         self._max_stored = max_stored
         self._serial = itertools.count(1)
+        self.compactions = 0
+        """Create requests compacted by their `context_management`."""
 
     def clear(self) -> None:
         """Forget stored responses, conversations and issued ids."""
@@ -153,6 +155,7 @@ class ResponsesService:
         if threshold is not None and len(sequence) > threshold:
             compaction_tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
             compacted = [compaction_item(response_id, compaction_tokens, keeps_user_messages=False)]
+            self.compactions += 1
         model_view = compacted or [dict(item) for item in seen]
         limit = body.get("max_output_tokens")
         answer_with = self.responder({**body, "input": model_view}) if generate else ResponsesReply()

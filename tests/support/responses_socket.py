@@ -37,8 +37,9 @@ from tests.support.responses_stream import response_events
 
 __all__ = ["ECHO_PROTOCOL", "SocketRecord", "echo_socket", "is_upgrade", "recorded_fields", "responses_socket"]
 
-WEBSOCKET_ONLY: Final = ("stream_id", "generate")
-"""Fields of `response.create` that are not part of `POST /v1/responses`."""
+WEBSOCKET_ONLY: Final = ("stream_id", "generate", "client_metadata")
+"""Fields of `response.create` that are not part of `POST /v1/responses`: the documented `stream_id` and `generate`,
+and `client_metadata` (Codex CLI's trace context, which OpenAI's socket accepts; not in the public reference)."""
 
 ECHO_PROTOCOL: Final = "echo.v1"
 """The subprotocol the echo socket speaks."""
