@@ -27,7 +27,6 @@ Sockets still open when the proxy shuts down are closed with 1001.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -165,6 +164,7 @@ class Tunnel:
         self.turns = turns
         self.idle = idle
         self._deadline: asyncio.Timeout | None = None
+        self._stopped: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
         """Relay both ways until the socket ends (either side closes or goes, silence, shutdown), then close it."""
@@ -189,15 +189,21 @@ class Tunnel:
         code, reason = ending.client
         await self.client.close(code=code, message=reason.encode())
 
+    def stop(self, ending: Ending) -> None:
+        """End the socket from outside (shutdown): the relay stops, and the tunnel closes both sides with `ending`."""
+        if not self._stopped.done():
+            self._stopped.set_result(ending)
+
     async def _relay_until_the_end(self) -> Ending:
+        """Relay until a pump sees the socket end, or `stop` is called; return how to close it."""
         pumps = [asyncio.create_task(self._from_client()), asyncio.create_task(self._from_upstream())]
         try:
-            done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*pumps, self._stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-        return done.pop().result()
+        return self._stopped.result() if self._stopped in done else done.pop().result()
 
     def _moved(self) -> None:
         assert self._deadline is not None
@@ -254,8 +260,7 @@ _UPSTREAM_GONE: Final = Ending.both(WSCloseCode.GOING_AWAY, "the upstream went a
 def _ending(message: WSMessageNoDecodeText, gone: Ending) -> Ending:
     """How the socket ends after a message that is not relayed.
 
-    A close frame's code and reason go to both sides; a side that went away or failed (aiohttp closed it) is gone;
-    CLOSING means the proxy is closing the socket itself (shutdown), which needs nothing more.
+    A close frame's code and reason go to both sides; a side that went away or failed (aiohttp closed it) is gone.
     """
     if message.type is WSMsgType.CLOSE:
         return Ending.both(sendable(message.data), message.extra or "")
@@ -277,9 +282,7 @@ async def _send(sink: Socket, kind: WSMsgType, data: bytes) -> bool:
 
 
 async def close_tunnels(app: web.Application) -> None:
-    """On shutdown: close every open socket on both sides with 1001."""
-    open_now = app[OPEN_TUNNELS]
-    tunnels = list(open_now)
+    """On shutdown: have every open socket closed on both sides with 1001 (within the shutdown's grace period)."""
     ending = Ending.both(WSCloseCode.GOING_AWAY, "the proxy is shutting down")
-    with contextlib.suppress(Exception):
-        await asyncio.gather(*(tunnel.close(ending) for tunnel in tunnels))
+    for tunnel in app[OPEN_TUNNELS]:
+        tunnel.stop(ending)

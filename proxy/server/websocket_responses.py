@@ -34,6 +34,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.chat.exchange import Api, ChatOutcome, ForwardPlan, Refusal
+from proxy.chat.off_loop import OFF_LOOP_BYTES
 from proxy.offload.offloading import OFFLOAD_HEADER
 from proxy.responses.answers import FINAL_EVENTS, answer_of
 from proxy.server.chat import _complete, _prepare
@@ -81,11 +82,11 @@ class ResponsesTurns:
 
     async def outgoing(self, message: bytes) -> Turn:
         """Plan one client message: a `response.create` as its plan says, anything else as it came."""
-        event = _event(message)
-        if event is None or event.get("type") != CREATE:
+        read = await asyncio.to_thread(_create, message) if len(message) >= OFF_LOOP_BYTES else _create(message)
+        if read is None:
             return Turn(message)
+        event, body = read
         await self.settled()  # the previous answer's usage anchors this request's estimate
-        body = orjson.dumps({key: value for key, value in event.items() if key != "type"})
         plan = await _prepare(self.request, body, Api.RESPONSES, self.headers)
         if isinstance(plan, Refusal):
             self._log(None, refused=plan.code)
@@ -148,6 +149,14 @@ def refusal_event(refusal: Refusal) -> bytes:
     """The `error` event that answers a `response.create` the proxy will not forward."""
     error = {"type": "invalid_request_error", "code": refusal.code, "message": refusal.message, "param": refusal.param}
     return orjson.dumps({"type": ERROR, "status": refusal.status, "error": error})
+
+
+def _create(message: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """A `response.create` message's event and its request body (every field but `type`), or None for another."""
+    event = _event(message)
+    if event is None or event.get("type") != CREATE:
+        return None
+    return event, orjson.dumps({key: value for key, value in event.items() if key != "type"})
 
 
 def _event(message: bytes) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ pipeline (estimates anchored on the reported usage, compaction, rewrite memory) 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.chat.exchange import Refusal
+from proxy.server.logging import ACCESS_LOGGER
 from proxy.server.websocket_responses import create_message, refusal_event
 from tests.support.codex_client import CodexShapedClient, compacting_responder
 from tests.support.openai_upstream import OpenAIUpstream
@@ -66,7 +68,10 @@ async def metrics_of(proxy_url: str) -> dict[str, float]:
     }
 
 
-async def test_a_long_run_over_one_socket_is_compacted_as_over_http(upstreams: list[OpenAIUpstream]) -> None:
+async def test_a_long_run_over_one_socket_is_compacted_as_over_http(
+    upstreams: list[OpenAIUpstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     over_http, over_socket = upstreams
     _, http_metrics = await run(over_http, websocket=False)
     socket_client, socket_metrics = await run(over_socket, websocket=True)
@@ -84,6 +89,11 @@ async def test_a_long_run_over_one_socket_is_compacted_as_over_http(upstreams: l
     assert sent[-1] > 2 * WINDOW, "the conversation outgrew the window"
     assert len(compacted) >= TURNS // 2, "compacted once over the trigger"
     assert max(received) < WINDOW
+    lines = [getattr(record, "fields", {}) for record in caplog.records if record.getMessage() == "websocket message"]
+    assert len(lines) == TURNS
+    assert {line["compaction"] for line in lines} >= {"compacted", "unchanged"}
+    assert all(line["tokens_after"] < line["tokens_before"] for line in lines if line["compaction"] == "compacted")
+    assert "Fix the failing tests" not in caplog.text, "no message content in the logs"
     estimated = "compaction_proxy_estimate_error_ratio_count"
     assert socket_metrics[estimated] == http_metrics[estimated] >= TURNS // 2, "usage reported back, as over HTTP"
 

@@ -9,9 +9,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import WSCloseCode, WSMsgType
+from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.config import Settings
+from proxy.server import create_app
 from proxy.server.logging import ACCESS_LOGGER
 from proxy.server.websocket import offered_protocols, sendable
 from tests.server.helpers import MakeProxy, Proxy
@@ -130,6 +133,23 @@ async def test_a_silent_socket_is_closed_after_idle_timeout(upstream: OpenAIUpst
         closing = await ws.receive()
         assert (closing.type, closing.data) == (WSMsgType.CLOSE, WSCloseCode.GOING_AWAY)
         assert "0.3 seconds" in closing.extra
+    assert await closed_upstream(upstream) == WSCloseCode.GOING_AWAY
+
+
+async def test_open_sockets_are_closed_when_the_proxy_shuts_down(upstream: OpenAIUpstream) -> None:
+    server = TestServer(create_app(Settings(upstream=upstream.base_url)), host="127.0.0.1", port=0)
+    await server.start_server()
+    async with aiohttp.ClientSession() as session, session.ws_connect(f"ws://127.0.0.1:{server.port}/echo/x") as ws:
+        await ws.send_str("before")
+        await ws.receive()
+        closing = asyncio.create_task(server.close())
+        message = await ws.receive()
+        assert (message.type, message.data, message.extra) == (
+            WSMsgType.CLOSE,
+            WSCloseCode.GOING_AWAY,
+            "the proxy is shutting down",
+        )
+    await closing
     assert await closed_upstream(upstream) == WSCloseCode.GOING_AWAY
 
 
