@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -102,14 +103,16 @@ async def run_codex(binary: Path, base_url: str, workdir: Path, home: Path, prom
         prompt,
         cwd=workdir,
         env=env,
+        stdin=asyncio.subprocess.DEVNULL,  # `codex exec` reads a piped stdin as more prompt
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group: the node launcher and the native binary it starts
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(), 300)
     finally:
         if process.returncode is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
