@@ -10,11 +10,11 @@ status instead gets that status relayed (Codex CLI, told 404 or 426, falls back 
 is answered 502 or 504, as over HTTP.
 
 Then every frame is relayed as it came: text and binary messages, pings and pongs (answered end to end, not by the
-proxy), and the closing handshake with its code and reason, whichever side starts it. A side that goes away
-without closing is closed for on the other side with 1001. Limits:
+proxy), and the closing handshake with its code and reason, whichever side starts it. When one side goes away
+without closing, the other is closed with 1001. Limits:
 
-- a message larger than `max_body_bytes`, from either side, closes both (1009 to the side that sent it, 1001 to
-  the other);
+- a message larger than `max_body_bytes`, from either side, closes the socket with 1009 (the upstream gets 1001
+  when the client sent it);
 - a socket on which nothing moved either way (pings included) for `idle_timeout` seconds is closed on both sides
   with 1001, so a vanished peer cannot hold a connection;
 - the handshake has `connect_timeout` to connect and `first_byte_timeout` to be answered; a closing handshake
@@ -246,8 +246,9 @@ class Tunnel:
                     return _CLIENT_GONE
                 continue
             if message.type is WSMsgType.ERROR:
-                code = getattr(message.data, "code", None)
-                return Ending((WSCloseCode.GOING_AWAY, ""), (sendable(code), "the upstream's socket failed"))
+                record.error = "broken_stream"
+                too_large = getattr(message.data, "code", None) == WSCloseCode.MESSAGE_TOO_BIG
+                return _UPSTREAM_TOO_LARGE if too_large else _UPSTREAM_BROKEN
             return _ending(message, _UPSTREAM_GONE)
 
 
@@ -255,6 +256,8 @@ _RELAYED: Final = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, W
 
 _CLIENT_GONE: Final = Ending.both(WSCloseCode.GOING_AWAY, "the client went away")
 _UPSTREAM_GONE: Final = Ending.both(WSCloseCode.GOING_AWAY, "the upstream went away")
+_UPSTREAM_TOO_LARGE: Final = Ending.both(WSCloseCode.MESSAGE_TOO_BIG, "the upstream sent a message over max_body_bytes")
+_UPSTREAM_BROKEN: Final = Ending.both(WSCloseCode.INTERNAL_ERROR, "the upstream broke the WebSocket protocol")
 
 
 def _ending(message: WSMessageNoDecodeText, gone: Ending) -> Ending:

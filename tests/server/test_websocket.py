@@ -17,7 +17,7 @@ from proxy.config import Settings
 from proxy.server import create_app
 from proxy.server.logging import ACCESS_LOGGER
 from proxy.server.websocket import offered_protocols, sendable
-from tests.server.helpers import MakeProxy, Proxy
+from tests.server.helpers import MakeProxy, Proxy, raw_request
 from tests.support.openai_upstream import OpenAIUpstream, deterministic_bytes
 from tests.support.responses_socket import ECHO_PROTOCOL
 
@@ -125,6 +125,26 @@ async def test_a_message_over_max_body_bytes_closes_both_sides(upstream: OpenAIU
         closing = await ws.receive()
         assert (closing.type, closing.data) == (WSMsgType.CLOSE, WSCloseCode.MESSAGE_TOO_BIG)
     assert await closed_upstream(upstream) == WSCloseCode.GOING_AWAY
+
+
+async def test_a_message_from_the_upstream_over_max_body_bytes_closes_both_sides(
+    upstream: OpenAIUpstream, make_proxy: MakeProxy
+) -> None:
+    proxy = await make_proxy(upstream.base_url, max_body_bytes=4096)
+    async with aiohttp.ClientSession() as session, session.ws_connect(echo_url(proxy)) as ws:
+        await ws.send_str("send 4097")
+        closing = await ws.receive()
+        assert (closing.type, closing.data) == (WSMsgType.CLOSE, WSCloseCode.MESSAGE_TOO_BIG)
+        assert closing.extra == "the upstream sent a message over max_body_bytes"
+    assert await closed_upstream(upstream) == WSCloseCode.MESSAGE_TOO_BIG
+
+
+async def test_a_malformed_upgrade_is_refused(proxy: Proxy) -> None:
+    status, _, body = await raw_request(
+        proxy.port, b"GET /echo/x HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\n\r\n"
+    )
+    assert status == 400
+    assert b"invalid_websocket_upgrade" in body
 
 
 async def test_a_silent_socket_is_closed_after_idle_timeout(upstream: OpenAIUpstream, make_proxy: MakeProxy) -> None:

@@ -17,7 +17,7 @@ Each create is recorded in `upstream.requests` as an HTTP one is (method `WEBSOC
 the body without the WebSocket-only fields), so `responses_requests` lists it.
 
 The echo (`/echo/...` upgraded) sends every text and binary message back as it came, answers pings (aiohttp does),
-and closes with code N and reason R when sent the text `close N R`.
+closes with code N and reason R when sent the text `close N R`, and sends N bytes when sent `send N`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ class _Session:
 
 
 async def echo_socket(request: web.Request, closed: Callable[[int | None], None]) -> web.WebSocketResponse:
-    """Echo every message back; `close N R` closes with code N and reason R. Offers the subprotocol `echo.v1`.
+    """Echo every message back; `close N R` closes with code N and reason R, `send N` sends N bytes.
+
+    Offers the subprotocol `echo.v1`.
 
     :param closed: Called with the socket's close code once it is closed (the client's, or the one sent).
     """
@@ -120,6 +122,8 @@ async def echo_socket(request: web.Request, closed: Callable[[int | None], None]
         if message.type is WSMsgType.TEXT and message.data.startswith("close "):
             _, code, reason = message.data.split(" ", 2)
             await socket.close(code=int(code), message=reason.encode())
+        elif message.type is WSMsgType.TEXT and message.data.startswith("send "):
+            await socket.send_bytes(b"x" * int(message.data.split(" ")[1]))
         elif message.type is WSMsgType.TEXT:
             await socket.send_str(message.data)
         elif message.type is WSMsgType.BINARY:
