@@ -49,7 +49,7 @@ def codex_binary() -> Path:
     path = Path(os.environ.get("CODEX_BIN", cache / f"codex-{CODEX_VERSION}" / "node_modules" / ".bin" / "codex"))
     if path.is_file() and os.access(path, os.X_OK):
         return path
-    reason = f"Codex CLI is not installed at {path}: run .ci/run, or npm install @openai/codex@{CODEX_VERSION} there"
+    reason = f"Codex CLI is not installed at {path}"
     if os.environ.get("CI"):
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)

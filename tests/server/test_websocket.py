@@ -230,3 +230,23 @@ def test_only_codes_an_endpoint_may_send_are_relayed(code: int) -> None:
 def test_offered_protocols_keep_the_clients_order(names: list[str]) -> None:
     assert offered_protocols([", ".join(names)]) == names
     assert offered_protocols(names) == names
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    code=st.integers(1000, 1003) | st.integers(1007, 1014) | st.integers(3000, 4999),
+    reason=st.text(alphabet="abcdefghij -.", max_size=40),
+)
+async def test_any_close_code_and_reason_cross_the_proxy_both_ways(
+    upstream: OpenAIUpstream, proxy: Proxy, code: int, reason: str
+) -> None:
+    async with aiohttp.ClientSession() as session, session.ws_connect(echo_url(proxy)) as ws:
+        await ws.send_str(f"close {code} {reason}")
+        closing = await ws.receive()
+        assert (closing.type, closing.data, closing.extra) == (WSMsgType.CLOSE, code, reason)
+    upstream.socket_closed.clear()
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(echo_url(proxy))
+        await ws.close(code=code, message=reason.encode())
+        assert ws.close_code == code
+    assert await closed_upstream(upstream) == code
