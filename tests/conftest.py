@@ -48,6 +48,7 @@ ENABLERS: Final = (
     ("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)"),
     ("container image", "the build command in the reason above (see deploy/README.md)"),
     ("chromium", "apt-get install chromium"),
+    ("Codex CLI", "npm install --prefix ~/.cache/compaction-proxy/codex-0.171.0 @openai/codex@0.171.0"),
 )
 """(a word of the skip reason, the command that enables those tests); the first match wins."""
 

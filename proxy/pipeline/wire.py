@@ -117,6 +117,9 @@ class WireFormat(Protocol):
     read_tool: Mapping[str, Any]
     sized_by_bytes: bool
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
+    socket_mode: bool
+    """Whether its requests may also come as messages on a WebSocket to its path (the Responses API's WebSocket mode,
+    `proxy.server.websocket_responses`)."""
 
     def serves(self, path: str) -> bool:
         """Whether a POST to `path` is a request of this format that compaction sees."""

@@ -21,6 +21,7 @@ from proxy.server.metrics import ProxyMetrics
 from proxy.server.pod_metrics import shared_directory
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
+from proxy.server.websocket import OPEN_TUNNELS, close_tunnels
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -79,6 +80,7 @@ def create_app(
     app[CHAT] = compaction
     app[METRICS] = metrics
     app[READINESS] = Readiness()
+    app[OPEN_TUNNELS] = set()
     health.add_routes(app)
     dashboard.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
@@ -86,6 +88,7 @@ def create_app(
     app.on_startup.append(_warm_up)
     app.on_startup.append(_ready)
     app.on_shutdown.append(_stopping)
+    app.on_shutdown.append(close_tunnels)
     app.on_cleanup.append(_close_chat)
     return app
 

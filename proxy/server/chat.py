@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from functools import partial
 
 import aiohttp
@@ -75,10 +76,17 @@ def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
     log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
 
 
-async def _prepare(request: web.Request, body: bytes, wire: WireFormat) -> ForwardPlan | Refusal | None:
-    """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed."""
+async def _prepare(
+    request: web.Request, body: bytes, wire: WireFormat, headers: Mapping[str, str] | None = None
+) -> ForwardPlan | Refusal | None:
+    """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed.
+
+    :param headers: The headers the compaction side reads; the request's own when None.
+    """
     try:
-        incoming = IncomingChat(body=body, headers=request.headers, path=request.path, wire=wire)
+        incoming = IncomingChat(
+            body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
+        )
         plan = await request.app[CHAT].prepare(incoming)
         if isinstance(plan, Refusal):
             return plan

@@ -16,8 +16,9 @@ from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
 from proxy.server.record import RequestRecord
 from proxy.server.relay import finish, pump, start_response
-from proxy.server.routes import safe_raw_path
+from proxy.server.routes import is_websocket_upgrade, safe_raw_path, socket_format
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
+from proxy.server.websocket import tunnel
 
 
 class _BodyTooLarge(Exception):
@@ -44,12 +45,17 @@ def upstream_error_response(request: web.Request, exc: UpstreamError) -> web.Res
 
 
 async def proxy_request(request: web.Request) -> web.StreamResponse:
-    """Handle any request: refuse unsafe paths, hand what compaction sees to `handle_chat`, forward the rest."""
+    """Handle any request: refuse unsafe paths, tunnel upgrades, hand what compaction sees to `handle_chat`."""
     raw_path = safe_raw_path(request.rel_url.raw_path)
     if raw_path is None:
         request[RECORD].error = "bad_path"
         return errors.bad_path()
     target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
+    if is_websocket_upgrade(request.method, request.headers.get("Upgrade")):
+        try:
+            return await tunnel(request, target, socket_format(request.path))
+        except UpstreamError as exc:
+            return upstream_error_response(request, exc)
     wire = format_of(request.method, request.path)
     if wire is not None:
         return await handle_chat(request, target, wire)

@@ -8,6 +8,7 @@ from typing import Final
 from urllib.parse import unquote
 
 from proxy.formats import format_of
+from proxy.pipeline.wire import WireFormat
 
 INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
@@ -25,6 +26,20 @@ class RouteKind(StrEnum):
     RESPONSES = "responses"
     OTHER = "other"
     INTERNAL = "internal"
+
+
+def is_websocket_upgrade(method: str, upgrade: str | None) -> bool:
+    """Whether the request asks to switch to WebSocket (RFC 6455: a GET with `Upgrade: websocket`)."""
+    return method == "GET" and upgrade is not None and upgrade.strip().lower() == "websocket"
+
+
+def socket_format(path: str) -> WireFormat | None:
+    """The wire format whose requests come as messages on a WebSocket to `path` (`WireFormat.socket_mode`), or None.
+
+    A socket to `/v1/responses` speaks the Responses API's WebSocket mode (`response.create` messages).
+    """
+    wire = format_of("POST", path)
+    return wire if wire is not None and wire.socket_mode else None
 
 
 def route_kind(method: str, path: str) -> str:

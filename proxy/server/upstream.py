@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import aiohttp
 from aiohttp.http import HttpProcessingError
@@ -55,6 +55,17 @@ class UpstreamTimeout(UpstreamError):
     kind = "timeout"
 
 
+class UpgradeRefused(Exception):
+    """The upstream answered a WebSocket handshake with an HTTP status instead of switching protocols.
+
+    :param status: The upstream's status (404 from an upstream without WebSockets on that path, 401, ...).
+    """
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the upstream answered the WebSocket upgrade with status {status}")
+        self.status = status
+
+
 PIECES_FROM_BYTES: Final = 64 * 1024
 """Bodies from this size are handed to the client in two pieces (see `_in_pieces`)."""
 LOOP_SLICE_SECONDS: Final = 0.005
@@ -65,6 +76,9 @@ RELAY_PIECE_BYTES: Final = 64 * 1024
 may turn again, however much the upstream sent ahead while the proxy was busy."""
 
 HEAD_PIECE_BYTES: Final = 16 * 1024
+
+WEBSOCKET_CLOSE_WAIT: Final = 10.0
+"""Seconds a WebSocket peer has to answer the closing handshake before its connection is dropped."""
 
 DETAIL_LIMIT = 200
 """Longest operating-system error text logged with a failed connection."""
@@ -180,6 +194,49 @@ class Upstream:
                 response.release()
             else:
                 response.close()
+
+    @asynccontextmanager
+    async def websocket(
+        self, url: URL, headers: CIMultiDict[str], protocols: list[str], max_msg_size: int
+    ) -> AsyncIterator[aiohttp.ClientWebSocketResponse[Literal[False]]]:
+        """Open a WebSocket to `url` and yield it once the upstream switched protocols; it is closed on exit.
+
+        Pings, pongs and close frames are handed to the caller (no automatic answers), so a tunnel relays them
+        end to end; text stays bytes, relayed without decoding.
+
+        :param protocols: The subprotocols the client offered, in its order.
+        :param max_msg_size: The largest message accepted from the upstream; a larger one closes it with 1009.
+        :raises UpgradeRefused: The upstream answered with an HTTP status instead.
+        :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
+        :raises UpstreamTimeout: Connecting or the handshake's answer took too long.
+        """
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                socket = await self.session.ws_connect(
+                    url,
+                    headers=headers,
+                    protocols=protocols,
+                    autoclose=False,
+                    autoping=False,
+                    max_msg_size=max_msg_size,
+                    decode_text=False,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=WEBSOCKET_CLOSE_WAIT),
+                )
+        except aiohttp.WSServerHandshakeError as exc:
+            raise UpgradeRefused(exc.status) from exc
+        except aiohttp.ServerTimeoutError as exc:
+            raise UpstreamTimeout("timed out connecting") from exc
+        except TimeoutError as exc:
+            raise UpstreamTimeout(
+                f"no answer to the WebSocket upgrade within {self.first_byte_timeout:g} seconds"
+            ) from exc
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise _unreachable(exc) from exc
+        try:
+            yield socket
+        finally:
+            # Reached unclosed only when the handler was cancelled (its client went away) or failed.
+            await socket.close(code=aiohttp.WSCloseCode.GOING_AWAY)
 
     async def read_chunk(self, response: aiohttp.ClientResponse) -> bytes:
         """Return the next piece of the response body as it arrives (b"" at the end), within `idle_timeout`.

@@ -16,6 +16,7 @@ tool loop otherwise.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -90,6 +91,9 @@ class CodexShapedClient:
     :param auto_compact_tokens: The usage at which the client compacts itself.
     :param output_words: The words of a `shell` output, given the usage the response that called it reported.
     :param headers: Sent with every request besides the credentials.
+    :param websocket: Speak the Responses API's WebSocket mode, as Codex CLI does first: one socket to
+        `/responses` for the whole run, each request a `response.create` message, each answer read from its
+        events (`Exchange.headers` is then empty: a message has none). `sockets` counts the sockets opened.
     """
 
     url: str
@@ -100,6 +104,9 @@ class CodexShapedClient:
     exchanges: list[Exchange] = field(default_factory=list)
     initial: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    websocket: bool = False
+    sockets: int = 0
+    _socket: aiohttp.ClientWebSocketResponse | None = None
 
     def __post_init__(self) -> None:
         base = "You are Codex, a coding agent. " + "Follow the repository's conventions and explain changes. " * 120
@@ -115,13 +122,23 @@ class CodexShapedClient:
     async def run(self, turns: int) -> None:
         """Send `turns` requests of the loop (its own compaction requests not counted)."""
         async with aiohttp.ClientSession() as session:
-            for _ in range(turns):
-                exchange = await self._send(session, self.history, compaction=False)
-                if exchange.status != 200:
-                    return
-                self._carry(exchange)
-                if exchange.used_tokens >= self.auto_compact_tokens and not await self._compact(session):
-                    return
+            if self.websocket:
+                self._socket = await session.ws_connect(self.url + "/responses", headers=self._headers())
+                self.sockets += 1
+            try:
+                await self._loop(session, turns)
+            finally:
+                if self._socket is not None:
+                    await self._socket.close()
+
+    async def _loop(self, session: aiohttp.ClientSession, turns: int) -> None:
+        for _ in range(turns):
+            exchange = await self._send(session, self.history, compaction=False)
+            if exchange.status != 200:
+                return
+            self._carry(exchange)
+            if exchange.used_tokens >= self.auto_compact_tokens and not await self._compact(session):
+                return
 
     def _carry(self, exchange: Exchange) -> None:
         """Append the response's output and run the calls it made."""
@@ -146,11 +163,31 @@ class CodexShapedClient:
 
     async def _send(self, session: aiohttp.ClientSession, items: list[dict[str, Any]], *, compaction: bool) -> Exchange:
         body = {"model": self.model, "input": list(items), "tools": TOOLS, "store": False, "parallel_tool_calls": False}
-        headers = {"Authorization": "Bearer sk-codex", **self.headers}
-        async with session.post(self.url + "/responses", json=body, headers=headers) as response:
-            exchange = Exchange(body, response.status, dict(response.headers), await response.json(), compaction)
+        if self._socket is not None:
+            exchange = await self._over_socket(self._socket, body, compaction)
+        else:
+            async with session.post(self.url + "/responses", json=body, headers=self._headers()) as response:
+                exchange = Exchange(body, response.status, dict(response.headers), await response.json(), compaction)
         self.exchanges.append(exchange)
         return exchange
+
+    async def _over_socket(
+        self, socket: aiohttp.ClientWebSocketResponse, body: dict[str, Any], compaction: bool
+    ) -> Exchange:
+        """Send `body` as a `response.create` message; read events until the response's last one."""
+        await socket.send_json({"type": "response.create", **body})
+        while True:
+            message = await socket.receive()
+            if message.type is not aiohttp.WSMsgType.TEXT:
+                raise ConnectionError(f"the socket ended mid-response: {message.type.name} {message.data}")
+            event = json.loads(message.data)
+            if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                return Exchange(body, 200, {}, event["response"], compaction)
+            if event["type"] == "error":
+                return Exchange(body, int(event.get("status", 400)), {}, event, compaction)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": "Bearer sk-codex", **self.headers}
 
 
 def _user(text: str) -> dict[str, Any]:

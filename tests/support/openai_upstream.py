@@ -62,6 +62,7 @@ from tests.support.openai_tokens import (
 )
 from tests.support.responses_api import ResponsesResponder, response_object, responses_tool_loop_responder
 from tests.support.responses_server import ResponsesService
+from tests.support.responses_socket import echo_socket, is_upgrade, recorded_fields, responses_socket
 from tests.support.responses_stream import error_events, response_events, sse_frame
 
 __all__ = [
@@ -542,7 +543,8 @@ class OpenAIUpstream:
 
     Observations besides `requests`: `streams_started`, `streams_completed` and `streams_aborted` count streamed
     answers begun, sent whole, and broken off because the client (the proxy) went away mid-stream; `abort_event`
-    is set on each abort, so a test can wait for the disconnect to reach the upstream.
+    is set on each abort, so a test can wait for the disconnect to reach the upstream. `socket_closes` lists the
+    close code of every echo WebSocket once it closed, and `socket_closed` is set then.
     """
 
     def __init__(
@@ -586,6 +588,8 @@ class OpenAIUpstream:
         self.responses_overflow_in_stream = responses_overflow_in_stream
         self.chat_overflow_in_stream = chat_overflow_in_stream
         self.responses_usages: list[dict[str, Any]] = []
+        self.socket_closes: list[int | None] = []
+        self.socket_closed = asyncio.Event()
         self._host = host
         self._port = port
         self._failures: deque[Failure] = deque()
@@ -713,6 +717,7 @@ class OpenAIUpstream:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/openai/deployments/{deployment}/chat/completions", self._chat_completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses", self._responses_socket)
         app.router.add_post("/v1/responses/compact", self._responses_compact)
         app.router.add_post("/v1/responses/input_tokens", self._responses_input_tokens)
         app.router.add_post("/v1/conversations", self._create_conversation)
@@ -883,6 +888,21 @@ class OpenAIUpstream:
             request, response_events(response, encoding_name, self.stream_tokens_per_chunk)
         )
 
+    async def _responses_socket(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API's WebSocket mode (`tests.support.responses_socket`)."""
+        if not is_upgrade(request):
+            return await self._unknown_route(request)
+        return await responses_socket(
+            request, self.responses_service, self._record_message, self.responses_usages, self.stream_tokens_per_chunk
+        )
+
+    def _socket_closed(self, code: int | None) -> None:
+        self.socket_closes.append(code)
+        self.socket_closed.set()
+
+    def _record_message(self, request: web.Request, message: bytes, body: dict[str, Any]) -> None:
+        self.requests.append(RecordedRequest(**recorded_fields(request, message, body)))
+
     async def _send_response_events(
         self, request: web.Request, events: Sequence[Mapping[str, Any]]
     ) -> web.StreamResponse:
@@ -950,10 +970,14 @@ class OpenAIUpstream:
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         """Describe the request received, or send a large deterministic body; optionally gzip it or chunk it.
 
+        A WebSocket upgrade is answered by an echo socket instead (`tests.support.responses_socket.echo_socket`).
+
         Query knobs: `size=N` answers N bytes of `deterministic_bytes(N)` instead of the JSON description;
         `gzip=1` gzips the body and sets `Content-Encoding: gzip`; `chunked=1` streams it in 64 KiB writes
         without Content-Length; `status=N` picks the status. `X-Body-Sha256` is the sha256 of the bytes sent.
         """
+        if is_upgrade(request):
+            return await echo_socket(request, self._socket_closed)
         body = await request.read()
         query = request.query
         if "size" in query:

@@ -79,6 +79,9 @@ _MEMBERS: dict[str, frozenset[str]] = {
 }
 """The members each item kind takes (the official SDK's input item params); assistant messages also take `phase`."""
 
+CODEX_ITEM_METADATA = "internal_chat_message_metadata_passthrough"
+"""A member Codex CLI (0.171) adds to the messages and tool outputs it sends; OpenAI takes it, as Codex works."""
+
 CALL_OUTPUT_TYPES = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 """Each client-run tool's output type, mapped to the call type it answers by `call_id`."""
 
@@ -210,7 +213,7 @@ def _validate_members(where: str, kind: str, item: Mapping[str, Any]) -> None:
     if kind == "message" and item.get("role") == "assistant":
         known = known | {"phase"}
     for key in item:
-        if key not in known:
+        if key not in known and key != CODEX_ITEM_METADATA:
             raise OpenAIError(f"Unknown parameter: '{where}.{key}'.", param=f"{where}.{key}", code="unknown_parameter")
 
 

@@ -42,6 +42,7 @@ from typing import Any
 from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
 from tests.support.openai_tokens import PromptCache, encoding_name_for_model
 from tests.support.responses_api import (
+    ResponsesReply,
     ResponsesResponder,
     build_output,
     compaction_item,
@@ -104,6 +105,8 @@ class ResponsesService:
         self._max_remembered = max_remembered
         self._max_stored = max_stored
         self._serial = itertools.count(1)
+        self.compactions = 0
+        """Create requests compacted by their `context_management`."""
 
     def clear(self) -> None:
         """Forget stored responses, conversations and issued ids."""
@@ -116,13 +119,26 @@ class ResponsesService:
         """A fresh `resp_...` id."""
         return fake_id("resp", next(self._serial))
 
-    def create(self, body: dict[str, Any], response_id: str, misreport: Mapping[str, int]) -> dict[str, Any]:
-        """Answer a create request with a finished `response` object, or raise OpenAI's error for it."""
+    def create(
+        self,
+        body: dict[str, Any],
+        response_id: str,
+        misreport: Mapping[str, int],
+        *,
+        socket: dict[str, list[dict[str, Any]]] | None = None,
+        generate: bool = True,
+    ) -> dict[str, Any]:
+        """Answer a create request with a finished `response` object, or raise OpenAI's error for it.
+
+        :param socket: The connection-local cache of a WebSocket the request came on: the most recent response's
+            items, which `previous_response_id` may name even with `store: false`; replaced by this response's.
+        :param generate: False (WebSocket mode's `generate: false`) answers with no output, the state prepared.
+        """
         validate_create_request(body)
         model = str(body["model"])
         encoding_name = encoding_name_for_model(model)
         instructions, tools = body.get("instructions"), body.get("tools") or []
-        full = self._conversation(body)
+        full = self._conversation(body, socket)
         check_not_empty(body)
         seen = visible_items(full)
         budget = self._window_for(model) - int(body.get("max_output_tokens") or 0)
@@ -139,9 +155,11 @@ class ResponsesService:
         if threshold is not None and len(sequence) > threshold:
             compaction_tokens = max(1, math.ceil(len(sequence) / COMPACTION_RATIO))
             compacted = [compaction_item(response_id, compaction_tokens, keeps_user_messages=False)]
+            self.compactions += 1
         model_view = compacted or [dict(item) for item in seen]
         limit = body.get("max_output_tokens")
-        reply, cut = limit_reply(self.responder({**body, "input": model_view}), limit, encoding_name)
+        answer_with = self.responder({**body, "input": model_view}) if generate else ResponsesReply()
+        reply, cut = limit_reply(answer_with, limit, encoding_name)
         include = body.get("include") or []
         issued = build_output(
             reply,
@@ -157,6 +175,9 @@ class ResponsesService:
         self._remember(issued.origins, output if body.get("store", True) else [])
         if body.get("store", True):
             self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
+        if socket is not None:
+            socket.clear()
+            socket[response_id] = [*seen, *output]
         conversation = _conversation_id(body)
         if conversation is not None:
             self._conversations[conversation] += [*normalize_input(body["input"]), *output]
@@ -207,8 +228,11 @@ class ResponsesService:
         created = {"id": conversation_id, "object": "conversation", "created_at": int(time.time())}
         return {**created, "metadata": body.get("metadata") or {}}
 
-    def _conversation(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The stored prefix (previous response or conversation) and the input, references resolved, rules checked."""
+    def _conversation(
+        self, body: Mapping[str, Any], socket: Mapping[str, list[dict[str, Any]]] | None = None
+    ) -> list[dict[str, Any]]:
+        """The stored prefix (previous response, in the store or the socket's cache, or conversation) and the input,
+        references resolved, rules checked."""
         items = [self._resolve(item) for item in normalize_input(body.get("input", []))]
         conversation = _conversation_id(body)
         if conversation is not None:
@@ -219,13 +243,14 @@ class ResponsesService:
         if previous is not None:
             if not isinstance(previous, str):
                 raise invalid_type("previous_response_id", "a string", previous)
-            if previous not in self._stored:
+            known = self._stored if previous in self._stored else (socket or {})
+            if previous not in known:
                 raise OpenAIError(
                     f"Previous response with id '{previous}' not found.",
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            items = [*self._stored[previous], *items]
+            items = [*known[previous], *items]
         check_unique_ids(items)
         check_pairing(items)
         check_reasoning(items, self._origins)

@@ -25,6 +25,7 @@ class Responses:
     """Its rewrites stand for items, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     sized_by_bytes: bool = False
+    socket_mode: bool = True
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
