@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.pipeline.wire import WireFormat
+if TYPE_CHECKING:
+    from proxy.pipeline.wire import WireFormat
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from proxy.config import Settings
 from proxy.engine.messages import Message
+from proxy.pipeline.exchange import ChatOutcome, Refusal
 from proxy.pipeline.requests import RequestLimits
 
 
@@ -102,6 +103,26 @@ class StreamReport:
     final: Mapping[str, Any] | None = None
 
 
+class SocketMode(Protocol):
+    """A format's requests as messages on a WebSocket, answered by the events of a stream, one message each."""
+
+    def request_of(self, message: bytes) -> tuple[str | None, bytes] | None:
+        """A message that starts a request: its lane (answers come in order per lane) and the request's body."""
+        ...
+
+    def message_of(self, body: bytes) -> bytes:
+        """The message that starts the request `body` (the body the pipeline decided to send)."""
+        ...
+
+    def refusal_message(self, refusal: Refusal) -> bytes:
+        """The message answering a request the proxy will not forward."""
+        ...
+
+    def ending(self, message: bytes) -> tuple[str | None, ChatOutcome] | None:
+        """The lane and outcome (usage, reply, error) of a message that ends an answer, else None."""
+        ...
+
+
 class WireFormat(Protocol):
     """One wire format the proxy compacts: its requests, answers, streams and read rounds (module docstring).
 
@@ -117,9 +138,8 @@ class WireFormat(Protocol):
     read_tool: Mapping[str, Any]
     sized_by_bytes: bool
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
-    socket_mode: bool
-    """Whether its requests may also come as messages on a WebSocket to its path (the Responses API's WebSocket mode,
-    `proxy.server.websocket_responses`)."""
+    socket: SocketMode | None
+    """How its requests come as messages on a WebSocket to its path (the Responses API's WebSocket mode), or None."""
 
     def serves(self, path: str) -> bool:
         """Whether a POST to `path` is a request of this format that compaction sees."""

@@ -34,12 +34,12 @@ def is_websocket_upgrade(method: str, upgrade: str | None) -> bool:
 
 
 def socket_format(path: str) -> WireFormat | None:
-    """The wire format whose requests come as messages on a WebSocket to `path` (`WireFormat.socket_mode`), or None.
+    """The wire format whose requests come as messages on a WebSocket to `path` (`WireFormat.socket`), or None.
 
     A socket to `/v1/responses` speaks the Responses API's WebSocket mode (`response.create` messages).
     """
     wire = format_of("POST", path)
-    return wire if wire is not None and wire.socket_mode else None
+    return wire if wire is not None and wire.socket is not None else None
 
 
 def route_kind(method: str, path: str) -> str:

@@ -20,7 +20,7 @@ without closing, the other is closed with 1001. Limits:
 - the handshake has `connect_timeout` to connect and `first_byte_timeout` to be answered; a closing handshake
   `WEBSOCKET_CLOSE_WAIT` to be answered.
 
-On a socket to a Responses path, text messages pass through `ResponsesTurns` (compaction of `response.create`).
+On a socket to the path of a format with a socket mode (the Responses API), text messages pass through `SocketTurns`.
 Sockets still open when the proxy shuts down are closed with 1001.
 """
 
@@ -42,7 +42,7 @@ from proxy.server import errors
 from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
 from proxy.server.upstream import WEBSOCKET_CLOSE_WAIT, UpgradeRefused
-from proxy.server.websocket_responses import ResponsesTurns
+from proxy.server.websocket_turns import SocketTurns
 
 HANDSHAKE_HEADERS: Final = frozenset(
     {
@@ -112,7 +112,7 @@ async def tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> 
             )
             await client.prepare(request)
             record.status = 101
-            turns = ResponsesTurns(request, wire) if wire is not None else None
+            turns = SocketTurns(request, wire) if wire is not None else None
             await Tunnel(request, client, upstream, turns, settings.idle_timeout).run()
             return client
     except UpgradeRefused as refused:
@@ -155,7 +155,7 @@ class Tunnel:
         request: web.Request,
         client: web.WebSocketResponse,
         upstream: UpstreamSocket,
-        turns: ResponsesTurns | None,
+        turns: SocketTurns | None,
         idle: float,
     ) -> None:
         self.request = request

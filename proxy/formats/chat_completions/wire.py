@@ -11,6 +11,7 @@ from proxy.formats.chat_completions import reads as read_calls
 from proxy.formats.chat_completions.body import asks_for_usage
 from proxy.formats.chat_completions.request import ChatRequest, deployment_name
 from proxy.pipeline.requests import RequestLimits
+from proxy.pipeline.wire import SocketMode
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
 """`/v1/chat/completions`, with any base-path prefix (`/openai/v1/...`, `/api/v1/...`) or the Azure form
@@ -26,7 +27,7 @@ class ChatCompletions:
     """State made before formats had scopes of their own is chat completions': they keep the tenant's plain scope."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     sized_by_bytes: bool = True
-    socket_mode: bool = False
+    socket: SocketMode | None = None
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)

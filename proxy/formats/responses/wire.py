@@ -9,7 +9,9 @@ from typing import Any, Final
 from proxy.formats.responses import answers, summary
 from proxy.formats.responses import reads as read_calls
 from proxy.formats.responses.request import ResponsesRequest
+from proxy.formats.responses.socket import ResponsesSocket
 from proxy.pipeline.requests import RequestLimits
+from proxy.pipeline.wire import SocketMode
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/responses/?$")
 """`/v1/responses` (creating a response), with any base-path prefix (`/openai/v1/responses`); not its sub-resources
@@ -25,7 +27,7 @@ class Responses:
     """Its rewrites stand for items, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     sized_by_bytes: bool = False
-    socket_mode: bool = True
+    socket: SocketMode | None = ResponsesSocket()
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
