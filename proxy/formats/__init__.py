@@ -10,11 +10,12 @@ from typing import Final
 
 import orjson
 
+from proxy.formats.anthropic.wire import MESSAGES
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.formats.responses.wire import RESPONSES
 from proxy.pipeline.wire import WireFormat
 
-FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES)
+FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 """Every wire format the proxy compacts, in the order paths are matched."""
 
 

@@ -18,7 +18,6 @@ from proxy.pipeline.compacting import report_room
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
-from proxy.pipeline.overflow import context_overflow
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.reports import INSTRUCTIONS_HEADER, WINDOW_SOURCE_HEADER
 from proxy.pipeline.rewrites import RewriteMemory, View
@@ -69,7 +68,7 @@ class OverflowRetry:
         Not after a retry, for a history the provider keeps, in observe mode, when compaction removes nothing, or
         when the leading instructions and the tools alone exceed the window (no compaction may touch them).
         """
-        overflow = context_overflow(outcome.status, outcome.error_body)
+        overflow = exchange.wire.overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.mode is Mode.OBSERVE:
             return None
         if exchange.parsed is None:
@@ -79,7 +78,7 @@ class OverflowRetry:
         counter = counter_for_model(exchange.model)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
         transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        overhead = counter.overhead_tokens(request.overhead_fields)
+        overhead = counter.overhead_tokens(request.overhead_fields) + request.added_prompt_tokens
         stated = overflow.window
         if stated is None:
             # An error that states no window (the Responses API's) still says the window is below what was sent.

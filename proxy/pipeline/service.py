@@ -46,7 +46,7 @@ from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.stateful import ProviderChains
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
-from proxy.pipeline.caller import Caller
+from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
@@ -62,7 +62,7 @@ from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOv
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.summaries import Summaries, SummaryContext
 from proxy.pipeline.usage import Estimate, UsageReports
-from proxy.pipeline.wire import WireFormat
+from proxy.pipeline.wire import Outgoing, WireFormat
 from proxy.state import StateStore, open_store
 from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
@@ -228,7 +228,8 @@ class ChatCompactionService(OverflowRetry):
     ) -> ForwardPlan:
         tenant, scope = caller.tenant, caller.scope
         model = chat.wire.model(request, chat.path)
-        resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers)
+        shipped = chat.wire.window(model, headers)
+        resolved = await self.discovery.resolve(model, caller.requested_window, tenant, headers, shipped=shipped)
         window = resolved.tokens if resolved else None
         exchange = Prepared(scope, tenant, request, model, window, len(chat.body), chat.wire, turn=Turn(extension))
         if caller.warning:
@@ -257,7 +258,17 @@ class ChatCompactionService(OverflowRetry):
         exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self._work(
             exchange,
-            lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
+            lambda: measure(
+                view,
+                request.overhead_fields,
+                counter,
+                thresholds,
+                anchor,
+                calibration,
+                known,
+                exact,
+                added_tokens=request.added_prompt_tokens,
+            ),
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
@@ -292,7 +303,7 @@ class ChatCompactionService(OverflowRetry):
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": shown(headers.get(self.settings.conversation_header.lower())),
+                "conversation": shown(conversation_of(headers, self.settings, chat.wire)),
                 "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
@@ -376,17 +387,19 @@ class ChatCompactionService(OverflowRetry):
         )
         ask_usage = self.mode is Mode.ENFORCE and exchange.wire.asks_usage(request)
 
-        def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
+        def build() -> tuple[Outgoing, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
             if isinstance(request, ChatRequest):
-                return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
+                body, spliced = forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage)
+                return Outgoing(body), spliced, sent_chain
             return request.forwarded(raw, messages), None, sent_chain
 
         whole = messages is not None and not exchange.turn.splices(messages)
-        body, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
+        outgoing, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
         return ForwardPlan(
-            body=body,
+            body=outgoing.body,
+            header_values=dict(outgoing.header_values),
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
             stream=request.stream,
             strip_usage_chunk=ask_usage,

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
-from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.rules import (
     THINKING_BINDING_BETA,
     bind_thinking,
@@ -23,6 +22,9 @@ from proxy.formats.anthropic.rules import (
     with_breakpoint,
     with_drop_block,
 )
+
+if TYPE_CHECKING:
+    from proxy.formats.anthropic.request import MessagesRequest
 
 
 @dataclass(frozen=True)
