@@ -1,0 +1,77 @@
+"""The Messages API through the real proxy with the official `anthropic` SDK, against the strict fake upstream.
+
+A tool-using agent with extended thinking whose conversation overflows a 32k window going direct runs 200 turns
+through the proxy, streamed and not, on a model that binds thinking to its prefix and one that does not: no error, no
+upstream rejection, and most of the prompt read from the cache turn after turn.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from anthropic import AsyncAnthropic
+
+from tests.support.anthropic_agent import run_agent
+from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from tests.support.proxies import LoopbackProxies, RunningProxy
+
+WINDOW = 32_000
+NON_BINDING = "claude-sonnet-4-5"
+BINDING = "claude-fable-5-1"
+TURNS = 200
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[AnthropicUpstream]:
+    async with AnthropicUpstream(
+        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
+    ) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]:
+    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
+    yield started
+    await started.close()
+
+
+def sdk(proxy: RunningProxy | AnthropicUpstream) -> AsyncAnthropic:
+    """The official client at the proxy (or the upstream itself), with a dummy key and no retries of its own."""
+    base = proxy.base_url if isinstance(proxy, AnthropicUpstream) else f"http://127.0.0.1:{proxy.server.port}"
+    return AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+
+
+STREAMING: dict[str, Any] = {
+    "json": lambda turn: False,
+    "stream": lambda turn: True,
+}
+
+
+@pytest.mark.parametrize("streaming", list(STREAMING))
+@pytest.mark.parametrize("model", [NON_BINDING, BINDING])
+async def test_a_conversation_that_overflows_going_direct_runs_200_turns_through_the_proxy(
+    upstream: AnthropicUpstream, proxies: LoopbackProxies, model: str, streaming: str
+) -> None:
+    proxy = await proxies.start()
+    started = time.perf_counter()
+    async with sdk(proxy) as client:
+        run = await run_agent(client, model, TURNS, STREAMING[streaming])
+    seconds = time.perf_counter() - started
+    print(
+        f"\n{model} {streaming}: {TURNS} turns in {seconds:.1f} s, {run.cached_share:.1%} of"
+        f" {run.prompt} prompt tokens read from the cache, {run.decisions.count('compacted')} compactions,"
+        f" {upstream.dropped_thinking} thinking blocks dropped upstream"
+    )
+    assert upstream.rejections == []
+    assert "compacted" in run.decisions, "the conversation never needed compacting: the test proves nothing"
+    assert run.cached_share >= 0.8, f"only {run.cached_share:.0%} of the prompt was read from the cache"
+    body = run.body(model)
+    del body["max_tokens"]
+    async with sdk(upstream) as direct:
+        # The history as the client holds it: its thinking was bound to what the proxy sent, so it is counted only.
+        counted = await direct.messages.count_tokens(**body)
+    assert counted.input_tokens > WINDOW, "the conversation would not have overflowed going direct"
