@@ -8,13 +8,13 @@ answer, which quotes the secret marker the full text holds (and the preview does
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
-from tests.e2e.test_messages_long_runs import NON_BINDING, WINDOW, sdk
+from tests.e2e.messages.conftest import NON_BINDING, sdk
 from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies
 
@@ -68,31 +68,24 @@ def conversation() -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
-    async with AnthropicUpstream(context_window=WINDOW, responder=reading_responder) as fake:
-        yield fake
-
-
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
-async def test_an_offloaded_result_is_read_back_by_the_proxy(upstream: AnthropicUpstream, streamed: bool) -> None:
-    proxies = LoopbackProxies(upstream=upstream.base_url)
+async def test_an_offloaded_result_is_read_back_by_the_proxy(
+    upstream: AnthropicUpstream, proxies: LoopbackProxies, streamed: bool
+) -> None:
+    upstream.responder = reading_responder
     proxy = await proxies.start()
     body: dict[str, Any] = {"model": NON_BINDING, "max_tokens": 500, "tools": TOOLS, "messages": conversation()}
     small = {"X-Context-Window": "4800"}
-    try:
-        async with sdk(proxy) as client:
-            if streamed:
-                async with client.messages.stream(**body, extra_headers=small) as stream:
-                    kinds = [event.type async for event in stream]
-                    message = await stream.get_final_message()
-                    headers = stream.response.headers
-                assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
-            else:
-                raw = await client.messages.with_raw_response.create(**body, extra_headers=small)
-                message, headers = await raw.parse(), raw.headers
-    finally:
-        await proxies.close()
+    async with sdk(proxy) as client:
+        if streamed:
+            async with client.messages.stream(**body, extra_headers=small) as stream:
+                kinds = [event.type async for event in stream]
+                message = await stream.get_final_message()
+                headers = stream.response.headers
+            assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        else:
+            raw = await client.messages.with_raw_response.create(**body, extra_headers=small)
+            message, headers = await raw.parse(), raw.headers
     assert [block.type for block in message.content] == ["text"]
     assert message.content[0].text == f"found {SECRET}"  # type: ignore[union-attr]
     assert headers["x-compaction-offloaded"] == "1"

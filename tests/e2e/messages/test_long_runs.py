@@ -8,41 +8,16 @@ upstream rejection, and most of the prompt read from the cache turn after turn.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from anthropic import AsyncAnthropic
 
+from tests.e2e.messages.conftest import BINDING, NON_BINDING, WINDOW, sdk
 from tests.support.anthropic_agent import run_agent
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
-from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.anthropic_upstream import AnthropicUpstream
+from tests.support.proxies import LoopbackProxies
 
-WINDOW = 32_000
-NON_BINDING = "claude-sonnet-4-5"
-BINDING = "claude-fable-5-1"
 TURNS = 200
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
-    async with AnthropicUpstream(
-        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
-    ) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]:
-    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
-    yield started
-    await started.close()
-
-
-def sdk(proxy: RunningProxy | AnthropicUpstream) -> AsyncAnthropic:
-    """The official client at the proxy (or the upstream itself), with a dummy key and no retries of its own."""
-    base = proxy.base_url if isinstance(proxy, AnthropicUpstream) else f"http://127.0.0.1:{proxy.server.port}"
-    return AsyncAnthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
 
 
 STREAMING: dict[str, Any] = {

@@ -5,7 +5,6 @@ report headers, errors passed byte for byte, refusals in the API's shape, and wh
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -15,27 +14,12 @@ import pytest
 
 from proxy.config import Settings
 from proxy.server.logging import ACCESS_LOGGER
-from tests.e2e.test_messages_long_runs import NON_BINDING, WINDOW, sdk
+from tests.e2e.messages.conftest import NON_BINDING, WINDOW, base_url, sdk
 from tests.support.anthropic_agent import SYSTEM, TOOLS, run_agent
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
-from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.anthropic_upstream import AnthropicUpstream
+from tests.support.proxies import LoopbackProxies
 
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01", "content-type": "application/json"}
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
-    async with AnthropicUpstream(
-        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
-    ) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]:
-    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
-    yield started
-    await started.close()
 
 
 def long_body(pairs: int = 24, words: int = 600) -> dict[str, Any]:
@@ -55,10 +39,6 @@ async def post(url: str, body: dict[str, Any], **headers: str) -> tuple[int, dic
         http.post(url + "/v1/messages", data=orjson.dumps(body), headers={**HEADERS, **headers}) as response,
     ):
         return response.status, dict(response.headers), await response.read()
-
-
-def proxy_url(proxy: RunningProxy) -> str:
-    return f"http://127.0.0.1:{proxy.server.port}"
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
@@ -82,18 +62,18 @@ async def test_compaction_off_and_observe_mode_forward_the_clients_bytes(
 ) -> None:
     body = long_body()
     enforcing = await proxies.start()
-    status, headers, _ = await post(proxy_url(enforcing), body)
+    status, headers, _ = await post(base_url(enforcing), body)
     assert status == 200 and headers["X-Compaction"] == "compacted"
     assert len(upstream.requests[-1]["messages"]) < len(body["messages"])
     assert int(headers["X-Compaction-Tokens-After"]) < int(headers["X-Compaction-Tokens-Before"])
     assert headers["X-Compaction-Context-Window"] == str(WINDOW)
 
-    status, headers, _ = await post(proxy_url(enforcing), body, **{"X-Compaction": "off"})
+    status, headers, _ = await post(base_url(enforcing), body, **{"X-Compaction": "off"})
     assert status == 200 and headers["X-Compaction"] == "skipped"
     assert upstream.requests[-1] == body
 
     observing = await proxies.start(mode="observe")
-    status, headers, _ = await post(proxy_url(observing), body)
+    status, headers, _ = await post(base_url(observing), body)
     assert status == 200 and headers["X-Compaction"] == "would-compact"
     assert upstream.requests[-1] == body
 
@@ -110,7 +90,7 @@ async def test_an_upstream_error_reaches_the_client_byte_for_byte(
     over = long_body(pairs=40)
     for body, extra in ((unpaired, {}), (over, {"X-Compaction": "off"})):
         direct = await post(upstream.base_url, body)
-        through = await post(proxy_url(proxy), body, **extra)
+        through = await post(base_url(proxy), body, **extra)
         assert direct[0] == through[0] == 400
         assert through[2] == direct[2]
 
@@ -140,7 +120,7 @@ async def test_claude_codes_session_header_names_the_conversation(
 ) -> None:
     proxy = await proxies.start()
     with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
-        status, _, _ = await post(proxy_url(proxy), long_body(pairs=1), **{"x-claude-code-session-id": "session-7"})
+        status, _, _ = await post(base_url(proxy), long_body(pairs=1), **{"x-claude-code-session-id": "session-7"})
     assert status == 200
     fields = [getattr(record, "fields", {}) for record in caplog.records if record.name == ACCESS_LOGGER]
     assert [entry.get("conversation_id") for entry in fields] == ["session-7"]
