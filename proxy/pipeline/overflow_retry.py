@@ -120,6 +120,7 @@ class OverflowRetry:
             exchange.wire,
             retried=True,
             headers=dict(exchange.headers),
+            original=exchange.original,
         )
         retry.headers.update({"X-Compaction": "compacted-after-overflow", "X-Compaction-Context-Window": str(window)})
         retry.headers["X-Compaction-Strategies"] = ",".join(result.strategies)

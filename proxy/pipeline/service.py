@@ -57,6 +57,7 @@ from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.offload.offloading import Offloading, offload_off
 from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES, Prepared
+from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.pipeline.rewrites import RewriteMemory, View
@@ -112,6 +113,7 @@ class ChatCompactionService(OverflowRetry):
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed)
         self.splice_from = splice_from
         self.off_loop = OffLoop()
+        self.previous_forwards = PreviousForwards()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.compacting = Compacting(self.summaries, settings.summary_start_at)
@@ -244,6 +246,7 @@ class ChatCompactionService(OverflowRetry):
             if bound is not None and bound < thresholds.trigger_tokens:
                 return self._sized_by_bytes(chat.body, exchange, bound, thresholds)
         view = exchange.turn.view = await self._view(exchange)
+        exchange.original = view.original_chain
         if thresholds is None:
             self.unknown_models.log(model)
             exchange.headers["X-Compaction"] = "unknown-window"
@@ -387,16 +390,20 @@ class ChatCompactionService(OverflowRetry):
         )
         ask_usage = self.mode is Mode.ENFORCE and exchange.wire.asks_usage(request)
 
+        # What the conversation's previous request was forwarded as counts only for messages the proxy rewrites.
+        previous = self.previous_forwards.find(exchange.scope, exchange.original) if messages is not None else None
+
         def build() -> tuple[Outgoing, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
             if isinstance(request, ChatRequest):
                 body, spliced = forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage)
                 return Outgoing(body), spliced, sent_chain
-            return request.forwarded(raw, messages), None, sent_chain
+            return request.forwarded(raw, messages, previous), None, sent_chain
 
         whole = messages is not None and not exchange.turn.splices(messages)
         outgoing, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
+        self.previous_forwards.remember(exchange.scope, exchange.original, outgoing.replay_state)
         return ForwardPlan(
             body=outgoing.body,
             header_values=dict(outgoing.header_values),

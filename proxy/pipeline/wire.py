@@ -69,8 +69,11 @@ class WireRequest(Protocol):
         """What in the body says its client compacts itself (`compaction-items`, `context-management`), or None."""
         ...
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> Outgoing:
-        """What to send: `raw` (the client's bytes) when `messages` is None, else the request with them."""
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+        """What to send: `raw` (the client's bytes) when `messages` is None, else the request with them.
+
+        :param previous: The `Outgoing.replay_state` of the conversation's previous request, when the pipeline has it.
+        """
         ...
 
 
@@ -81,10 +84,13 @@ class Outgoing:
     :param body: The body to send.
     :param header_values: Values to add to list-valued request headers (comma-separated lists, RFC 9110 5.3), by
         header name: an opt-in the rewritten body needs (Anthropic's `anthropic-beta` for a body field in beta).
+    :param replay_state: What the format needs to forward the conversation's next request (`WireRequest.forwarded`'s
+        `previous`; Anthropic: what each thinking block sent back was bound to); None when nothing.
     """
 
     body: bytes
     header_values: Mapping[str, str] = field(default_factory=dict)
+    replay_state: Any = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.anthropic.blocks import Conversation, Mapped
-from proxy.formats.anthropic.forwarding import forward
+from proxy.formats.anthropic.forwarding import outgoing
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
 from proxy.pipeline.wire import Outgoing
@@ -85,17 +85,13 @@ class MessagesRequest:
             return "compaction-items"
         return "context-management" if self.manages_context else None
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> Outgoing:
-        """What to send (`forwarding.forward`): `raw` when `messages` is None and the tools are the client's.
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+        """What to send (`forwarding.outgoing`): `raw` when `messages` is None and the tools are the client's.
 
         The read tool added after the client's tools (`proxy.pipeline.offload.tool.with_read_tool`) changes what
         every thinking block was bound to, so the request is forwarded through the API's rules then too.
         """
-        tools_changed = self.body.get("tools") is not self.conversation_tools
-        if messages is None and not tools_changed:
-            return Outgoing(raw)
-        sent = forward(self, raw, self.messages if messages is None else messages, tools_changed=tools_changed)
-        return Outgoing(sent.body, {"anthropic-beta": sent.beta} if sent.beta else {})
+        return outgoing(self, raw, messages, previous)
 
     @classmethod
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> MessagesRequest:

@@ -77,8 +77,11 @@ class ChatRequest:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> Outgoing:
-        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
+
+        :param previous: Unused: nothing of a previous request changes how this format forwards the next.
+        """
         return Outgoing(raw if messages is None else self.with_messages(messages))
 
 

@@ -119,8 +119,11 @@ class ResponsesRequest:
             raise InvalidChatRequest("The request's `instructions` must be a string.")
         return cls(body, Units.of(items, instructions))
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> Outgoing:
-        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
+
+        :param previous: Unused: nothing of a previous request changes how this format forwards the next.
+        """
         if messages is None:
             return Outgoing(raw)
         return Outgoing(json_bytes(self.fields_with(*self.units.forwarded_items(messages))))

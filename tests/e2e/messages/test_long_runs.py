@@ -2,7 +2,8 @@
 
 A tool-using agent with extended thinking whose conversation overflows a 32k window going direct runs 200 turns
 through the proxy, streamed and not, on a model that binds thinking to its prefix and one that does not: no error, no
-upstream rejection, and most of the prompt read from the cache turn after turn.
+upstream rejection, most of the prompt read from the cache turn after turn, and the thinking produced since the last
+compaction sent back to the model (on the binding model, the proxy keeps what each block was bound to).
 """
 
 from __future__ import annotations
@@ -36,14 +37,23 @@ async def test_a_conversation_that_overflows_going_direct_runs_200_turns_through
     async with sdk(proxy) as client:
         run = await run_agent(client, model, TURNS, STREAMING[streaming])
     seconds = time.perf_counter() - started
+    thinking_back = sum(
+        1
+        for message in upstream.requests[-1]["messages"]
+        if message["role"] == "assistant"
+        for block in message["content"]
+        if block["type"] == "thinking"
+    )
     print(
         f"\n{model} {streaming}: {TURNS} turns in {seconds:.1f} s, {run.cached_share:.1%} of"
         f" {run.prompt} prompt tokens read from the cache, {run.decisions.count('compacted')} compactions,"
-        f" {upstream.dropped_thinking} thinking blocks dropped upstream"
+        f" {upstream.dropped_thinking} thinking blocks dropped upstream, {thinking_back} sent back in the last request"
     )
     assert upstream.rejections == []
     assert "compacted" in run.decisions, "the conversation never needed compacting: the test proves nothing"
     assert run.cached_share >= 0.8, f"only {run.cached_share:.0%} of the prompt was read from the cache"
+    # More than the turn being continued (three messages at most): what the model thought since a compaction.
+    assert thinking_back > 3, "the thinking produced after a compaction did not come back to the model"
     body = run.body(model)
     del body["max_tokens"]
     async with sdk(upstream) as direct:
