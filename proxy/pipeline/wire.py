@@ -142,6 +142,8 @@ class WireFormat(Protocol):
     :ivar read_tool: The proxy's read tool as this format declares a tool.
     :ivar conversation_headers: Request headers this format's clients name a conversation with, tried after the
         configured `conversation_header` (Claude Code's `x-claude-code-session-id`); lower case.
+    :ivar call_headers: Request headers a call the proxy makes itself (a summary) copies from the client's request
+        besides its credential: what the API requires of every request (`anthropic-version`, `anthropic-beta`).
     """
 
     name: str
@@ -149,6 +151,7 @@ class WireFormat(Protocol):
     scope: str | None
     read_tool: Mapping[str, Any]
     conversation_headers: tuple[str, ...]
+    call_headers: tuple[str, ...]
     sized_by_bytes: bool
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
 

@@ -177,7 +177,7 @@ def bind_thinking(
     changed, drop_block, dropped = head_changed, False, 0
     for position, (message, origin) in enumerate(zip(messages, origins, strict=True)):
         thinking = _thinking_count(message)
-        stripped = _without_thinking(message) if thinking else message
+        stripped = without_thinking(message) if thinking else message
         was = reference[position] if position < len(reference) else None
         sent: Mapping[str, Any] | None = message
         if not changed and was is not None and _matches(message, was):
@@ -200,8 +200,10 @@ def _thinking_count(message: Mapping[str, Any]) -> int:
     return sum(1 for block in content_blocks(message) if block_type(block) in THINKING)
 
 
-def _without_thinking(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The message without its thinking blocks; None when nothing else is left of it."""
+def without_thinking(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message without its thinking blocks (itself when it has none); None when nothing else is left of it."""
+    if not _thinking_count(message):
+        return message
     rest = [block for block in content_blocks(message) if block_type(block) not in THINKING]
     return {**message, "content": rest} if rest else None
 

@@ -41,6 +41,7 @@ class Messages:
     """Its rewrites stand for blocks, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = summary.READ_TOOL_DEFINITION
     conversation_headers: tuple[str, ...] = (SESSION_HEADER,)
+    call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
     sized_by_bytes: bool = False
 
     reads = staticmethod(read_calls.reads)

@@ -26,6 +26,7 @@ class ChatCompletions:
     """State made before formats had scopes of their own is chat completions': they keep the tenant's plain scope."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
+    call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = True
 
     answer = staticmethod(answers.answer)

@@ -26,6 +26,7 @@ class Responses:
     """Its rewrites stand for items, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
+    call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = False
 
     answer = staticmethod(answers.answer)
