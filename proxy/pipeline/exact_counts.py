@@ -52,6 +52,7 @@ from proxy.names import name_key
 from proxy.pipeline.measured import Measured
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.rewrites import View
+from proxy.pipeline.wire import WireRequest
 
 logger = logging.getLogger("compaction_proxy.compaction")
 
@@ -90,7 +91,7 @@ class ExactCounts:
     async def anchor(
         self,
         model: str | None,
-        request: ChatRequest | ResponsesRequest,
+        request: WireRequest,
         view: View,
         tenant: bytes,
         headers: Mapping[str, str],
@@ -113,6 +114,9 @@ class ExactCounts:
         try:
             if isinstance(request, ResponsesRequest):
                 return await self._responses_anchor(request, view, tenant, headers)
+            if not isinstance(request, ChatRequest):
+                # No count source is wired for the other formats yet (the Messages API's `count_tokens`).
+                return None
             if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
                 return None
             fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
