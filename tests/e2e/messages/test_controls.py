@@ -130,3 +130,23 @@ def test_x_api_key_scopes_the_tenant() -> None:
     settings = Settings(tenant_key="a-tenant-key-for-tests-only")
     tenants = {settings.tenant_of({"x-api-key": key}) for key in ("sk-ant-one", "sk-ant-two", "")}
     assert len(tenants) == 3
+
+
+async def test_an_error_inside_a_stream_reaches_the_client_byte_for_byte(
+    upstream: AnthropicUpstream, proxies: LoopbackProxies
+) -> None:
+    """A failure after the stream began (the API's `overloaded_error`) is no overflow: relayed as it came."""
+    upstream.stream_error = {"type": "overloaded_error", "message": "Overloaded"}
+    proxy = await proxies.start()
+    body = {**long_body(), "stream": True}
+    direct = await post(upstream.base_url, body, **{"X-Compaction": "off"})
+    through = await post(base_url(proxy), body)
+    assert through[0] == direct[0] == 200
+    assert through[1]["X-Compaction"] == "compacted"
+    relayed, sent = through[2].split(b"\n\n"), direct[2].split(b"\n\n")
+    assert [event.split(b"\n")[0] for event in relayed] == [event.split(b"\n")[0] for event in sent]
+    assert relayed[-2] == sent[-2] and relayed[-2].startswith(b"event: error"), "the error event as it came"
+    async with sdk(proxy) as client:
+        with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+            async with client.messages.stream(**long_body()) as stream:
+                await stream.get_final_message()
