@@ -138,6 +138,8 @@ class AnthropicUpstream:
         self.cache = PromptCache()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.targets: list[str] = []
+        """Each create request's path and query."""
         self.rejections: list[dict[str, Any]] = []
         self.dropped_thinking = 0
         self.stream_error: dict[str, Any] | None = None
@@ -206,6 +208,7 @@ class AnthropicUpstream:
     async def _create(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.targets.append(request.path_qs)
         self.headers.append({key.lower(): value for key, value in request.headers.items()})
         try:
             message = self.answer(body, self.headers[-1])

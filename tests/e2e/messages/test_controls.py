@@ -150,3 +150,18 @@ async def test_an_error_inside_a_stream_reaches_the_client_byte_for_byte(
         with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
             async with client.messages.stream(**long_body()) as stream:
                 await stream.get_final_message()
+
+
+async def test_claude_codes_beta_query_is_kept_and_its_request_compacted(
+    upstream: AnthropicUpstream, proxies: LoopbackProxies
+) -> None:
+    """Claude Code posts to `/v1/messages?beta=true` with betas of its own."""
+    proxy = await proxies.start()
+    betas = {"anthropic-beta": "context-management-2025-06-27"}
+    async with aiohttp.ClientSession() as http:
+        url = base_url(proxy) + "/v1/messages?beta=true"
+        async with http.post(url, data=orjson.dumps(long_body()), headers={**HEADERS, **betas}) as response:
+            assert response.status == 200
+            assert response.headers["X-Compaction"] == "compacted"
+    assert upstream.targets[-1] == "/v1/messages?beta=true"
+    assert upstream.headers[-1]["anthropic-beta"] == betas["anthropic-beta"]
