@@ -48,7 +48,7 @@ class ForwardPlan:
         for the server to count with its own fail-opens (`compaction_proxy_fail_open_total`); None when it did not.
     :param model: The model the request names, fit for a log line (the access line names it); None when unread.
     :param header_values: Values the server adds to list-valued upstream request headers, by name (see
-        `proxy.pipeline.wire.Outgoing`): an opt-in the forwarded body needs that the client's headers lack.
+        `proxy.pipeline.wire.Forwarding`): an opt-in the forwarded body needs that the client's headers lack.
     """
 
     body: bytes

@@ -35,7 +35,7 @@ class Prepared:
     :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
     :param raw: The client's body, kept by `release` to parse again.
     :param original: The hash chain of the client's messages (empty when not computed): what the conversation's next
-        request finds this one's `Outgoing.replay_state` by.
+        request finds this one's `Forwarding.replay_state` by.
     """
 
     scope: bytes

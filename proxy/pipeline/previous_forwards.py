@@ -2,7 +2,7 @@
 
 Some formats forward a request differently depending on what the conversation's previous request was sent as: the
 Messages API binds each thinking block to everything sent before it, so which blocks may go back depends on what the
-model saw (`Outgoing.replay_state`). The state is kept in this process, by the state scope and the last keys of the
+model saw (`Forwarding.replay_state`). The state is kept in this process, by the state scope and the last keys of the
 client's message chain (`KEPT_AT`), and found by a later request whose chain extends them (looked up from its end, a
 few turns back at most). It is bounded by count, oldest first out; a state not found (another replica forwarded the
 previous request, or it was evicted) is forwarded without one, which the format makes valid on its own.

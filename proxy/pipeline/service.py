@@ -63,7 +63,7 @@ from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOv
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.summaries import Summaries, SummaryContext
 from proxy.pipeline.usage import Estimate, UsageReports
-from proxy.pipeline.wire import Outgoing, WireFormat
+from proxy.pipeline.wire import Forwarding, WireFormat
 from proxy.state import StateStore, open_store
 from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
@@ -393,20 +393,20 @@ class ChatCompactionService(OverflowRetry):
         # What the conversation's previous request was forwarded as counts only for messages the proxy rewrites.
         previous = self.previous_forwards.find(exchange.scope, exchange.original) if messages is not None else None
 
-        def build() -> tuple[Outgoing, Forwarded | None, list[bytes]]:
+        def build() -> tuple[Forwarding, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
             if isinstance(request, ChatRequest):
                 body, spliced = forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage)
-                return Outgoing(body), spliced, sent_chain
+                return Forwarding(body), spliced, sent_chain
             return request.forwarded(raw, messages, previous), None, sent_chain
 
         whole = messages is not None and not exchange.turn.splices(messages)
-        outgoing, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
-        self.previous_forwards.remember(exchange.scope, exchange.original, outgoing.replay_state)
+        forwarded, exchange.turn.forwarded, exchange.chain = await self._work(exchange, build, whole=whole)
+        self.previous_forwards.remember(exchange.scope, exchange.original, forwarded.replay_state)
         return ForwardPlan(
-            body=outgoing.body,
-            header_values=dict(outgoing.header_values),
+            body=forwarded.body,
+            header_values=dict(forwarded.header_values),
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
             stream=request.stream,
             strip_usage_chunk=ask_usage,

@@ -69,16 +69,16 @@ class WireRequest(Protocol):
         """What in the body says its client compacts itself (`compaction-items`, `context-management`), or None."""
         ...
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
         """What to send: `raw` (the client's bytes) when `messages` is None, else the request with them.
 
-        :param previous: The `Outgoing.replay_state` of the conversation's previous request, when the pipeline has it.
+        :param previous: The `Forwarding.replay_state` of the conversation's previous request, when the pipeline has it.
         """
         ...
 
 
 @dataclass(frozen=True)
-class Outgoing:
+class Forwarding:
     """A forwarded request: its body, and what its headers must say besides the client's.
 
     :param body: The body to send.

@@ -24,7 +24,7 @@ from proxy.formats.anthropic.rules import (
     with_breakpoint,
     with_drop_block,
 )
-from proxy.pipeline.wire import Outgoing
+from proxy.pipeline.wire import Forwarding
 
 if TYPE_CHECKING:
     from proxy.formats.anthropic.request import MessagesRequest
@@ -93,7 +93,7 @@ def forward(
 
 @dataclass(frozen=True)
 class SentBefore:
-    """How a conversation's previous request was forwarded to a model that binds thinking (`Outgoing.replay_state`).
+    """How a conversation's previous request was forwarded to a model that binds thinking (`Forwarding.replay_state`).
 
     :param sent: The `message_digest` of each message it sent.
     :param client_length: How many messages the client sent in it.
@@ -103,7 +103,7 @@ class SentBefore:
     client_length: int
 
 
-def outgoing(request: MessagesRequest, raw: bytes, engine: Sequence[Message] | None, previous: Any) -> Outgoing:
+def forwarding(request: MessagesRequest, raw: bytes, engine: Sequence[Message] | None, previous: Any) -> Forwarding:
     """What to send for `request` (see `MessagesRequest.forwarded`), and what its conversation's next request needs.
 
     :param engine: The engine's messages to send; None for the client's own.
@@ -115,7 +115,7 @@ def outgoing(request: MessagesRequest, raw: bytes, engine: Sequence[Message] | N
     tools_changed = request.body.get("tools") is not request.conversation_tools
     before = previous if isinstance(previous, SentBefore) else None
     if engine is None and not tools_changed and before is None:
-        return Outgoing(raw)
+        return Forwarding(raw)
     source = request.conversation.messages
     baseline: list[Mapping[str, Any] | bytes] | None = None
     if before is not None:
@@ -132,6 +132,6 @@ def outgoing(request: MessagesRequest, raw: bytes, engine: Sequence[Message] | N
     if sent.body is raw or sent.let_through or not binds_prefix(request.model):
         # After thinking was let through for the API to drop, the next request starts afresh from the client's
         # messages: everything thought since is bound to the dropped blocks, and goes with them.
-        return Outgoing(sent.body, headers)
+        return Forwarding(sent.body, headers)
     state = SentBefore(tuple(message_digest(message) for message in sent.messages), len(source))
-    return Outgoing(sent.body, headers, state)
+    return Forwarding(sent.body, headers, state)

@@ -14,10 +14,10 @@ from typing import Any
 
 from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.anthropic.blocks import Conversation, Mapped
-from proxy.formats.anthropic.forwarding import outgoing
+from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
-from proxy.pipeline.wire import Outgoing
+from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,13 @@ class MessagesRequest:
             return "compaction-items"
         return "context-management" if self.manages_context else None
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
-        """What to send (`forwarding.outgoing`): `raw` when `messages` is None and the tools are the client's.
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
+        """What to send (`forwarding.forwarding`): `raw` when `messages` is None and the tools are the client's.
 
         The read tool added after the client's tools (`proxy.pipeline.offload.tool.with_read_tool`) changes what
         every thinking block was bound to, so the request is forwarded through the API's rules then too.
         """
-        return outgoing(self, raw, messages, previous)
+        return forwarding(self, raw, messages, previous)
 
     @classmethod
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> MessagesRequest:

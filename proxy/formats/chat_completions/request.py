@@ -14,7 +14,7 @@ import orjson
 
 from proxy.engine.messages import Message
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
-from proxy.pipeline.wire import Outgoing
+from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ class ChatRequest:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Outgoing:
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
         """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
 
         :param previous: Unused: nothing of a previous request changes how this format forwards the next.
         """
-        return Outgoing(raw if messages is None else self.with_messages(messages))
+        return Forwarding(raw if messages is None else self.with_messages(messages))
 
 
 def deployment_name(path: str) -> str | None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import ApproximateCounter, Transcript, chain_by_names
 from proxy.formats.anthropic.blocks import UNIT_KEY
-from proxy.formats.anthropic.forwarding import forward, outgoing
+from proxy.formats.anthropic.forwarding import forward, forwarding
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.rules import breakpoints, continued_turn
 from tests.support.anthropic_conversations import Built, conversations, is_continued
@@ -144,9 +144,9 @@ def test_a_request_forwarded_again_with_its_own_record_sends_the_same_messages(b
     transcript = Transcript(request.messages, COUNTER)
     result = chain_by_names(CHAINS["default"]).compact(transcript, int(transcript.total() * fraction))
     engine = list(result.compacted.messages) if result is not None else None
-    first = outgoing(request, raw, engine, None)
+    first = forwarding(request, raw, engine, None)
     assume(first.replay_state is not None)
-    again = outgoing(request, raw, engine, first.replay_state)
+    again = forwarding(request, raw, engine, first.replay_state)
     assert orjson.loads(again.body)["messages"] == orjson.loads(first.body)["messages"]
     sent = orjson.loads(again.body)
     assert sent["thinking"]["block_binding"]["prefix_mismatch_behavior"] == "drop_block"
