@@ -102,7 +102,7 @@ def count_command(args: argparse.Namespace) -> int:
     """Print the request's token count on stdout, and its breakdown on stderr."""
     request, counter = _load(args)
     message_tokens = counter.messages_tokens(request.messages)
-    overhead = counter.overhead_tokens(request.overhead_fields)
+    overhead = counter.overhead_tokens(request.overhead_fields) + request.added_prompt_tokens
     print(message_tokens + overhead, file=sys.stdout)
     print(
         f"{len(request.messages)} messages: {message_tokens} tokens; tools and priming: {overhead} tokens "
@@ -139,7 +139,9 @@ def compact_command(args: argparse.Namespace) -> int:
     deferred, _ = deferral(settings.client_compaction, {}, request)
     thresholds = replace(thresholds, client_compacts=deferred is not None)
     transcript = Transcript(request.messages, counter)
-    outcome = compact_if_needed(transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields))
+    outcome = compact_if_needed(
+        transcript, thresholds, chain, counter.overhead_tokens(request.overhead_fields) + request.added_prompt_tokens
+    )
     result = outcome.result
     if result is None:
         sys.stdout.write(args.raw.decode("utf-8", "replace"))
@@ -152,7 +154,7 @@ def compact_command(args: argparse.Namespace) -> int:
     offloaded = held_references(result.compacted.meta)
     if offloaded:
         request = with_read_tool(request, args.wire.read_tool)
-    sys.stdout.write(request.forwarded(args.raw, messages).decode())
+    sys.stdout.write(request.forwarded(args.raw, messages).body.decode())
     sys.stdout.write("\n")
     replaced = sum(1 for entry in result.plan.created() if entry.replaces is not None)
     print(

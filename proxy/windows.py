@@ -133,22 +133,30 @@ class ContextWindows:
         self._tables: BoundedCache[str, tuple[int | None, int | None]] = BoundedCache(max_learned)
 
     def resolve_window(
-        self, model: str | None, requested: int | None = None, tenant: bytes = b"", discovered: int | None = None
+        self,
+        model: str | None,
+        requested: int | None = None,
+        tenant: bytes = b"",
+        discovered: int | None = None,
+        *,
+        shipped: int | None = None,
     ) -> Window | None:
         """The window for `model` and its source, the strongest first (see `WindowSource`).
 
         :param discovered: What the upstream reported for the model, if anything.
+        :param shipped: The window the request's wire format knows for it (a header's opt-in), in place of the
+            shipped table's.
         """
         if requested is not None and requested > 0:
             return Window(requested, WindowSource.REQUEST)
         learned = self._learned.get(_key(tenant, model)) if model else None
         if learned is not None:
             return Window(learned, WindowSource.LEARNED)
-        configured, shipped = self._in_tables(model)
+        configured, table = self._in_tables(model)
         candidates = (
             (configured, WindowSource.CONFIGURED),
             (discovered, WindowSource.DISCOVERED),
-            (shipped, WindowSource.TABLE),
+            (shipped or table, WindowSource.TABLE),
             (self.default, WindowSource.DEFAULT),
         )
         return next((Window(tokens, source) for tokens, source in candidates if tokens), None)

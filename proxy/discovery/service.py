@@ -109,19 +109,26 @@ class WindowDiscovery:
         self._running: dict[bytes, asyncio.Task[None]] = {}
 
     async def resolve(
-        self, model: str | None, requested: int | None, tenant: bytes, headers: Mapping[str, str]
+        self,
+        model: str | None,
+        requested: int | None,
+        tenant: bytes,
+        headers: Mapping[str, str],
+        *,
+        shipped: int | None = None,
     ) -> Window | None:
         """The request's window and its source, discovered when nothing stronger than the table gives one.
 
         :param headers: The caller's headers (lower-cased names): their credentials go out only if the upstream
             refuses to answer without them.
+        :param shipped: The window the request's wire format knows for it, in place of the shipped table's.
         """
-        known = self.windows.resolve_window(model, requested, tenant)
+        known = self.windows.resolve_window(model, requested, tenant, shipped=shipped)
         if not self.probes or not model or len(model) > MAX_MODEL_NAME or (known and known.source not in _WEAKER):
             return known
         wait = known is None or known.source is WindowSource.DEFAULT
         discovered = await self._discovered(model, tenant, headers, wait=wait)
-        return self.windows.resolve_window(model, requested, tenant, discovered)
+        return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
 
     def running(self) -> list[asyncio.Task[None]]:
         """The probe runs in flight (for tests and shutdown)."""

@@ -10,22 +10,28 @@ from typing import Final
 
 import orjson
 
+from proxy.formats.anthropic.wire import MESSAGES
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.formats.responses.wire import RESPONSES
 from proxy.pipeline.wire import WireFormat
 
-FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES)
+FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 """Every wire format the proxy compacts, in the order paths are matched."""
 
 
+BODY_ORDER: Final[tuple[WireFormat, ...]] = (MESSAGES, RESPONSES, CHAT_COMPLETIONS)
+"""The order a body with no path to tell is recognized in: the most specific format first; chat completions, which
+any body with `messages` could be, last, and the default."""
+
+
 def format_of_body(raw: bytes) -> WireFormat:
-    """The wire format a request body is read as when no path tells: the first that recognizes it, else the first."""
+    """The wire format a request body is read as when no path tells (a file on the command line; `BODY_ORDER`)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return FORMATS[0]
-    recognized = (wire for wire in FORMATS if isinstance(body, dict) and wire.recognizes(body))
-    return next(recognized, FORMATS[0])
+        return CHAT_COMPLETIONS
+    recognized = (wire for wire in BODY_ORDER if isinstance(body, dict) and wire.recognizes(body))
+    return next(recognized, CHAT_COMPLETIONS)
 
 
 def format_of(method: str, path: str) -> WireFormat | None:

@@ -10,6 +10,7 @@ from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
 from proxy.pipeline.reports import requested_window
+from proxy.pipeline.wire import WireFormat
 
 CONTEXT_WINDOW_HEADER: Final = "x-context-window"
 
@@ -51,3 +52,15 @@ def state_scope(tenant: bytes, requested_window: int | None, format_scope: str |
     if format_scope is not None:
         scope = xxh3_128_digest(scope + b"\0api\0" + format_scope.encode())
     return scope
+
+
+def conversation_of(headers: Mapping[str, str], settings: Settings, wire: WireFormat | None) -> str | None:
+    """The conversation a request names (metrics, logs): the configured header, else one of its format's.
+
+    Its format's are the headers its clients send (`WireFormat.conversation_headers`).
+
+    :param headers: The request headers, any case.
+    """
+    names = (settings.conversation_header, *(wire.conversation_headers if wire is not None else ()))
+    lowered = {name.lower(): value for name, value in headers.items()}
+    return next((lowered[name.lower()] for name in names if name.lower() in lowered), None)

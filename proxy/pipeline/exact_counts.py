@@ -46,6 +46,7 @@ from proxy.discovery.tokenize import LOOK_BACK, TEMPLATE_FIELDS, Conversation, M
 from proxy.discovery.trials import Trials
 from proxy.engine import Anchor, counter_for_model
 from proxy.failures import log_failure
+from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.names import name_key
 from proxy.pipeline.measured import Measured
@@ -113,6 +114,9 @@ class ExactCounts:
         try:
             if isinstance(request, ResponsesRequest):
                 return await self._responses_anchor(request, view, tenant, headers)
+            if not isinstance(request, ChatRequest):
+                # No count source is wired for the other formats yet (the Messages API's `count_tokens`).
+                return None
             if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
                 return None
             fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}

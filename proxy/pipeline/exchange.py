@@ -4,7 +4,7 @@ The server owns sockets, headers and streaming; the compaction side owns parsing
 here: the server hands over an `IncomingChat` and gets back a `ForwardPlan` saying what to send upstream; when the
 upstream has answered, the server reports the outcome with `ChatOutcome` so usage can anchor the next estimate.
 A request the proxy will not forward at all (over its limits) gets a `Refusal` instead, which the server answers
-OpenAI-style.
+in the request's wire format's error shape (`WireFormat.error_body`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class ForwardPlan:
     :param failed_open: The compaction side failed and forwards the client's bytes unchanged: the stage that failed,
         for the server to count with its own fail-opens (`compaction_proxy_fail_open_total`); None when it did not.
     :param model: The model the request names, fit for a log line (the access line names it); None when unread.
+    :param header_values: Values the server adds to list-valued upstream request headers, by name (see
+        `proxy.pipeline.wire.Forwarding`): an opt-in the forwarded body needs that the client's headers lack.
     """
 
     body: bytes
@@ -58,11 +60,12 @@ class ForwardPlan:
     reads: Any = None
     failed_open: str | None = None
     model: str | None = None
+    header_values: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """A request the proxy answers itself with an OpenAI-style error instead of forwarding it.
+    """A request the proxy answers itself with an error in its format's shape instead of forwarding it.
 
     :param status: HTTP status (400 for a request over the proxy's limits).
     :param message: What is wrong and what to do; never quotes the request.

@@ -40,6 +40,7 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
     calibration: Calibration,
     counted: Counts | None,
     exact: Anchor | None = None,
+    added_tokens: int = 0,
 ) -> Measured:
     """Count what the decision needs and decide (CPU work, run off the event loop for large requests).
 
@@ -49,12 +50,13 @@ def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and 
     :param exact: The upstream's exact count of a prefix of the view (see `proxy.pipeline.exact_counts`). The decision
         rests on whichever of it and `anchor` covers more; it is first compared with the calibrated local count of
         the same prefix, and ignored when the two are further apart than any tokenizer difference explains.
+    :param added_tokens: What the provider adds to the prompt that no field shows (`WireRequest.added_prompt_tokens`).
     """
     tokens, summed = counted if counted is not None else (None, (0, 0))
     transcript = Transcript(
         view.messages, counter, view.meta, tokens, keys=view.keys, summed=summed, counted_bounds=False
     )
-    overhead = counter.overhead_tokens(overhead_fields)
+    overhead = counter.overhead_tokens(overhead_fields) + added_tokens
     local = None
     if exact is not None and (anchor is None or exact.covered > anchor.covered):
         covered = exact.covered

@@ -16,7 +16,9 @@ from proxy.names import shown
 from proxy.pipeline.exchange import ForwardPlan
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.prepared import Prepared
+from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.request_work import RequestWork
+from proxy.pipeline.wire import Forwarding
 
 
 class Outgoing:
@@ -25,12 +27,17 @@ class Outgoing:
     :param mode: Observe mode never asks a stream for its usage (it changes nothing the client sends).
     :param offloading: Offers the read tool to a request holding offloaded results.
     :param work: Runs the serialization off the event loop when it is large.
+    :param previous_forwards: What each conversation's latest request was forwarded as, for a format that builds on
+        it (the Messages API binds thinking to what came before it).
     """
 
-    def __init__(self, mode: Mode, offloading: Offloading, work: RequestWork) -> None:
+    def __init__(
+        self, mode: Mode, offloading: Offloading, work: RequestWork, previous_forwards: PreviousForwards
+    ) -> None:
         self.mode = mode
         self.offloading = offloading
         self.work = work
+        self.previous_forwards = previous_forwards
 
     async def plan(
         self,
@@ -61,18 +68,23 @@ class Outgoing:
             originals=lambda: self.work.originals(exchange),
         )
         ask_usage = self.mode is Mode.ENFORCE and exchange.wire.asks_usage(request)
+        # What the conversation's previous request was forwarded as counts only for messages the proxy rewrites.
+        previous = self.previous_forwards.find(exchange.scope, exchange.original) if messages is not None else None
 
-        def build() -> tuple[bytes, Forwarded | None, list[bytes]]:
+        def build() -> tuple[Forwarding, Forwarded | None, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
             if isinstance(request, ChatRequest):
-                return (*forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage), sent_chain)
-            return request.forwarded(raw, messages), None, sent_chain
+                body, spliced = forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage)
+                return Forwarding(body), spliced, sent_chain
+            return request.forwarded(raw, messages, previous), None, sent_chain
 
         whole = messages is not None and not exchange.turn.splices(messages)
-        body, exchange.turn.forwarded, exchange.chain = await self.work.run(exchange, build, whole=whole)
+        forwarded, exchange.turn.forwarded, exchange.chain = await self.work.run(exchange, build, whole=whole)
+        self.previous_forwards.remember(exchange.scope, exchange.original, forwarded.replay_state)
         return ForwardPlan(
-            body=body,
+            body=forwarded.body,
+            header_values=dict(forwarded.header_values),
             response_headers=dict(exchange.headers) or {"X-Compaction": "unchanged"},
             stream=request.stream,
             strip_usage_chunk=ask_usage,

@@ -1,6 +1,6 @@
 """The one retry after a context overflow: learn the window the provider stated, compact to it, and send again.
 
-A request refused as too long (in the provider's own error shape, see `overflow.context_overflow`) is compacted
+A request refused as too long (in the provider's own error shape, see `WireFormat.overflow`) is compacted
 once, to the window the error states (learned for the caller's tenant), or to the one already known when the error
 states none (then the window is below what was sent). No retry follows a retry, a history the provider keeps,
 observe mode, a compaction that removes nothing, or leading instructions and tools that alone exceed the window (no
@@ -19,7 +19,6 @@ from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.outgoing import Outgoing
-from proxy.pipeline.overflow import context_overflow
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.reports import INSTRUCTIONS_HEADER, WINDOW_SOURCE_HEADER
 from proxy.pipeline.request_work import RequestWork
@@ -84,7 +83,7 @@ class OverflowRetry:
 
     async def after(self, exchange: Prepared, outcome: ChatOutcome) -> ForwardPlan | None:
         """The compacted retry of a request whose answer was a context overflow, or None when there is none to make."""
-        overflow = context_overflow(outcome.status, outcome.error_body)
+        overflow = exchange.wire.overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.settings.mode is Mode.OBSERVE:
             return None
         if exchange.parsed is None:
@@ -106,7 +105,9 @@ class OverflowRetry:
         counter = counter_for_model(exchange.model)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
         transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        return Refused(view, transcript, counter.overhead_tokens(exchange.request.overhead_fields), scale)
+        request = exchange.request
+        overhead = counter.overhead_tokens(request.overhead_fields) + request.added_prompt_tokens
+        return Refused(view, transcript, overhead, scale)
 
     async def _compacted(
         self, exchange: Prepared, refused: Refused, window: int, *, learned: bool
@@ -163,6 +164,7 @@ class OverflowRetry:
             exchange.wire,
             retried=True,
             headers=dict(exchange.headers),
+            original=exchange.original,
         )
         retry.headers.update(
             {

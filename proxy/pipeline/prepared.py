@@ -34,6 +34,8 @@ class Prepared:
     :param turn: What the byte-level shortcut knows of the request (see `proxy.formats.chat_completions.splice`).
     :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
     :param raw: The client's body, kept by `release` to parse again.
+    :param original: The hash chain of the client's messages (empty when not computed): what the conversation's next
+        request finds this one's `Forwarding.replay_state` by.
     """
 
     scope: bytes
@@ -51,6 +53,7 @@ class Prepared:
     turn: Turn = field(default_factory=Turn)
     offload_off: bool = False
     raw: bytes = b""
+    original: list[bytes] = field(default_factory=list)
 
     @property
     def request(self) -> WireRequest:

@@ -53,7 +53,7 @@ from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.stateful import ProviderChains
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
-from proxy.pipeline.caller import Caller
+from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
@@ -64,6 +64,7 @@ from proxy.pipeline.offload.offloading import Offloading, offload_off
 from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES, Prepared
+from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
@@ -118,9 +119,10 @@ class ChatCompactionService:
         self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed)
         self.splice_from = splice_from
         self.work = RequestWork(self.limits, self.rewrites)
+        self.previous_forwards = PreviousForwards()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
-        self.outgoing = Outgoing(self.mode, self.offloading, self.work)
+        self.outgoing = Outgoing(self.mode, self.offloading, self.work, self.previous_forwards)
         self.retry = OverflowRetry(
             settings,
             windows=self.windows,
@@ -250,6 +252,7 @@ class ChatCompactionService:
         if sized is not None:
             return sized
         view = exchange.turn.view = await self.work.view(exchange)
+        exchange.original = view.original_chain
         if thresholds is None:
             self.unknown_models.log(exchange.model)
             exchange.headers["X-Compaction"] = "unknown-window"
@@ -281,7 +284,8 @@ class ChatCompactionService:
     ) -> Prepared:
         """What the pipeline knows of the request once its model and window are resolved."""
         model = chat.wire.model(request, chat.path)
-        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
+        shipped = chat.wire.window(model, headers)
+        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers, shipped=shipped)
         window = resolved.tokens if resolved else None
         size, turn = len(chat.body), Turn(extension)
         exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, chat.wire, turn=turn)
@@ -307,7 +311,17 @@ class ChatCompactionService:
         exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
         measured = await self.work.run(
             exchange,
-            lambda: measure(view, request.overhead_fields, counter, thresholds, anchor, calibration, known, exact),
+            lambda: measure(
+                view,
+                request.overhead_fields,
+                counter,
+                thresholds,
+                anchor,
+                calibration,
+                known,
+                exact,
+                added_tokens=request.added_prompt_tokens,
+            ),
         )
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
@@ -352,7 +366,7 @@ class ChatCompactionService:
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": shown(headers.get(self.settings.conversation_header.lower())),
+                "conversation": shown(conversation_of(headers, self.settings, chat.wire)),
                 "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )

@@ -242,8 +242,9 @@ class Summaries:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SummaryFailed("malformed_answer") from None
         usage = answer.get("usage") if isinstance(answer, dict) else None
-        if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-            self.metrics.summary_tokens.inc(usage["total_tokens"])
+        total = wire.usage_in_chat_terms(usage).get("total_tokens") if isinstance(usage, dict) else None
+        if isinstance(total, int):
+            self.metrics.summary_tokens.inc(total)
         if not isinstance(text, str) or not text.strip():
             raise SummaryFailed("empty")
         return text
@@ -262,6 +263,9 @@ class Summaries:
 
     def _headers(self, context: SummaryContext) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        for name in context.wire.call_headers:
+            if value := context.headers.get(name):
+                headers[name] = value
         if self.settings.summary_api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
             return headers

@@ -61,13 +61,44 @@ class WireRequest(Protocol):
         ...
 
     @property
+    def added_prompt_tokens(self) -> int:
+        """Tokens the provider adds to the prompt that no field shows (Anthropic's tool-use system prompt); often 0."""
+        ...
+
+    @property
     def compaction_signal(self) -> str | None:
         """What in the body says its client compacts itself (`compaction-items`, `context-management`), or None."""
         ...
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> bytes:
-        """The body to send: `raw` (the client's bytes) when `messages` is None, else the request with them."""
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
+        """What to send: `raw` (the client's bytes) when `messages` is None, else the request with them.
+
+        :param previous: The `Forwarding.replay_state` of the conversation's previous request, when the pipeline has it.
+        """
         ...
+
+
+@dataclass(frozen=True)
+class Forwarding:
+    """A forwarded request: its body, and what its headers must say besides the client's.
+
+    :param body: The body to send.
+    :param header_values: Values to add to list-valued request headers (comma-separated lists, RFC 9110 5.3), by
+        header name: an opt-in the rewritten body needs (Anthropic's `anthropic-beta` for a body field in beta).
+    :param replay_state: What the format needs to forward the conversation's next request (`WireRequest.forwarded`'s
+        `previous`; Anthropic: what each thinking block sent back was bound to); None when nothing.
+    """
+
+    body: bytes
+    header_values: Mapping[str, str] = field(default_factory=dict)
+    replay_state: Any = None
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A context overflow an upstream reported in its own error shape, with the window it stated (None: none)."""
+
+    window: int | None
 
 
 @dataclass(frozen=True)
@@ -130,12 +161,18 @@ class WireFormat(Protocol):
     :ivar entries: The request field holding the conversation, as a refusal names it (`messages`, `input`).
     :ivar scope: What keeps this format's state apart from another's under one tenant (None: the tenant's own).
     :ivar read_tool: The proxy's read tool as this format declares a tool.
+    :ivar conversation_headers: Request headers this format's clients name a conversation with, tried after the
+        configured `conversation_header` (Claude Code's `x-claude-code-session-id`); lower case.
+    :ivar call_headers: Request headers a call the proxy makes itself (a summary) copies from the client's request
+        besides its credential: what the API requires of every request (`anthropic-version`, `anthropic-beta`).
     """
 
     name: str
     entries: str
     scope: str | None
     read_tool: Mapping[str, Any]
+    conversation_headers: tuple[str, ...]
+    call_headers: tuple[str, ...]
     sized_by_bytes: bool
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
     socket: SocketMode | None
@@ -159,6 +196,26 @@ class WireFormat(Protocol):
 
     def model(self, request: Any, path: str) -> str | None:
         """The model a request is for: the one its body names, or one its path names."""
+        ...
+
+    def window(self, model: str | None, headers: Mapping[str, str]) -> int | None:
+        """The window this format knows for `model` under these request headers (lower-cased names), or None.
+
+        Asked before the shipped table (a window some header opts into, such as Anthropic's 1M-token beta).
+        """
+        ...
+
+    def overflow(self, status: int, error_body: Mapping[str, Any] | None) -> Overflow | None:
+        """The context overflow an error answer (or an in-stream refusal's body) reports, read from its shape only."""
+        ...
+
+    def error_body(self, message: str, kind: str, code: str, param: str | None) -> bytes:
+        """The JSON body of an error the proxy answers itself in this format's shape (what its SDKs surface).
+
+        :param kind: The error family (`invalid_request_error`, ...).
+        :param code: A stable machine-readable code.
+        :param param: The request field at fault, if one is.
+        """
         ...
 
     def asks_usage(self, request: Any) -> bool:

@@ -13,6 +13,9 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.config import Settings
+from proxy.formats import format_of
+from proxy.pipeline.caller import conversation_of
 from proxy.server.errors import internal_error
 from proxy.server.keys import METRICS, RECORD, SETTINGS
 from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
@@ -30,8 +33,9 @@ CLIENT_CLOSED = 499
 """Status recorded when the client went away before any response was sent (nginx's convention)."""
 
 
-def _conversation_id(request: web.Request, header: str) -> str | None:
-    value = request.headers.get(header)
+def _conversation_id(request: web.Request, settings: Settings) -> str | None:
+    """The conversation the request names (`conversation_of`), cut to `MAX_CONVERSATION_ID` printable characters."""
+    value = conversation_of(request.headers, settings, format_of(request.method, request.path))
     if value is None:
         return None
     return "".join(char for char in value[:MAX_CONVERSATION_ID] if char.isprintable())
@@ -45,7 +49,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     record = RequestRecord(
         method=request.method,
         route=route_kind(request.method, request.path),
-        conversation_id=_conversation_id(request, settings.conversation_header),
+        conversation_id=_conversation_id(request, settings),
     )
     request[RECORD] = record
     named = REQUEST_ID.set(record.request_id)

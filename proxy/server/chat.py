@@ -32,7 +32,7 @@ from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
-from proxy.server.headers import content_encoding, upstream_request_headers
+from proxy.server.headers import content_encoding, upstream_request_headers, with_list_values
 from proxy.server.held_stream import (
     ERROR_BODY_LIMIT,
     Held,
@@ -145,9 +145,8 @@ async def handle_chat(request: web.Request, target: URL, wire: WireFormat) -> we
     plan = await _prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
-        return errors.error_response(
-            plan.status, plan.message, type_="invalid_request_error", code=plan.code, param=plan.param
-        )
+        error = wire.error_body(plan.message, "invalid_request_error", plan.code, plan.param)
+        return web.Response(body=error, status=plan.status, content_type="application/json")
     reply = ClientReply(request, wire)
     try:
         if plan is None:
@@ -175,15 +174,22 @@ async def _inflated(body: bytes, coding: str, limit: int, max_members: int) -> b
 
 
 def _send(
-    request: web.Request, target: URL, body: bytes, *, plain: bool = False
+    request: web.Request,
+    target: URL,
+    body: bytes,
+    *,
+    plain: bool = False,
+    header_values: Mapping[str, str] | None = None,
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
     """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
 
     The body is always sent without a content coding (an encoded one was decompressed before).
 
     :param plain: Ask for an answer without a content coding: the proxy reads it (`proxy.server.offload_reads`).
+    :param header_values: Values the body needs added to list-valued headers (`ForwardPlan.header_values`).
     """
     headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
+    with_list_values(headers, header_values or {})
     if plain:
         headers["Accept-Encoding"] = "identity"
     return request.app[UPSTREAM].request(request.method, target, headers, body)
@@ -212,7 +218,9 @@ async def _forward_planned(
     """
     record = request[RECORD]
     sent = time.perf_counter()
-    async with _send(request, target, plan.body, plain=plan.reads is not None) as response:
+    async with _send(
+        request, target, plan.body, plain=plan.reads is not None, header_values=plan.header_values
+    ) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         if 200 <= response.status < 300:
@@ -232,7 +240,9 @@ async def _forward_planned(
     record.decided(retry.response_headers)
     request.app[METRICS].retries.inc()
     sent = time.perf_counter()
-    async with _send(request, target, retry.body, plain=retry.reads is not None) as response:
+    async with _send(
+        request, target, retry.body, plain=retry.reads is not None, header_values=retry.header_values
+    ) as response:
         record.upstream_latency = time.perf_counter() - sent
         record.upstream_status = response.status
         held = await _hold(request, response, retry, reply)
@@ -256,7 +266,7 @@ async def _relay_answer(
     """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
     if plan.reads is None:
         return await _relay_chat(request, response, plan, held, reply)
-    send = partial(_send, request, target, plain=True)
+    send = partial(_send, request, target, plain=True, header_values=plan.header_values)
     return await answer_reads(request, response, plan, held, reply, send=send, relay=_relay_chat, complete=_complete)
 
 

@@ -73,6 +73,19 @@ def upstream_request_headers(
     return kept
 
 
+def with_list_values(headers: CIMultiDict[str], added: Mapping[str, str]) -> None:
+    """Add each value to the comma-separated list its header holds (RFC 9110 5.3), unless it is listed already.
+
+    The values the client sent are kept, in their order; a header it did not send is set to the value alone.
+    """
+    for name, value in added.items():
+        present = [item.strip() for line in headers.getall(name, ()) for item in line.split(",") if item.strip()]
+        if value in present:
+            continue
+        headers.popall(name, None)
+        headers[name] = ",".join([*present, value])
+
+
 def client_response_headers(
     headers: Headers, *, extra: Mapping[str, str] | None = None, drop_length: bool = False
 ) -> CIMultiDict[str]:

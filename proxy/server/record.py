@@ -18,7 +18,8 @@ class RequestRecord:
 
     :param method: HTTP method.
     :param route: Route kind (bounded label).
-    :param conversation_id: Value of the configured conversation header, if present (truncated).
+    :param conversation_id: Value of the configured conversation header, else of one its format's clients send
+        (`WireFormat.conversation_headers`), if present (truncated).
     """
 
     method: str

@@ -139,3 +139,33 @@ def test_compact_defers_to_a_client_compaction_request_unless_it_would_not_fit(
     assert result.returncode == 0, result.stderr
     assert report in result.stderr
     assert (result.stdout == raw) == report.startswith(b"unchanged")
+
+
+def anthropic_request() -> dict[str, object]:
+    """A Messages API body: a top-level `system`, block content, tools in Anthropic's shape."""
+    messages: list[dict[str, object]] = []
+    for turn in range(12):
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"Q{turn}: " + "tell me more. " * 60}]})
+        messages.append({"role": "assistant", "content": "Here is what I know. " * 60})
+    messages.append({"role": "user", "content": "And finally, summarize."})
+    tools = [{"name": "search", "description": "Search.", "input_schema": {"type": "object", "properties": {}}}]
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "Be careful.",
+        "tools": tools,
+        "messages": messages,
+    }
+
+
+def test_a_messages_api_body_is_counted_and_compacted_in_its_own_shape() -> None:
+    raw = json.dumps(anthropic_request()).encode()
+    counted = run("count", "-", stdin=raw)
+    assert counted.returncode == 0, counted.stderr
+    assert b"26 messages" in counted.stderr, "the system prompt is one message, each turn another"
+    result = run("compact", "-", "--context-window", "4000", stdin=raw)
+    assert result.returncode == 0, result.stderr
+    compacted = json.loads(result.stdout)
+    assert compacted["system"] == "Be careful." and compacted["tools"][0]["name"] == "search"
+    assert compacted["messages"][-1] == {"role": "user", "content": "And finally, summarize."}
+    assert len(compacted["messages"]) < 25

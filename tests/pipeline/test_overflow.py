@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.pipeline.overflow import Overflow, context_overflow
+from proxy.formats.chat_completions.errors import Overflow, context_overflow
 
 OPENAI = {
     "error": {

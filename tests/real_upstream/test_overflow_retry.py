@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.pipeline.overflow import Overflow, context_overflow
+from proxy.formats.chat_completions.errors import Overflow, context_overflow
 from tests.real_upstream.conftest import MODEL, N_CTX, LlamaServer, Proxies
 from tests.real_upstream.texts import SYSTEM_PROMPT, prose
 

@@ -120,6 +120,8 @@ class AnthropicUpstream:
     :param context_window: The window of any model not in `context_windows`.
     :param context_windows: Windows by model-name prefix (the longest matching wins).
     :param responder: What the model answers; `tool_loop_responder()` if None. Reassignable.
+    :ivar stream_error: When set, a valid streamed request is answered with `message_start` and `ping`, then this
+        error in an `error` event, as the API reports a failure after the stream began (`overloaded_error`).
     """
 
     def __init__(
@@ -136,8 +138,11 @@ class AnthropicUpstream:
         self.cache = PromptCache()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.targets: list[str] = []
+        """Each create request's path and query."""
         self.rejections: list[dict[str, Any]] = []
         self.dropped_thinking = 0
+        self.stream_error: dict[str, Any] | None = None
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -203,6 +208,7 @@ class AnthropicUpstream:
     async def _create(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.targets.append(request.path_qs)
         self.headers.append({key.lower(): value for key, value in request.headers.items()})
         try:
             message = self.answer(body, self.headers[-1])
@@ -225,7 +231,10 @@ class AnthropicUpstream:
     async def _stream(self, request: web.Request, message: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        for name, data in stream_events(message):
+        events = stream_events(message)
+        if self.stream_error is not None:
+            events = [*events[:1], ("ping", {"type": "ping"}), ("error", {"type": "error", "error": self.stream_error})]
+        for name, data in events:
             await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
         await response.write_eof()
         return response

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.anthropic.blocks import Conversation, Mapped
+from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class MessagesRequest:
 
     body: Mapping[str, Any]
     conversation: Conversation
+    conversation_tools: Any = None
+    """The client's own `tools`, as parsed (the body's differ once the read tool is added)."""
 
     @property
     def messages(self) -> list[Message]:
@@ -66,6 +70,29 @@ class MessagesRequest:
         """Tokens the API's tool-use system prompt adds, which the engine's overhead does not count."""
         return tool_prompt_tokens(self.body)
 
+    @property
+    def added_prompt_tokens(self) -> int:
+        """The tool-use system prompt (`tool_prompt_tokens`)."""
+        return self.tool_prompt_tokens
+
+    @property
+    def compaction_signal(self) -> str | None:
+        """What says the client compacts itself: `compaction` blocks (`compaction-items`), `context_management`.
+
+        None when neither.
+        """
+        if any(is_checkpoint(message) for message in self.messages):
+            return "compaction-items"
+        return "context-management" if self.manages_context else None
+
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
+        """What to send (`forwarding.forwarding`): `raw` when `messages` is None and the tools are the client's.
+
+        The read tool added after the client's tools (`proxy.pipeline.offload.tool.with_read_tool`) changes what
+        every thinking block was bound to, so the request is forwarded through the API's rules then too.
+        """
+        return forwarding(self, raw, messages, previous)
+
     @classmethod
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> MessagesRequest:
         """Parse and check a request body.
@@ -82,7 +109,7 @@ class MessagesRequest:
         system = body.get("system")
         if system is not None and not isinstance(system, (str, list)):
             raise InvalidChatRequest("The request's `system` must be a string or a list of text blocks.")
-        return cls(body, Conversation.of(system, messages))
+        return cls(body, Conversation.of(system, messages), body.get("tools"))
 
     def mapped(self, engine: Sequence[Message]) -> Mapped:
         """The `system` and `messages` for the engine's messages, with where each came from and went."""

@@ -38,6 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+from xxhash import xxh3_128_digest
+
 from proxy.formats.anthropic.blocks import THINKING, block_type, content_blocks, is_tool_results
 
 BINDING_MODELS: Final = (
@@ -108,6 +111,16 @@ def same_message(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     return one is other or _compared(one) == _compared(other)
 
 
+def message_digest(message: Mapping[str, Any]) -> bytes:
+    """What the prefix check reads of a message (`same_message`), as a digest: kept in place of a message sent."""
+    return xxh3_128_digest(orjson.dumps(_compared(message), option=orjson.OPT_SORT_KEYS))
+
+
+def _matches(message: Mapping[str, Any], was: Mapping[str, Any] | bytes) -> bool:
+    """Whether `message` reads the same as `was`, a message or its `message_digest`."""
+    return message_digest(message) == was if isinstance(was, bytes) else same_message(message, was)
+
+
 def _compared(message: Mapping[str, Any]) -> Any:
     content = message.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -137,7 +150,7 @@ def bind_thinking(
     source: Sequence[Mapping[str, Any]],
     model: str | None,
     *,
-    baseline: Sequence[Mapping[str, Any]] | None = None,
+    baseline: Sequence[Mapping[str, Any] | bytes] | None = None,
     head_changed: bool = False,
 ) -> Bound:
     """`messages` with the thinking blocks that a change before them invalidates dropped (see the module docstring).
@@ -151,24 +164,25 @@ def bind_thinking(
     :param source: The client's messages, as it sent them.
     :param model: The requested model.
     :param baseline: What the thinking blocks were produced with: the previous forwarded messages plus what the
-        client appended since; `source` when None (nothing was rewritten before).
+        client appended since (messages, or their `message_digest`); `source` when None (nothing was rewritten
+        before).
     :param head_changed: Whether `system` or `tools` differ from what they were produced with: a change before all.
     """
     if not binds_prefix(model):
         return Bound(list(messages), list(origins), False, 0)
-    reference = source if baseline is None else baseline
+    reference: Sequence[Mapping[str, Any] | bytes] = source if baseline is None else baseline
     continued = continued_turn(source)
     kept: list[Mapping[str, Any]] = []
     kept_origins: list[int | None] = []
     changed, drop_block, dropped = head_changed, False, 0
     for position, (message, origin) in enumerate(zip(messages, origins, strict=True)):
         thinking = _thinking_count(message)
-        stripped = _without_thinking(message) if thinking else message
+        stripped = without_thinking(message) if thinking else message
         was = reference[position] if position < len(reference) else None
         sent: Mapping[str, Any] | None = message
-        if not changed and was is not None and same_message(message, was):
+        if not changed and was is not None and _matches(message, was):
             pass
-        elif not changed and was is not None and stripped is not None and same_message(stripped, was):
+        elif not changed and was is not None and stripped is not None and _matches(stripped, was):
             sent, dropped = stripped, dropped + thinking
         elif thinking and origin is not None and origin in continued:
             changed, drop_block = True, True
@@ -186,8 +200,10 @@ def _thinking_count(message: Mapping[str, Any]) -> int:
     return sum(1 for block in content_blocks(message) if block_type(block) in THINKING)
 
 
-def _without_thinking(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The message without its thinking blocks; None when nothing else is left of it."""
+def without_thinking(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message without its thinking blocks (itself when it has none); None when nothing else is left of it."""
+    if not _thinking_count(message):
+        return message
     rest = [block for block in content_blocks(message) if block_type(block) not in THINKING]
     return {**message, "content": rest} if rest else None
 

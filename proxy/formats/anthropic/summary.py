@@ -4,7 +4,9 @@ As for the other formats (`proxy.pipeline.summaries`, `proxy.formats.responses.s
 conversation exactly as it was forwarded (the same model, system, tools, thinking settings and messages, its fields
 in the same order) so the prompt cache serves all but the instruction, which comes as one more user message. Tools
 are disabled (`tool_choice: {"type": "none"}`) so the model answers in text, and the answer is not streamed. A
-request with thinking keeps it: changing the thinking settings would miss the cache of every message.
+request with thinking keeps it: changing the thinking settings would miss the cache of every message. On a model
+that binds thinking to its prefix, the call sends no thinking blocks: the turn it ends with is the instruction, not
+a continued tool-use turn, so none is required, and each one would be checked against a prefix the proxy rewrote.
 
 The read tool is an Anthropic tool definition (`READ_TOOL_DEFINITION`) added after the client's tools; the model
 calls it as a `tool_use` block whose `input` names the reference, and the proxy answers with a `tool_result` block
@@ -23,6 +25,7 @@ from proxy.config import Settings
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import block_type, content_blocks
 from proxy.formats.anthropic.request import MessagesRequest
+from proxy.formats.anthropic.rules import binds_prefix, without_thinking
 from proxy.pipeline.offload.tool import READ_TOOL, READ_TOOL_DECLARATION
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE, span_text
 
@@ -69,6 +72,8 @@ def summary_request(
     span = sorted({position for index in indices if (position := mapped.positions[index]) is not None})
     instruction = IN_CONTEXT_PREAMBLE.format(span=span_text(span)) + sections
     asked = [*mapped.messages, {"role": "user", "content": instruction}]
+    if binds_prefix(request.model):
+        asked = [kept for message in asked if (kept := without_thinking(message)) is not None]
     fields = request.fields_with(mapped.system, asked)
     document: dict[str, Any] = {key: value for key, value in fields.items() if key in CALL_FIELDS}
     if settings.summary_model:

@@ -14,6 +14,7 @@ import orjson
 
 from proxy.engine.messages import Message
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class ChatRequest:
     def reserved_tokens(self) -> int:
         """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
         return reserved(self.body, "max_completion_tokens", "max_tokens")
+
+    @property
+    def added_prompt_tokens(self) -> int:
+        """None: the tools are all the provider adds, and the engine counts them."""
+        return 0
 
     @property
     def overhead_fields(self) -> Mapping[str, Any]:
@@ -71,9 +77,12 @@ class ChatRequest:
         """The request body with its messages replaced, every other field as it was."""
         return orjson.dumps({**self.body, "messages": messages})
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> bytes:
-        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
-        return raw if messages is None else self.with_messages(messages)
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
+        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
+
+        :param previous: Unused: nothing of a previous request changes how this format forwards the next.
+        """
+        return Forwarding(raw if messages is None else self.with_messages(messages))
 
 
 def deployment_name(path: str) -> str | None:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from proxy.formats.chat_completions import answers, summary
+from proxy.formats.chat_completions import answers, errors, summary
 from proxy.formats.chat_completions import reads as read_calls
 from proxy.formats.chat_completions.body import asks_for_usage
 from proxy.formats.chat_completions.request import ChatRequest, deployment_name
@@ -26,6 +26,8 @@ class ChatCompletions:
     scope: str | None = None
     """State made before formats had scopes of their own is chat completions': they keep the tenant's plain scope."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
+    conversation_headers: tuple[str, ...] = ()
+    call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = True
     socket: SocketMode | None = None
 
@@ -42,6 +44,8 @@ class ChatCompletions:
     asked_again = staticmethod(read_calls.asked_again)
     summary_call = staticmethod(summary.summary_request)
     summary_text = staticmethod(summary.summary_text)
+    overflow = staticmethod(errors.context_overflow)
+    error_body = staticmethod(errors.error_body)
 
     def serves(self, path: str) -> bool:
         """`PATH`."""
@@ -54,6 +58,10 @@ class ChatCompletions:
     def model(self, request: ChatRequest, path: str) -> str | None:
         """The body's `model`, else the Azure deployment its path names."""
         return request.model or deployment_name(path)
+
+    def window(self, model: str | None, headers: Mapping[str, str]) -> int | None:
+        """None: the shipped table knows the windows of the models this format serves."""
+        return None
 
     def asks_usage(self, request: ChatRequest) -> bool:
         """A stream reports its usage only under `stream_options.include_usage`."""

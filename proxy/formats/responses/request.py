@@ -17,6 +17,7 @@ from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.responses.items import Item, Units
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class ResponsesRequest:
         """The tokens the request reserves for its reply: `max_output_tokens`."""
         return reserved(self.body, "max_output_tokens")
 
+    @property
+    def added_prompt_tokens(self) -> int:
+        """None: the tools are all the provider adds, and the engine counts them."""
+        return 0
+
     @cached_property
     def overhead_fields(self) -> Mapping[str, Any]:
         """The fields the engine counts besides the messages, in Chat Completions terms: the tools."""
@@ -113,11 +119,14 @@ class ResponsesRequest:
             raise InvalidChatRequest("The request's `instructions` must be a string.")
         return cls(body, Units.of(items, instructions))
 
-    def forwarded(self, raw: bytes, messages: list[Message] | None) -> bytes:
-        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages."""
+    def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
+        """The body to send: `raw` when `messages` is None (unchanged), else the request with those messages.
+
+        :param previous: Unused: nothing of a previous request changes how this format forwards the next.
+        """
         if messages is None:
-            return raw
-        return json_bytes(self.fields_with(*self.units.forwarded_items(messages)))
+            return Forwarding(raw)
+        return Forwarding(json_bytes(self.fields_with(*self.units.forwarded_items(messages))))
 
     def fields_with(self, items: list[Item], instructions: str | None) -> dict[str, Any]:
         """The request's fields, in their order, with these `input` items and `instructions` (its own when None).

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from proxy.formats.chat_completions import errors
 from proxy.formats.responses import answers, summary
 from proxy.formats.responses import reads as read_calls
 from proxy.formats.responses.request import ResponsesRequest
@@ -26,6 +27,8 @@ class Responses:
     scope: str | None = "responses"
     """Its rewrites stand for items, which a chat completion's messages are not: state of its own."""
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
+    conversation_headers: tuple[str, ...] = ()
+    call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = False
     socket: SocketMode | None = ResponsesSocket()
 
@@ -45,6 +48,8 @@ class Responses:
     asked_again = staticmethod(read_calls.asked_again)
     summary_call = staticmethod(summary.summary_request)
     summary_text = staticmethod(summary.summary_text)
+    overflow = staticmethod(errors.context_overflow)
+    error_body = staticmethod(errors.error_body)
 
     def serves(self, path: str) -> bool:
         """`PATH`."""
@@ -57,6 +62,10 @@ class Responses:
     def model(self, request: ResponsesRequest, path: str) -> str | None:
         """The body's `model`."""
         return request.model
+
+    def window(self, model: str | None, headers: Mapping[str, str]) -> int | None:
+        """None: the shipped table knows the windows of the models this format serves."""
+        return None
 
     def asks_usage(self, request: ResponsesRequest) -> bool:
         """A stream's final event carries the whole response, its usage included."""

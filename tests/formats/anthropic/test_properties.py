@@ -17,12 +17,12 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import ApproximateCounter, Transcript, chain_by_names
 from proxy.formats.anthropic.blocks import UNIT_KEY
-from proxy.formats.anthropic.forwarding import forward
+from proxy.formats.anthropic.forwarding import forward, forwarding
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.rules import breakpoints, continued_turn
 from tests.support.anthropic_conversations import Built, conversations, is_continued
@@ -133,3 +133,22 @@ def _continued_thinking_is_byte_for_byte(built: Built, sent: dict[str, Any]) -> 
 
 def _thinking(message: dict[str, Any]) -> list[Any]:
     return [block for block in message["content"] if block["type"] in ("thinking", "redacted_thinking")]
+
+
+@PROPERTIES
+@given(built=conversations(SIGNER), fraction=st.floats(min_value=0.0, max_value=1.1))
+def test_a_request_forwarded_again_with_its_own_record_sends_the_same_messages(built: Built, fraction: float) -> None:
+    """What the proxy keeps of a forward (`SentBefore`) makes the same request go out the same way again, valid."""
+    raw = orjson.dumps(built.body)
+    request = MessagesRequest.parse(raw)
+    transcript = Transcript(request.messages, COUNTER)
+    result = chain_by_names(CHAINS["default"]).compact(transcript, int(transcript.total() * fraction))
+    engine = list(result.compacted.messages) if result is not None else None
+    first = forwarding(request, raw, engine, None)
+    assume(first.replay_state is not None)
+    again = forwarding(request, raw, engine, first.replay_state)
+    assert orjson.loads(again.body)["messages"] == orjson.loads(first.body)["messages"]
+    sent = orjson.loads(again.body)
+    assert sent["thinking"]["block_binding"]["prefix_mismatch_behavior"] == "drop_block"
+    assert again.header_values == BETA
+    upstream_accepts(sent, dict(again.header_values))

@@ -10,5 +10,5 @@ from proxy.pipeline.caller import state_scope
 def test_each_wire_format_and_window_override_has_its_own_scope() -> None:
     tenant = bytes(32)
     scopes = {state_scope(tenant, window, api) for window in (None, 4096) for api in (wire.scope for wire in FORMATS)}
-    assert len(scopes) == 4
+    assert len(scopes) == 2 * len(FORMATS)
     assert state_scope(tenant, None, CHAT_COMPLETIONS.scope) == tenant

@@ -1,4 +1,6 @@
-"""Recognizing a provider's "context length exceeded" answer, and the window it states, from its shape only.
+"""OpenAI's error shape, shared by chat completions and the Responses API: overflows recognized, errors built.
+
+A provider's "context length exceeded" answer, and the window it states, are recognized from its shape only.
 
 What is learned here changes how later requests are compacted, so it is read only from what the provider itself
 puts in an error, never from free text a caller could have placed there (error messages often quote the request):
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
+
+from proxy.pipeline.wire import Overflow
 
 _OPENING_SENTENCES: Final = (
     re.compile(r"This model's maximum context length is (\d{1,9}) tokens\b"),
@@ -25,13 +30,6 @@ _OPENING_SENTENCES: Final = (
 
 OPENAI_CODE: Final = "context_length_exceeded"
 LLAMA_CPP_TYPE: Final = "exceed_context_size_error"
-
-
-@dataclass(frozen=True)
-class Overflow:
-    """A context overflow, with the window the provider stated (None when it stated none)."""
-
-    window: int | None
 
 
 def context_overflow(status: int, error_body: Mapping[str, Any] | None) -> Overflow | None:
@@ -60,3 +58,8 @@ def _opening_window(message: str) -> int | None:
         if match:
             return int(match.group(1))
     return None
+
+
+def error_body(message: str, kind: str, code: str, param: str | None) -> bytes:
+    """An OpenAI-style error body: `{"error": {"message", "type", "param", "code"}}`."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
