@@ -15,18 +15,15 @@ the test skips (the run's summary names the install command), and fails under CI
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import secrets
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests.support.agent_cli import installed_cli, run_cli
 from tests.support.anthropic_rules import prompt_segments
 from tests.support.anthropic_upstream import AnthropicUpstream, thinks
 from tests.support.proxies import LoopbackProxies
@@ -49,15 +46,7 @@ SUMMARY_REQUEST = "create a detailed summary of the conversation"
 
 def claude_binary() -> Path:
     """The installed `claude` (`CLAUDE_CODE_BIN` overrides the cache); skips (fails under CI) when there is none."""
-    cache = Path(os.environ.get("COMPACTION_PROXY_CACHE", Path.home() / ".cache" / "compaction-proxy"))
-    folder = cache / f"claude-code-{CLAUDE_CODE_VERSION}"
-    path = Path(os.environ.get("CLAUDE_CODE_BIN", folder / "node_modules" / ".bin" / "claude"))
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    reason = f"Claude Code is not installed at {path}"
-    if os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    return installed_cli("Claude Code", f"claude-code-{CLAUDE_CODE_VERSION}", "claude", "CLAUDE_CODE_BIN")
 
 
 def write_parts(folder: Path) -> list[Path]:
@@ -113,29 +102,10 @@ async def run_claude(binary: Path, base_url: str, workdir: Path, home: Path) -> 
         "HTTP_PROXY": DEAD_PROXY,
         "NO_PROXY": "127.0.0.1,localhost",
     }
-    process = await asyncio.create_subprocess_exec(
-        str(binary),
-        "-p",
-        f"Read the {PARTS} part files in this folder, one after the other.",
-        "--model",
-        MODEL,
-        "--allowedTools",
-        "Read",
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,  # print mode reads a piped stdin as more prompt
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # its own process group: whatever it starts dies with it
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 300)
-    finally:
-        if process.returncode is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode() + err.decode()
+    prompt = f"Read the {PARTS} part files in this folder, one after the other."
+    command = [str(binary), "-p", prompt, "--model", MODEL, "--allowedTools", "Read"]
+    code, out, err = await run_cli(command, workdir, env)
+    return code, out + err
 
 
 def summarizing(bodies: list[dict[str, Any]]) -> int:
