@@ -1,9 +1,9 @@
 """An upstream that answers chat completions instantly: the fixed point every latency figure is measured against.
 
-It reads the whole request body (as any server must) but never parses it, and answers a canned chat completion,
-so its own work is the same small constant for direct and proxied requests. `usage.prompt_tokens` is the body's
-length divided by `--bytes-per-token` (the bench payloads' measured ratio), so the proxy anchors on plausible
-counts, including after it compacted a request.
+It reads the whole request body (as any server must) but never parses it, and answers a canned chat completion (a
+canned Messages API message on a path ending in `/messages`), so its own work is the same small constant for direct
+and proxied requests. The prompt tokens in its usage are the body's length divided by `--bytes-per-token` (the bench
+payloads' measured ratio), so the proxy anchors on plausible counts, including after it compacted a request.
 
 Request headers steer it (the proxy forwards them untouched):
 
@@ -56,6 +56,22 @@ def completion(prompt_tokens: int) -> bytes:
     )
 
 
+def message(input_tokens: int) -> bytes:
+    """The canned Messages API answer, with usage for `input_tokens`."""
+    return orjson.dumps(
+        {
+            "id": "msg_bench",
+            "type": "message",
+            "role": "assistant",
+            "model": "bench-model",
+            "content": [{"type": "text", "text": REPLY_TEXT}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": COMPLETION_TOKENS},
+        }
+    )
+
+
 def _usage(prompt_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -85,6 +101,8 @@ async def answer(request: web.Request) -> web.StreamResponse:
     if delay:
         await asyncio.sleep(float(delay))
     prompt_tokens = max(1, int(size / request.app[BYTES_PER_TOKEN]))
+    if request.path.endswith("/messages"):
+        return web.Response(body=message(prompt_tokens), content_type="application/json")
     if request.headers.get(STREAM_HEADER) != "1":
         return web.Response(body=completion(prompt_tokens), content_type="application/json")
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

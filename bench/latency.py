@@ -19,8 +19,6 @@ from typing import Any
 from bench.payloads import Payload
 from bench.processes import ROOT
 
-CHAT_PATH = "/v1/chat/completions"
-
 
 @dataclass(frozen=True)
 class Target:
@@ -61,7 +59,7 @@ def run_load(target: Target, payload: Payload, load: Load, headers: dict[str, st
         "-m",
         "bench.loadgen",
         "--url",
-        target.base_url + CHAT_PATH,
+        target.base_url + payload.route,
         "--body",
         str(payload.path),
         "--concurrency",

@@ -27,8 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.latency import CHAT_PATH
-from bench.payloads import MODEL
+from bench.payloads import CHAT_PATH, MODEL
 from bench.resend import PARAGRAPH, conversation
 
 WARM_TURNS = 3

@@ -10,7 +10,8 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
   compacts (`X-Context-Window` on the "compacting" rows makes every request compact, then replay its rewrite);
 - LiteLLM's proxy, when installed in a virtual environment of its own (`bench.litellm_peer`);
 - `bench.loadgen`: the load generator, one process per measured cell. Each cell runs three rounds over the targets in
-  rotated order and reports medians (LiteLLM, ten times slower, one round).
+  rotated order and reports medians (LiteLLM, ten times slower, one round). The small conversation is sent once more
+  to `POST /v1/messages`, in the Messages API's shape, direct, through the relay and through the proxy.
 
 Then: a 400k-token conversation re-sent over sockets through the proxy and the relay (`bench.resend_wire`), resident
 memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with rewrite memory on
@@ -40,12 +41,15 @@ from typing import Any
 
 from bench import litellm_peer, long_run, memory, retention
 from bench.latency import Load, Target, run_cell, write_progress
-from bench.payloads import Payload, build
+from bench.payloads import Payload, build, build_messages
 from bench.processes import ROOT, Server
 from bench.report import render
 
 RESULTS = Path(__file__).parent / "results" / "bench.json"
 LITELLM = "LiteLLM"
+MESSAGES_API = "Messages API, small"
+"""The row of the same small conversation sent to `POST /v1/messages`."""
+MESSAGES_TARGETS = (("direct", "upstream"), ("bare relay", "relay"), ("proxy", "proxy"))
 NO_COMPACTION_WINDOW = 4_000_000
 """`--default-context-window` of the proxy: no payload comes near 70% of it."""
 
@@ -161,6 +165,18 @@ def latency_rows(plan: Plan, payloads: dict[str, Payload], procs: dict[str, Serv
             write_progress(f"latency: {name}, streamed, sequential", log)
             results += run_cell(targets[:3], payload, load, plan.rounds)
     return results
+
+
+def messages_rows(plan: Plan, procs: dict[str, Server], workdir: Path, log: Path) -> list[dict[str, Any]]:
+    """The Messages API's sequential cell: the small conversation, direct, through the bare relay and through the
+    proxy, as the chat rows measure them."""
+    payload = build_messages(MESSAGES_API, plan.sizes["small"], workdir)
+    headers = {"anthropic-version": "2023-06-01"}
+    targets = [Target(name, procs[key].url, headers) for name, key in MESSAGES_TARGETS]
+    count = plan.requests["small"][1]
+    write_progress(f"latency: {payload.name} ({payload.size} B), sequential, {count} requests", log)
+    load = Load(1, count, warmup=min(50, count // 10), max_seconds=plan.max_seconds)
+    return run_cell(targets, payload, load, plan.rounds)
 
 
 def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         with servers(workdir, bytes_per_token, litellm=litellm) as procs:
             results["idle_rss_mib"] = {name: server.rss_kib() / 1024 for name, server in procs.items()}
             results["latency_cells"] = latency_rows(plan, payloads, procs, log)
+            results["latency_cells"] += messages_rows(plan, procs, workdir, log)
             results["latency"] = summarize_latency(results["latency_cells"])
             write_progress("re-sent conversation through the proxy and the relay", log)
             results["resend_wire"] = resend_wire(plan, procs)

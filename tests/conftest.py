@@ -49,6 +49,10 @@ ENABLERS: Final = (
     ("container image", "the build command in the reason above (see deploy/README.md)"),
     ("chromium", "apt-get install chromium"),
     ("Codex CLI", "npm install --prefix ~/.cache/compaction-proxy/codex-0.171.0 @openai/codex@0.171.0"),
+    (
+        "Claude Code",
+        "npm install --prefix ~/.cache/compaction-proxy/claude-code-2.1.332 @anthropic-ai/claude-code@2.1.332",
+    ),
 )
 """(a word of the skip reason, the command that enables those tests); the first match wins."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import retention
+from bench.run import MESSAGES_API
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +34,8 @@ def test_bench_runs(args: list[str], tmp_path: Path) -> None:
 
 
 def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
-    """`python -m bench --quick` runs every part (servers, LiteLLM when installed, load, memory, the re-sent
-    conversation over sockets and without, long run, hook) and reports."""
+    """`python -m bench --quick` runs every part (servers, LiteLLM when installed, load, the Messages API's row,
+    memory, the re-sent conversation over sockets and without, long run, hook) and reports."""
     output = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
@@ -47,7 +48,11 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "### Added latency over direct calls" in done.stdout
     results = json.loads(output.read_text())
-    assert {row["payload"] for row in results["latency"]} == {"small", "very large"}
+    assert {row["payload"] for row in results["latency"]} == {"small", "very large", MESSAGES_API}
+    (messages,) = [
+        cell for cell in results["latency_cells"] if (cell["payload"], cell["target"]) == (MESSAGES_API, "proxy")
+    ]
+    assert set(messages["x_compaction"]) == {"unchanged"}, "the proxy read every Messages API request"
     assert all(not row["problems"] for row in results["latency"]), results["latency"]
     assert [row["rewrite_memory"] for row in results["long_run"]] == [True, False]
     assert all(row["billing"]["direct"]["requests"] > 0 for row in results["long_run"])

@@ -13,16 +13,15 @@ uses no network. Without the binary the test skips, and fails under CI, which in
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.agent_cli import installed_cli, run_cli
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 from tests.support.responses_api import (
@@ -45,14 +44,7 @@ DEAD_PROXY = "http://127.0.0.1:9"
 
 def codex_binary() -> Path:
     """The installed `codex` (`CODEX_BIN` overrides the cache); skips (fails under CI) when there is none."""
-    cache = Path(os.environ.get("COMPACTION_PROXY_CACHE", Path.home() / ".cache" / "compaction-proxy"))
-    path = Path(os.environ.get("CODEX_BIN", cache / f"codex-{CODEX_VERSION}" / "node_modules" / ".bin" / "codex"))
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    reason = f"Codex CLI is not installed at {path}"
-    if os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    return installed_cli("Codex CLI", f"codex-{CODEX_VERSION}", "codex", "CODEX_BIN")
 
 
 def agent() -> ResponsesResponder:
@@ -90,32 +82,15 @@ async def run_codex(binary: Path, base_url: str, workdir: Path, home: Path, prom
         "HTTP_PROXY": DEAD_PROXY,
         "NO_PROXY": "127.0.0.1,localhost",
     }
-    process = await asyncio.create_subprocess_exec(
+    command = [
         str(binary),
         "exec",
         "--skip-git-repo-check",
         "--ephemeral",
         "--dangerously-bypass-approvals-and-sandbox",
-        "-c",
-        f"openai_base_url={json.dumps(base_url)}",
-        "-m",
-        MODEL,
-        prompt,
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,  # `codex exec` reads a piped stdin as more prompt
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # its own process group: the node launcher and the native binary it starts
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 300)
-    finally:
-        if process.returncode is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    ]
+    command += ["-c", f"openai_base_url={json.dumps(base_url)}", "-m", MODEL, prompt]
+    return await run_cli(command, workdir, env)
 
 
 async def test_codex_cli_completes_a_long_task_over_one_socket_and_is_compacted(
