@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import is_
-from typing import Final
+from typing import Any, Final
 
 import orjson
 from xxhash import xxh3_128_digest
@@ -57,16 +57,23 @@ class Forwarded:
     :param messages: The messages serialized in it, the very objects.
     :param end: Where the last of them ends in `body`.
     :param ask_usage: Whether `include_usage` was added to it.
+    :param tools: The `tools` serialized in it: the proxy adds its read tool to a conversation once it holds offloaded
+        results, so a request extending this one may need other tools than its bytes show.
     """
 
     body: bytes
     messages: list[Message]
     end: int
     ask_usage: bool
+    tools: Any = None
 
-    def extended_by(self, messages: list[Message], *, ask_usage: bool) -> bool:
+    def extended_by(self, request: ChatRequest, messages: list[Message], *, ask_usage: bool) -> bool:
         """Whether the body for `messages` (of a request extending this one's) is this body with messages added."""
-        return self.ask_usage == ask_usage and _starts_with(messages, self.messages)
+        return (
+            self.ask_usage == ask_usage
+            and self.tools == request.body.get("tools")
+            and _starts_with(messages, self.messages)
+        )
 
 
 @dataclass(frozen=True)
@@ -307,17 +314,18 @@ def forward(
         return forwarded_body(raw, request, messages, ask_usage=ask_usage), None
     sent = request.messages if messages is None else messages
     earlier = extension.previous.forwarded if extension else None
-    if earlier is not None and earlier.extended_by(sent, ask_usage=ask_usage):
+    if earlier is not None and earlier.extended_by(request, sent, ask_usage=ask_usage):
         added = sent[len(earlier.messages) :]
         if not added:
             return earlier.body, earlier
         inserted = b"," + orjson.dumps(added)[1:-1]
         body = b"".join((memoryview(earlier.body)[: earlier.end], inserted, memoryview(earlier.body)[earlier.end :]))
-        return body, Forwarded(body, sent, earlier.end + len(inserted), ask_usage)
+        return body, Forwarded(body, sent, earlier.end + len(inserted), ask_usage, earlier.tools)
     fields = forwarded_fields(request, messages, ask_usage=ask_usage)
     body = json_bytes(fields)
     end = len(body) - len(_after_messages(fields))
-    return body, Forwarded(body, sent, end, ask_usage) if sent and body[end - 1 : end] == b"}" else None
+    spliceable = sent and body[end - 1 : end] == b"}"
+    return body, Forwarded(body, sent, end, ask_usage, request.body.get("tools")) if spliceable else None
 
 
 def _opening(scope: bytes, raw: bytes, end: int) -> bytes:
