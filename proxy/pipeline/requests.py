@@ -162,3 +162,20 @@ def checked_objects(entries: list[Any], field: str, limits: RequestLimits | None
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise InvalidChatRequest(f"`{field}[{position}]` must be an object, got {type(entry).__name__}.")
+
+
+class BodyFields:
+    """What every format's parsed request reads the same way from its JSON body: the model and whether it streams."""
+
+    body: Mapping[str, Any]
+
+    @property
+    def model(self) -> str | None:
+        """The requested model, if named."""
+        model = self.body.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def stream(self) -> bool:
+        """Whether a streamed (SSE) response was asked for."""
+        return self.body.get("stream") is True

@@ -16,12 +16,19 @@ from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.anthropic.blocks import Conversation, Mapped
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
-from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.requests import (
+    BodyFields,
+    InvalidChatRequest,
+    RequestLimits,
+    checked_objects,
+    json_object,
+    reserved,
+)
 from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class MessagesRequest:
+class MessagesRequest(BodyFields):
     """A parsed Messages API request.
 
     :param body: The whole parsed body; never modified.
@@ -37,17 +44,6 @@ class MessagesRequest:
     def messages(self) -> list[Message]:
         """The engine's messages: the system, then the units of `messages`."""
         return self.conversation.engine
-
-    @property
-    def model(self) -> str | None:
-        """The requested model, if named."""
-        model = self.body.get("model")
-        return model if isinstance(model, str) else None
-
-    @property
-    def stream(self) -> bool:
-        """Whether a streamed (SSE) response was asked for."""
-        return self.body.get("stream") is True
 
     @property
     def manages_context(self) -> bool:

@@ -13,12 +13,19 @@ from typing import Any
 import orjson
 
 from proxy.engine.messages import Message
-from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.requests import (
+    BodyFields,
+    InvalidChatRequest,
+    RequestLimits,
+    checked_objects,
+    json_object,
+    reserved,
+)
 from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class ChatRequest:
+class ChatRequest(BodyFields):
     """A parsed chat-completion request.
 
     :param body: The whole parsed body; never modified.
@@ -27,12 +34,6 @@ class ChatRequest:
 
     body: Mapping[str, Any]
     messages: list[Message]
-
-    @property
-    def model(self) -> str | None:
-        """The requested model, if named."""
-        model = self.body.get("model")
-        return model if isinstance(model, str) else None
 
     @property
     def reserved_tokens(self) -> int:
@@ -48,11 +49,6 @@ class ChatRequest:
     def overhead_fields(self) -> Mapping[str, Any]:
         """The fields the engine counts besides the messages (the tools): the body itself."""
         return self.body
-
-    @property
-    def stream(self) -> bool:
-        """Whether a streamed (SSE) response was asked for."""
-        return self.body.get("stream") is True
 
     @classmethod
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> ChatRequest:

@@ -16,12 +16,19 @@ from typing import Any
 from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.responses.items import Item, Units
-from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, checked_objects, json_object, reserved
+from proxy.pipeline.requests import (
+    BodyFields,
+    InvalidChatRequest,
+    RequestLimits,
+    checked_objects,
+    json_object,
+    reserved,
+)
 from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class ResponsesRequest:
+class ResponsesRequest(BodyFields):
     """A parsed Responses API request.
 
     :param body: The whole parsed body; never modified.
@@ -35,17 +42,6 @@ class ResponsesRequest:
     def messages(self) -> list[Message]:
         """The engine's messages: the instructions, then one per unit of `input`."""
         return self.units.messages
-
-    @property
-    def model(self) -> str | None:
-        """The requested model, if named."""
-        model = self.body.get("model")
-        return model if isinstance(model, str) else None
-
-    @property
-    def stream(self) -> bool:
-        """Whether a streamed (SSE) response was asked for."""
-        return self.body.get("stream") is True
 
     @property
     def stateful(self) -> bool:
