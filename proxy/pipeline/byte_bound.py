@@ -23,11 +23,11 @@ import math
 from typing import Final
 
 from proxy.engine.messages import Message
-from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES
 
-SIZED_BELOW_BYTES: Final = SPLICE_FROM_BYTES
-"""Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead (see
-`proxy.formats.chat_completions.splice`), which costs less than the parse this needs."""
+SIZED_BELOW_BYTES: Final = 32 * 1024
+"""Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead where
+the format can (`ByteSplicing.from_bytes`, this same size for chat completions), which costs less than the parse
+this needs."""
 
 TEXT_PARTS: Final = frozenset({"text", "refusal"})
 """Content part types whose tokens their bytes bound; any other (an image, audio, a file) is measured the full way."""

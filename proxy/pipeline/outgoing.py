@@ -8,10 +8,10 @@ for its usage where its format needs asking. The plan carries what the server ne
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy.config import Mode
 from proxy.engine.messages import Message, chain_keys, message_key
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.chat_completions.splice import Forwarded, forward
 from proxy.names import shown
 from proxy.pipeline.exchange import ForwardPlan
 from proxy.pipeline.offload.offloading import Offloading
@@ -71,15 +71,18 @@ class Outgoing:
         # What the conversation's previous request was forwarded as counts only for messages the proxy rewrites.
         previous = self.previous_forwards.find(exchange.scope, exchange.original) if messages is not None else None
 
-        def build() -> tuple[Forwarding, Forwarded | None, list[bytes]]:
+        splicing = exchange.wire.splicing
+
+        def build() -> tuple[Forwarding, Any, list[bytes]]:
             sent = request.messages if messages is None else messages
             sent_chain = chain if chain is not None else chain_keys([message_key(message) for message in sent])
-            if isinstance(request, ChatRequest):
-                body, spliced = forward(exchange.turn.extension, raw, request, messages, ask_usage=ask_usage)
+            if splicing is not None:
+                body, spliced = splicing.forward(exchange.turn, raw, request, messages, ask_usage=ask_usage)
                 return Forwarding(body), spliced, sent_chain
             return request.forwarded(raw, messages, previous), None, sent_chain
 
-        whole = messages is not None and not exchange.turn.splices(messages)
+        spliced = splicing is not None and messages is not None and splicing.splices(exchange.turn, messages)
+        whole = messages is not None and not spliced
         forwarded, exchange.turn.forwarded, exchange.chain = await self.work.run(exchange, build, whole=whole)
         self.previous_forwards.remember(exchange.scope, exchange.original, forwarded.replay_state)
         return ForwardPlan(

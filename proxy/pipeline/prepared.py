@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from proxy.formats.chat_completions.splice import Turn
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
+from proxy.pipeline.turn import Turn
 from proxy.pipeline.usage import Estimate, Sent
 from proxy.pipeline.wire import WireFormat, WireRequest
 
 RELEASE_FROM_BYTES: Final = OFF_LOOP_BYTES
-"""Chat requests from this size let go of their parsed messages while the upstream answers (`Prepared.release`):
-parsed, a body takes about 1.4 times its size again, held for as long as the answer takes."""
+"""Requests of a format that splices (`ByteSplicing`) from this size let go of their parsed messages while the
+upstream answers (`Prepared.release`): parsed, a body takes about 1.4 times its size again, held for as long as the
+answer takes."""
 
 
 @dataclass
@@ -29,9 +30,9 @@ class Prepared:
     :param chain: The hash chain of the messages sent upstream.
     :param estimate: The proxy's estimate of what was sent.
     :param retried: This is the compacted retry after a context overflow.
-    :param provider_state: The history lives at the provider (see `proxy.formats.responses.stateful`).
+    :param provider_state: The history lives at the provider (see `proxy.pipeline.capabilities.ProviderHistory`).
     :param headers: The report headers for the client.
-    :param turn: What the byte-level shortcut knows of the request (see `proxy.formats.chat_completions.splice`).
+    :param turn: What the byte-level shortcut knows of the request (see `proxy.pipeline.turn`).
     :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
     :param raw: The client's body, kept by `release` to parse again.
     :param original: The hash chain of the client's messages (empty when not computed): what the conversation's next

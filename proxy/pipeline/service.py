@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from proxy.config import Mode, Settings
 from proxy.discovery.budget import ProbeBudget
@@ -47,10 +47,6 @@ from proxy.engine.calibration import Calibration
 from proxy.engine.encodings import load_shipped
 from proxy.engine.strategies.offload import StagingOffloadStore, held_references
 from proxy.failures import OutageLog
-from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES, Extension, Splices, Turn
-from proxy.formats.responses.request import ResponsesRequest
-from proxy.formats.responses.stateful import ProviderChains
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.pipeline.caller import Caller, conversation_of
@@ -58,18 +54,21 @@ from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.kept_history import KeptHistories
 from proxy.pipeline.measured import Measured, measure
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading, offload_off
 from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow_retry import OverflowRetry
-from proxy.pipeline.prepared import RELEASE_FROM_BYTES, Prepared
+from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
 from proxy.pipeline.rewrites import RewriteMemory, View
+from proxy.pipeline.splicing import Splicing
 from proxy.pipeline.summaries import Summaries, SummaryContext
+from proxy.pipeline.turn import Continuation, Turn
 from proxy.pipeline.usage import Estimate, UsageReports
 from proxy.pipeline.wire import WireRequest
 from proxy.state import StateStore, open_store
@@ -87,8 +86,9 @@ class ChatCompactionService:
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
     :param chain: The compaction chain; the one `settings.strategies` names when None.
-    :param splice_from: Recognize a conversation's next request from its bytes (see `splice`) when its body has at
-        least this many bytes; None never (only to compare the shortcut with the full path).
+    :param splice_from: Recognize a conversation's next request from its bytes, where its format can
+        (`ByteSplicing`), when its body has at least this many bytes: `"format"` as many as the format says, None
+        never (only to compare the shortcut with the full path).
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class ChatCompactionService:
         store: StateStore | None = None,
         chain: CompactionChain | None = None,
         *,
-        splice_from: int | None = SPLICE_FROM_BYTES,
+        splice_from: int | Literal["format"] | None = "format",
     ) -> None:
         self.settings = settings
         self.mode = settings.mode
@@ -114,11 +114,11 @@ class ChatCompactionService:
             self.store, enabled=settings.rewrite_memory, memory_bytes=settings.prefix_memory_bytes // 2
         )
         self.usage = UsageReports(self.store, self.windows, self.metrics)
-        self.provider_chains = ProviderChains(self.store, settings.provider_state, settings.compact_at)
+        self.histories = KeptHistories(settings, self.store, self.discovery, lambda: self.metrics)
         self.limits = RequestLimits(settings.max_messages, settings.max_content_parts)
-        self.splices = Splices(self.limits, settings.prefix_memory_bytes // 2, self._failed)
-        self.splice_from = splice_from
         self.work = RequestWork(self.limits, self.rewrites)
+        splice_bytes = settings.prefix_memory_bytes // 2
+        self.splicing = Splicing(self.limits, splice_bytes, self._failed, splice_from, self.work.off_loop)
         self.previous_forwards = PreviousForwards()
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
@@ -179,11 +179,8 @@ class ChatCompactionService:
             self.metrics.decided(chat.wire.name, "skipped")
             return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
         caller = Caller.of(headers, self.settings, chat.wire.scope)
-        spliced = chat.wire.scope is None and self.splice_from is not None and len(chat.body) >= self.splice_from
-        splices = self.splices if spliced else None
-        extension, ends = (
-            await splices.recognize(caller.scope, chat.body, self.work.off_loop) if splices else (None, None)
-        )
+        recognized = await self.splicing.recognize(chat, caller.scope)
+        extension = recognized.extension
         try:
             request = extension.request if extension else await self.work.parse(chat.body, chat.wire)
         except InvalidChatRequest as invalid:
@@ -194,8 +191,8 @@ class ChatCompactionService:
             self.metrics.decided(chat.wire.name, "refused")
             return Refusal(400, str(over), over.code, param=chat.wire.entries)
         try:
-            if isinstance(request, ResponsesRequest) and request.stateful:
-                return await self._prepare_provider_state(chat, request, headers, caller)
+            if self.histories.continues(chat.wire, request):
+                return await self.histories.prepare(chat, request, headers, caller)
             plan = await self._prepare(chat, request, headers, caller, extension)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
@@ -204,37 +201,8 @@ class ChatCompactionService:
                 body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"}, failed_open="compact"
             )
         self.failures.answered()
-        if not isinstance(exchange := plan.context, Prepared) or not isinstance(exchange.parsed, ChatRequest):
-            return plan
-        if splices is not None:
-            await splices.remember(
-                caller.scope, chat.body, exchange.parsed, exchange.turn, self.work.off_loop, openings=ends
-            )
-        if len(chat.body) >= RELEASE_FROM_BYTES:
-            exchange.release(chat.body)
+        await self.splicing.remember(chat, plan, caller.scope, recognized)
         return plan
-
-    async def _prepare_provider_state(
-        self, chat: IncomingChat, request: ResponsesRequest, headers: Mapping[str, str], caller: Caller
-    ) -> ForwardPlan:
-        """A Responses request whose history the provider keeps (see `proxy.formats.responses.stateful`)."""
-        model = request.model
-        resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
-        window = resolved.tokens if resolved else None
-        exchange = Prepared(
-            caller.scope, caller.tenant, request, model, window, len(chat.body), chat.wire, provider_state=True
-        )
-        counter = counter_for_model(model)
-        body, state = await self.provider_chains.forwarded(chat.body, request, caller.scope, window, counter)
-        self.metrics.decided(chat.wire.name, "provider_state")
-        observed = self.mode is Mode.OBSERVE
-        return ForwardPlan(
-            body=chat.body if observed else body,
-            response_headers={"X-Compaction": "provider-state" if observed else state},
-            stream=request.stream,
-            context=exchange,
-            model=shown(model),
-        )
 
     async def _prepare(
         self,
@@ -242,7 +210,7 @@ class ChatCompactionService:
         request: WireRequest,
         headers: Mapping[str, str],
         caller: Caller,
-        extension: Extension | None,
+        extension: Continuation | None,
     ) -> ForwardPlan:
         """Decide a request: its window and thresholds, its size, the replayed view, the measure, the compaction."""
         exchange = await self._exchange(chat, request, headers, caller, extension)
@@ -280,7 +248,7 @@ class ChatCompactionService:
         request: WireRequest,
         headers: Mapping[str, str],
         caller: Caller,
-        extension: Extension | None,
+        extension: Continuation | None,
     ) -> Prepared:
         """What the pipeline knows of the request once its model and window are resolved."""
         model = chat.wire.model(request, chat.path)
@@ -308,7 +276,9 @@ class ChatCompactionService:
         counter = counter_for_model(model)
         anchor = await exchange.turn.anchored(self.usage, exchange.scope, view.chain)
         known = exchange.turn.counted
-        exact = await self.exact.anchor(model, request, view, tenant, headers, size=exchange.size, usage=anchor)
+        exact = await self.exact.anchor(
+            exchange.wire, model, request, view, tenant=tenant, headers=headers, size=exchange.size, usage=anchor
+        )
         measured = await self.work.run(
             exchange,
             lambda: measure(
@@ -405,7 +375,7 @@ class ChatCompactionService:
     ) -> ForwardPlan | None:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
         small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
-        if thresholds is None or not small or self.exact.may_ask(exchange.tenant):
+        if thresholds is None or not small or self.exact.may_ask(chat.wire, exchange.tenant):
             return None
         bound = byte_bound(chat.body, exchange.request.messages, calibration.ratio)
         if bound is None or bound >= thresholds.trigger_tokens:
@@ -428,10 +398,7 @@ class ChatCompactionService:
             return None
         try:
             if 200 <= outcome.status < 300:
-                if outcome.response_id is not None and isinstance(exchange.request, ResponsesRequest):
-                    await self.provider_chains.learn(
-                        exchange.scope, exchange.request, outcome.response_id, outcome.usage
-                    )
+                await self.histories.learn(exchange, outcome)
                 if exchange.provider_state:
                     return None
                 counter = counter_for_model(exchange.model)

@@ -4,7 +4,9 @@ The pipeline works on the engine's messages and never on a format's JSON; the se
 them. Everything in between that depends on the format (how a request is parsed and written back, how an answer
 reports its usage and reply, what a refusal inside a stream looks like, the proxy's read tool and its rounds) is
 asked of the request's `WireFormat`, one object per format (`proxy.formats`). A new format is a folder that
-implements this protocol and one entry in `proxy.formats.FORMATS`; nothing here or in the server changes.
+implements this protocol and one entry in `proxy.formats.FORMATS`; nothing here or in the server changes. What
+only some formats can do is an optional capability they declare (`socket` here, the others in
+`proxy.pipeline.capabilities`).
 
 Rules every implementation keeps:
 
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 from proxy.config import Settings
 from proxy.engine.messages import Message
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.exchange import ChatOutcome, Refusal
 from proxy.pipeline.requests import RequestLimits
 
@@ -177,6 +180,12 @@ class WireFormat(Protocol):
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
     socket: SocketMode | None
     """How its requests come as messages on a WebSocket to its path (the Responses API's WebSocket mode), or None."""
+    splicing: ByteSplicing | None
+    """How a conversation's next request is recognized from its bytes and spliced (chat completions), or None."""
+    provider_history: ProviderHistory | None
+    """How its requests continue a history the provider keeps (the Responses API's `previous_response_id`), or None."""
+    exact_counting: ExactCounting | None
+    """Where the upstream's exact count of its prompts comes from, or None (measured with the local count only)."""
 
     def serves(self, path: str) -> bool:
         """Whether a POST to `path` is a request of this format that compaction sees."""

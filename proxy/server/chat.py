@@ -24,8 +24,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from proxy.failures import log_failure
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, Refusal
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
@@ -41,10 +40,11 @@ from proxy.server.held_stream import (
     read_capped,
     relay_failure,
 )
-from proxy.server.keys import CHAT, METRICS, RECORD, SETTINGS, UPSTREAM
+from proxy.server.keys import METRICS, RECORD, SETTINGS, UPSTREAM
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
+from proxy.server.pipeline_calls import complete, prepare
 from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
@@ -69,59 +69,6 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     return b"".join(chunks)
 
 
-def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
-    """Count and log a compaction-side failure: exception type and stack only, never its message (may quote a body)."""
-    request.app[METRICS].fail_open.labels(stage=stage).inc()
-    request[RECORD].fail_open.append(stage)
-    log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
-
-
-async def _prepare(
-    request: web.Request, body: bytes, wire: WireFormat, headers: Mapping[str, str] | None = None
-) -> ForwardPlan | Refusal | None:
-    """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed.
-
-    :param headers: The headers the compaction side reads; the request's own when None.
-    """
-    try:
-        incoming = IncomingChat(
-            body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
-        )
-        plan = await request.app[CHAT].prepare(incoming)
-        if isinstance(plan, Refusal):
-            return plan
-        if not isinstance(plan, ForwardPlan) or not isinstance(plan.body, bytes):
-            raise TypeError(f"prepare() returned {type(plan).__name__}, not a ForwardPlan with a bytes body")
-    except Exception as exc:
-        _fail_open(request, "prepare", exc)
-        return None
-    record = request[RECORD]
-    if plan.failed_open is not None:
-        # The compaction side logged its own failure; the server counts every fail-open in one place.
-        request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
-        record.fail_open.append(plan.failed_open)
-    record.model = plan.model
-    record.decided(plan.response_headers)
-    return plan
-
-
-async def _complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
-    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
-    request.app[METRICS].count_usage(outcome.usage)
-
-    async def report() -> ForwardPlan | None:
-        try:
-            retry = await request.app[CHAT].complete(plan, outcome)
-            if retry is not None and (not isinstance(retry, ForwardPlan) or not isinstance(retry.body, bytes)):
-                raise TypeError(f"complete() returned {type(retry).__name__}, not a ForwardPlan with a bytes body")
-        except Exception as exc:
-            _fail_open(request, "complete", exc)
-            return None
-        return retry
-
-    return await asyncio.shield(report())
-
-
 async def handle_chat(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
     """Handle one request of a wire format the proxy compacts (see the module docstring)."""
     settings = request.app[SETTINGS]
@@ -142,7 +89,7 @@ async def handle_chat(request: web.Request, target: URL, wire: WireFormat) -> we
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response()
-    plan = await _prepare(request, body, wire)
+    plan = await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
         error = wire.error_body(plan.message, "invalid_request_error", plan.code, plan.param)
@@ -226,14 +173,14 @@ async def _forward_planned(
         if 200 <= response.status < 300:
             held = await _hold(request, response, plan, reply)
             refused = held.refusal is not None
-            retry = await _complete(request, plan, ChatOutcome(400, error_body=held.refusal)) if refused else None
+            retry = await complete(request, plan, ChatOutcome(400, error_body=held.refusal)) if refused else None
             if retry is None:
                 return await _relay_answer(request, target, response, plan, held=held, reply=reply)
         else:
             error, whole = await read_capped(request, response, ERROR_BODY_LIMIT)
             encoding = content_encoding(response.headers)
             outcome = outcome_from_body(reply.wire, response.status, error if whole else None, encoding)
-            retry = await _complete(request, plan, outcome)
+            retry = await complete(request, plan, outcome)
             if retry is None:
                 return await _relay_buffered(request, response, plan, error)
     record.retried = True
@@ -267,7 +214,7 @@ async def _relay_answer(
     if plan.reads is None:
         return await _relay_chat(request, response, plan, held, reply)
     send = partial(_send, request, target, plain=True, header_values=plan.header_values)
-    return await answer_reads(request, response, plan, held, reply, send=send, relay=_relay_chat, complete=_complete)
+    return await answer_reads(request, response, plan, held, reply, send=send, relay=_relay_chat, complete=complete)
 
 
 async def _relay_buffered(
@@ -294,7 +241,7 @@ async def _relay_chat(
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
     if reply.out is not None and not streamed:
         error = await relay_failure(request, reply, response)
-        await _complete(request, plan, ChatOutcome(response.status, error_body=error))
+        await complete(request, plan, ChatOutcome(response.status, error_body=error))
         return reply.out
     head = held.head
     observer: StreamObserver | None = None
@@ -333,7 +280,7 @@ async def _relay_chat(
         assert collector is not None
         outcome = outcome_from_body(reply.wire, response.status, collector.body(), encoding)
     await finish(request, out)
-    await _complete(request, plan, outcome)
+    await complete(request, plan, outcome)
     return out
 
 

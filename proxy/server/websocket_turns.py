@@ -1,9 +1,9 @@
 """Requests that come as WebSocket messages (a format's socket mode) go through compaction, as a POST does.
 
-Each message that starts a request (`SocketMode.request_of`; the Responses API's `response.create`) is planned by
-the compaction side exactly as an HTTP request (`proxy.server.chat`: the same fail-open and counting), and forwarded
-as the message its format makes of the plan's body; when nothing changed, the client's own message goes, byte for
-byte. The messages coming back are relayed untouched; the one that ends each answer is read for its usage and reply,
+Each message that starts a request (`SocketMode.request_of`; the Responses API's `response.create`) is planned by the
+compaction side exactly as an HTTP request (`proxy.server.pipeline_calls`: the same fail-open and counting), and
+forwarded as the message its format makes of the plan's body; when nothing changed, the client's own message goes, byte
+for byte. The messages coming back are relayed untouched; the one that ends each answer is read for its usage and reply,
 which are reported to the compaction side as for a stream over HTTP, before the client's next request is planned. A
 request over the proxy's limits is answered with the format's refusal message and not forwarded. Every other message
 passes untouched, and so does a request message whenever reading or planning it fails.
@@ -27,9 +27,9 @@ from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, Refusal
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.offload.offloading import OFFLOAD_HEADER
 from proxy.pipeline.wire import WireFormat
-from proxy.server.chat import _complete, _prepare
 from proxy.server.keys import RECORD
 from proxy.server.logging import ACCESS_LOGGER
+from proxy.server.pipeline_calls import complete, prepare
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 
@@ -72,7 +72,7 @@ class SocketTurns:
             return Turn(message)
         lane, body = read
         await self.settled()  # the previous answer's usage anchors this request's estimate
-        plan = await _prepare(self.request, body, self.wire, self.headers)
+        plan = await prepare(self.request, body, self.wire, self.headers)
         if isinstance(plan, Refusal):
             self._log(None, refused=plan.code)
             return Turn(None, client=self.socket.refusal_message(plan))
@@ -103,7 +103,7 @@ class SocketTurns:
         """Report `outcome` after the reports before it; a retry plan is not followed inside a socket."""
         if before is not None:
             await before
-        await _complete(self.request, plan, outcome)
+        await complete(self.request, plan, outcome)
 
     def _log(self, plan: ForwardPlan | None, refused: str | None = None) -> None:
         """One access-log line per request message: what compaction did with it (never its content)."""

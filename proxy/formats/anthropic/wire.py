@@ -18,6 +18,7 @@ from proxy.formats.anthropic import answers, summary
 from proxy.formats.anthropic import reads as read_calls
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.tokens import window_for
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import Overflow, SocketMode, StreamReport
 
@@ -44,6 +45,10 @@ class Messages:
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
     sized_by_bytes: bool = False
     socket: SocketMode | None = None
+    splicing: ByteSplicing | None = None
+    provider_history: ProviderHistory | None = None
+    exact_counting: ExactCounting | None = None
+    """The slot for `count_tokens`: none yet, so its requests are measured with the local count."""
 
     reads = staticmethod(read_calls.reads)
     stream_reads = staticmethod(read_calls.stream_reads)

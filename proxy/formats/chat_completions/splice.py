@@ -24,7 +24,6 @@ from typing import Any, Final
 import orjson
 from xxhash import xxh3_128_digest
 
-from proxy.engine import Anchor
 from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 from proxy.engine.transcript import Counts
@@ -32,18 +31,19 @@ from proxy.failures import log_failure
 from proxy.formats.chat_completions.body import forwarded_body, forwarded_fields, keeps_client_bytes
 from proxy.formats.chat_completions.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.formats.chat_completions.request import ChatRequest
+from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.known_prefixes import BYTES_PER_MESSAGE, DEFAULT_MAX_CONVERSATIONS, RecentByOpening
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits, RequestOverLimit, content_parts, nests_too_deep
-from proxy.pipeline.rewrites import Keyed, RewriteMemory, View
-from proxy.pipeline.usage import UsageReports
+from proxy.pipeline.rewrites import Keyed, View
+from proxy.pipeline.turn import Turn
 
 logger = logging.getLogger("compaction_proxy.compaction")
 
 MESSAGE_DEPTH: Final = 3
 """The nesting level of a message in a body: in the `messages` array, in the body's object."""
 
-SPLICE_FROM_BYTES: Final = 32 * 1024
+SPLICE_FROM_BYTES: Final = SIZED_BELOW_BYTES
 """Bodies from this size are recognized from their bytes. A smaller one parses faster than its opening messages are
 scanned (a 12 KiB body parses in 7 us; finding its first two messages takes 17 us), and the two paths cost the same
 at about 30 KiB."""
@@ -126,58 +126,10 @@ class Extension:
     end: int
     content_parts: int
 
-
-@dataclass
-class Turn:
-    """What the proxy makes of one request while handling it: what the next request of the conversation reuses.
-
-    :param extension: How the request extends the conversation's last one, when it was recognized from its bytes.
-    """
-
-    extension: Extension | None = None
-    keyed: Keyed | None = None
-    view: View | None = None
-    counted: Counts | None = None
-    forwarded: Forwarded | None = None
-    anchored_at: int | None = None
-
-    async def anchored(self, usage: UsageReports, scope: bytes, chain: list[bytes]) -> Anchor | None:
-        """The usage anchor of what is sent (`chain`), looked up from where the last request's was found."""
-        anchor = await usage.anchor(scope, chain, self.extension.previous.anchored_at if self.extension else None)
-        self.anchored_at = anchor.covered - 1 if anchor else None
-        return anchor
-
-    def splices(self, messages: list[Message]) -> bool:
-        """Whether the body the proxy serializes for `messages` is spliced from the last request's (see `forward`)."""
-        earlier = self.extension.previous.forwarded if self.extension else None
-        return earlier is not None and _starts_with(messages, earlier.messages)
-
-    def new_bytes(self, size: int) -> int:
-        """What the request added to the one it extends, in bytes: all its `size` when it extends none."""
-        return self.extension.end - self.extension.previous.end if self.extension else size
-
-    async def replayed(
-        self, rewrites: RewriteMemory, scope: bytes, messages: list[Message], size: int, off_loop: OffLoop
-    ) -> View:
-        """The request's messages with the remembered rewrite replayed (see `RewriteMemory`).
-
-        When the request extends a known one, only its new messages are hashed, the known view is extended and the
-        counts made for it are reused (in `counted`); otherwise the work is the whole request's.
-        """
-        previous = self.extension.previous if self.extension else None
-        if previous is not None and previous.keyed is not None:
-            keyed = previous.keyed.extended(messages, size)
-        else:
-            keyed = await off_loop.run(size, lambda: rewrites.keyed(scope, messages, size))
-        self.keyed = keyed
-        found = await rewrites.find(scope, keyed, previous.keyed if previous else None)
-        plan = found[1] if found else None
-        view = rewrites.extended_view(previous.view, keyed, plan) if previous and previous.view else None
-        if view is None:
-            return await off_loop.run(size, lambda: rewrites.view(scope, keyed, plan))
-        if previous is not None and previous.counted is not None:
-            self.counted = previous.counted.extended(len(view.messages))
-        return view
+    @property
+    def added_bytes(self) -> int:
+        """What the request added to the remembered one, in bytes."""
+        return self.end - self.previous.end
 
 
 class Splices:
@@ -285,7 +237,7 @@ class Splices:
             cost += len(turn.forwarded.body)
         if not self._recent.admits(cost):
             return
-        extension = turn.extension
+        extension = _extension_of(turn)
         end = extension.end if extension else messages_end(raw, request.body)
         openings = opening_ends(raw) if openings is None else openings
         if end is None or not openings:
@@ -326,6 +278,33 @@ def forward(
     end = len(body) - len(_after_messages(fields))
     spliceable = sent and body[end - 1 : end] == b"}"
     return body, Forwarded(body, sent, end, ask_usage, request.body.get("tools")) if spliceable else None
+
+
+class ChatSplicing:
+    """Chat completions' `ByteSplicing` (see `proxy.pipeline.capabilities` for what each member means)."""
+
+    from_bytes: int = SPLICE_FROM_BYTES
+
+    def memory(self, limits: RequestLimits, max_bytes: int, on_failure: Callable[[], None]) -> Splices:
+        """An empty `Splices`."""
+        return Splices(limits, max_bytes, on_failure)
+
+    def forward(
+        self, turn: Turn, raw: bytes, request: ChatRequest, messages: list[Message] | None, *, ask_usage: bool
+    ) -> tuple[bytes, Forwarded | None]:
+        """See `forward`."""
+        return forward(_extension_of(turn), raw, request, messages, ask_usage=ask_usage)
+
+    def splices(self, turn: Turn, messages: list[Message]) -> bool:
+        """Whether the body serialized for `messages` starts with the very messages of the last one serialized."""
+        extension = _extension_of(turn)
+        earlier = extension.previous.forwarded if extension else None
+        return earlier is not None and _starts_with(messages, earlier.messages)
+
+
+def _extension_of(turn: Turn) -> Extension | None:
+    """The turn's continuation as `Splices` recognized it (a chat request's is only ever one of these)."""
+    return turn.extension if isinstance(turn.extension, Extension) else None
 
 
 def _opening(scope: bytes, raw: bytes, end: int) -> bytes:

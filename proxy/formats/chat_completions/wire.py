@@ -9,7 +9,10 @@ from typing import Any, Final
 from proxy.formats.chat_completions import answers, errors, summary
 from proxy.formats.chat_completions import reads as read_calls
 from proxy.formats.chat_completions.body import asks_for_usage
+from proxy.formats.chat_completions.exact_counts import TemplateCounting
 from proxy.formats.chat_completions.request import ChatRequest, deployment_name
+from proxy.formats.chat_completions.splice import ChatSplicing
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import SocketMode
 
@@ -30,6 +33,9 @@ class ChatCompletions:
     call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = True
     socket: SocketMode | None = None
+    splicing: ByteSplicing | None = ChatSplicing()
+    provider_history: ProviderHistory | None = None
+    exact_counting: ExactCounting | None = TemplateCounting()
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)

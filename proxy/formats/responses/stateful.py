@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from xxhash import xxh3_128_digest
 
-from proxy.config import ProviderState
+from proxy.config import ProviderState, Settings
 from proxy.engine import TokenCounter, Transcript
 from proxy.engine.json_bytes import json_bytes
 from proxy.formats.responses.request import ResponsesRequest
@@ -85,3 +85,15 @@ class ProviderChains:
         else:
             added = {"truncation": "auto"}
         return json_bytes({**request.body, **added}), ASKED[self.action]
+
+
+class ResponsesHistory:
+    """The Responses API's `ProviderHistory` (see `proxy.pipeline.capabilities`): `ProviderChains`."""
+
+    def continues(self, request: ResponsesRequest) -> bool:
+        """A request with `previous_response_id` or `conversation` (`ResponsesRequest.stateful`)."""
+        return request.stateful
+
+    def sizes(self, store: StateStore, settings: Settings) -> ProviderChains:
+        """The chains' sizes in `store`, acted on as `provider_state` and `compact_at` say."""
+        return ProviderChains(store, settings.provider_state, settings.compact_at)

@@ -9,8 +9,11 @@ from typing import Any, Final
 from proxy.formats.chat_completions import errors
 from proxy.formats.responses import answers, summary
 from proxy.formats.responses import reads as read_calls
+from proxy.formats.responses.exact_counts import InputTokensCounting
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.socket import ResponsesSocket
+from proxy.formats.responses.stateful import ResponsesHistory
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import SocketMode
 
@@ -31,6 +34,9 @@ class Responses:
     call_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = False
     socket: SocketMode | None = ResponsesSocket()
+    splicing: ByteSplicing | None = None
+    provider_history: ProviderHistory | None = ResponsesHistory()
+    exact_counting: ExactCounting | None = InputTokensCounting()
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)

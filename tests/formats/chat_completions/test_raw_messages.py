@@ -14,9 +14,10 @@ import pytest
 
 from proxy.formats.chat_completions.raw_messages import appended_messages, messages_end, opening_ends
 from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.chat_completions.splice import Splices, Turn
+from proxy.formats.chat_completions.splice import Splices
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits
+from proxy.pipeline.turn import Turn
 
 SCOPE = b"tenant"
 LIMITS = RequestLimits(max_messages=100, max_content_parts=100)

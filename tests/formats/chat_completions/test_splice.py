@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 from proxy.config import Mode, Settings
 from proxy.engine import counter_for_model
 from proxy.formats.chat_completions.request import ChatRequest
-from proxy.formats.chat_completions.splice import Splices, Turn
+from proxy.formats.chat_completions.splice import Splices
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.turn import Turn
 from tests.engine.conversations import conversations
 from tests.support.examples import examples
 

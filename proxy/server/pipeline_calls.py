@@ -1,0 +1,76 @@
+"""The server's two calls into the pipeline, for every route that compacts (HTTP and WebSocket alike).
+
+`prepare` asks what to forward for a request body, `complete` reports what the upstream answered (and gets the
+compacted retry after an overflow). Both fail open: an exception of the pipeline, or an answer of the wrong type, is
+counted and logged (`compaction_proxy_fail_open_total{stage}`), and the request goes on as if the proxy were not
+there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from proxy.failures import log_failure
+from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.wire import WireFormat
+from proxy.server.keys import CHAT, METRICS, RECORD
+from proxy.server.logging import SERVER_LOGGER
+
+log = logging.getLogger(SERVER_LOGGER)
+
+
+def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
+    """Count and log a compaction-side failure: exception type and stack only, never its message (may quote a body)."""
+    request.app[METRICS].fail_open.labels(stage=stage).inc()
+    request[RECORD].fail_open.append(stage)
+    log_failure(log, "compaction side failed; forwarding unchanged", exc, stage=stage)
+
+
+async def prepare(
+    request: web.Request, body: bytes, wire: WireFormat, headers: Mapping[str, str] | None = None
+) -> ForwardPlan | Refusal | None:
+    """The compaction side's plan for `body`, or its refusal; None (counted, logged) when it failed.
+
+    :param headers: The headers the compaction side reads; the request's own when None.
+    """
+    try:
+        incoming = IncomingChat(
+            body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
+        )
+        plan = await request.app[CHAT].prepare(incoming)
+        if isinstance(plan, Refusal):
+            return plan
+        if not isinstance(plan, ForwardPlan) or not isinstance(plan.body, bytes):
+            raise TypeError(f"prepare() returned {type(plan).__name__}, not a ForwardPlan with a bytes body")
+    except Exception as exc:
+        _fail_open(request, "prepare", exc)
+        return None
+    record = request[RECORD]
+    if plan.failed_open is not None:
+        # The compaction side logged its own failure; the server counts every fail-open in one place.
+        request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
+        record.fail_open.append(plan.failed_open)
+    record.model = plan.model
+    record.decided(plan.response_headers)
+    return plan
+
+
+async def complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
+    request.app[METRICS].count_usage(outcome.usage)
+
+    async def report() -> ForwardPlan | None:
+        try:
+            retry = await request.app[CHAT].complete(plan, outcome)
+            if retry is not None and (not isinstance(retry, ForwardPlan) or not isinstance(retry.body, bytes)):
+                raise TypeError(f"complete() returned {type(retry).__name__}, not a ForwardPlan with a bytes body")
+        except Exception as exc:
+            _fail_open(request, "complete", exc)
+            return None
+        return retry
+
+    return await asyncio.shield(report())
