@@ -1,7 +1,7 @@
 """What exact counting adds to a request: the compaction decision with and without asking the server to count.
 
 A conversation of about `--tokens` tokens is sent, then re-sent `--turns` times with two new messages each time,
-through the proxy's compaction side (`ChatCompactionService.prepare`, no client socket), once with `count_probes`
+through the proxy's compaction side (`CompactionPipeline.prepare`, no client socket), once with `count_probes`
 off and once with them on, and each of those once with the server's usage reported after every request (the usual
 case: a re-sent request then asks nothing) and once without (`_unreported`: each re-sent request asks the count of
 the grown prompt, on llama.cpp one `/apply-template` of the conversation and one `/tokenize` of only the new text).
@@ -32,8 +32,8 @@ from proxy.config import Settings
 from proxy.config.compaction import DEFAULT_COUNT_PROBES
 from proxy.engine import counter_for_model
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
+from proxy.pipeline.service import CompactionPipeline
 from tests.real_upstream.conftest import llama_server_binary, smollm2_gguf, start_llama_server, stop
 from tests.support.counting_upstream import CountingUpstream
 
@@ -100,7 +100,7 @@ async def run(
     settings = Settings(
         upstream=url, context_windows=windows, count_probes=probes, exact_count_timeout=5.0, window_probes=[]
     )
-    service = ChatCompactionService(settings)
+    service = CompactionPipeline(settings)
     counter_for_model(MODEL)._cache.clear()
     messages, times, exact = list(history), [], 0
     http = aiohttp.ClientSession()
@@ -109,7 +109,7 @@ async def run(
             body = json.dumps({"model": MODEL, "messages": messages}).encode()
             started = time.perf_counter()
             plan = await service.prepare(
-                IncomingChat(body=body, headers={}, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
+                IncomingRequest(body=body, headers={}, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
             )
             times.append(time.perf_counter() - started)
             assert isinstance(plan, ForwardPlan)
@@ -120,7 +120,7 @@ async def run(
             if reports:
                 prompt = await server_count(http, url, messages)
                 usage = {"prompt_tokens": prompt, "completion_tokens": 40, "total_tokens": prompt + 40}
-                await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply))
+                await service.complete(plan, UpstreamOutcome(status=200, usage=usage, reply=reply))
             messages = [*messages, reply, question]
     finally:
         await service.aclose()

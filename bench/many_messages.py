@@ -23,8 +23,8 @@ import orjson
 from proxy.config import Settings
 from proxy.engine import counter_for_model
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import IncomingChat
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.exchange import IncomingRequest
+from proxy.pipeline.service import CompactionPipeline
 
 MODEL = "gpt-4.1"
 COMPACTING_WINDOW = 10_000
@@ -43,12 +43,12 @@ def body(count: int) -> bytes:
 
 async def decide(raw: bytes, window: int) -> tuple[float, str]:
     """Seconds one cold decision takes on a fresh service and counter cache, and the `X-Compaction` it reports."""
-    service = ChatCompactionService(Settings())
+    service = CompactionPipeline(Settings())
     counter_for_model(MODEL)._cache.clear()
     headers = {"Authorization": "Bearer sk-bench", "X-Context-Window": str(window)}
     started = time.perf_counter()
     plan = await service.prepare(
-        IncomingChat(body=raw, headers=headers, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
+        IncomingRequest(body=raw, headers=headers, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
     )
     elapsed = time.perf_counter() - started
     await service.aclose()

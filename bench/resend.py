@@ -24,8 +24,8 @@ import orjson
 from proxy.config import Settings
 from proxy.engine import TiktokenCounter, counter_for_model
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
+from proxy.pipeline.service import CompactionPipeline
 
 MODEL = "gpt-4.1"
 PARAGRAPH = (
@@ -60,10 +60,10 @@ def conversation(tokens: int) -> list[dict[str, Any]]:
     return messages
 
 
-async def decide(service: ChatCompactionService, body: bytes) -> tuple[float, ForwardPlan]:
+async def decide(service: CompactionPipeline, body: bytes) -> tuple[float, ForwardPlan]:
     started = time.perf_counter()
     plan = await service.prepare(
-        IncomingChat(
+        IncomingRequest(
             body=body, headers={"Authorization": "Bearer sk-bench"}, path="/v1/chat/completions", wire=CHAT_COMPLETIONS
         )
     )
@@ -72,7 +72,7 @@ async def decide(service: ChatCompactionService, body: bytes) -> tuple[float, Fo
     return elapsed, plan
 
 
-async def answer(service: ChatCompactionService, plan: ForwardPlan, call: str) -> dict[str, Any]:
+async def answer(service: CompactionPipeline, plan: ForwardPlan, call: str) -> dict[str, Any]:
     """Report the provider's usage for what was sent, as the upstream would, and return its reply (one tool call)."""
     sent = orjson.loads(plan.body)["messages"]
     reply = {
@@ -82,11 +82,11 @@ async def answer(service: ChatCompactionService, plan: ForwardPlan, call: str) -
     }
     usage = {"prompt_tokens": counter_for_model(MODEL).messages_tokens(sent) + 3, "completion_tokens": 12}
     usage["total_tokens"] = usage["prompt_tokens"] + 12
-    await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply))
+    await service.complete(plan, UpstreamOutcome(status=200, usage=usage, reply=reply))
     return reply
 
 
-async def turns(service: ChatCompactionService, history: list[dict[str, Any]], round_: int) -> list[float]:
+async def turns(service: CompactionPipeline, history: list[dict[str, Any]], round_: int) -> list[float]:
     """The decision times of three turns: cold (it compacts), then twice the conversation with two new messages.
 
     The second turn follows a compaction, so the view it extends is computed again; the third extends a request the
@@ -112,8 +112,8 @@ async def main(tokens: int, repeat: int) -> dict[str, Any]:
     spliced, full = [], []
     for round_ in range(repeat):
         for service, times in (
-            (ChatCompactionService(settings), spliced),
-            (ChatCompactionService(settings, splice_from=None), full),
+            (CompactionPipeline(settings), spliced),
+            (CompactionPipeline(settings, splice_from=None), full),
         ):
             counter_for_model(MODEL)._cache.clear()
             times.append(await turns(service, history, round_))

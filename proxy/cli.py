@@ -22,7 +22,7 @@ from proxy.request_commands import add_compact, add_count
 from proxy.settings_flags import add_settings_flags, settings_from_args
 
 if TYPE_CHECKING:
-    from proxy.pipeline.exchange import ChatCompaction
+    from proxy.pipeline.exchange import Compaction
 
 PROG = "compaction-proxy"
 
@@ -41,7 +41,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_chat_compaction(settings: Settings) -> ChatCompaction:
+def build_compaction(settings: Settings) -> Compaction:
     """Return the compaction side for these settings: `proxy.pipeline.service` when present, else `PassThrough`."""
     try:
         service: Any = importlib.import_module("proxy.pipeline.service")
@@ -51,8 +51,8 @@ def build_chat_compaction(settings: Settings) -> ChatCompaction:
         from proxy.pipeline.exchange import PassThrough
 
         return PassThrough()
-    chat: ChatCompaction = service.build_chat_compaction(settings)
-    return chat
+    compaction: Compaction = service.build_pipeline(settings)
+    return compaction
 
 
 def add_serve(subparsers: Any) -> None:
@@ -71,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Load settings, build the compaction side, serve until signalled (in `workers` processes when more than 1)."""
     try:
         settings = settings_from_args(args)
-        chat = build_chat_compaction(settings)
+        compaction = build_compaction(settings)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     from proxy.server.main import serve
@@ -79,8 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         if settings.workers > 1:
-            return serve_workers(settings, chat)
-        serve(settings, chat)
+            return serve_workers(settings, compaction)
+        serve(settings, compaction)
     except OSError as exc:
         return fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", status=1)
     return 0

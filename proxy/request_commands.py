@@ -36,7 +36,7 @@ from proxy.pipeline.compacting import chain_names
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.offload.tool import with_read_tool
-from proxy.pipeline.requests import InvalidChatRequest
+from proxy.pipeline.requests import InvalidRequest
 from proxy.pipeline.wire import WireRequest
 from proxy.state.memory import MemoryStore
 
@@ -175,7 +175,7 @@ def _load(args: argparse.Namespace) -> tuple[WireRequest, TokenCounter]:
     args.raw, args.wire = raw, format_of_body(raw)
     try:
         request = args.wire.parse(raw, None)
-    except InvalidChatRequest as error:
+    except InvalidRequest as error:
         raise CommandError(str(error)) from None
     counter: TokenCounter = ApproximateCounter() if args.approximate else counter_for_model(request.model)
     return request, counter

@@ -34,6 +34,7 @@ def test_the_code_keeps_every_import_contract() -> None:
         ("proxy/engine/plan.py", "import proxy.pipeline.service", "The engine imports no other part"),
         ("hooks/compaction/hook.py", "import proxy.state.redis", "The Haystack hook imports the engine"),
         ("proxy/pipeline/service.py", "import proxy.server.app", "A request's layers import only downwards"),
+        ("proxy/pipeline/outgoing.py", "import proxy.formats.responses.stateful", "A request's layers import only"),
         ("proxy/formats/responses/items.py", "import proxy.server.relay", "A request's layers import only downwards"),
         ("proxy/server/app.py", "import proxy.cli", "A request's layers import only downwards"),
         ("proxy/state/memory.py", "import proxy.pipeline.offload.reads", "Window discovery, state stores and settings"),

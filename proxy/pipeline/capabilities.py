@@ -116,6 +116,29 @@ class CountContext:
 
 
 @dataclass(frozen=True)
+class CountQuestion:
+    """What a source is asked to count: the longest prefix of `view` it knows, asking for the whole view.
+
+    :param model: The model the request is for.
+    :param request: The request (a `WireRequest` of the source's format): what it sends besides the messages is
+        counted with them.
+    :param view: What the request sends, as the pipeline will forward it.
+    :param tenant: The caller's tenant: counts and back-offs are its own.
+    :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
+    :param size: The request body's size in bytes.
+    :param usage: The usage report anchoring the view's longest reported prefix, if any.
+    """
+
+    model: str | None
+    request: Any
+    view: View
+    tenant: bytes
+    headers: Mapping[str, str]
+    size: int
+    usage: Anchor | None
+
+
+@dataclass(frozen=True)
 class Counted:
     """What a source answered: the anchor (None when it has none), and the outcome counted in the metrics (None: none).
 
@@ -130,18 +153,8 @@ class Counted:
 class ExactCountSource(Protocol):
     """The upstream's exact count of what a request sends, asked within the budget."""
 
-    async def count(
-        self,
-        model: str | None,
-        request: Any,
-        view: View,
-        tenant: bytes,
-        headers: Mapping[str, str],
-        *,
-        size: int,
-        usage: Anchor | None,
-    ) -> Counted:
-        """The count of the longest prefix of `view` known (see `proxy.pipeline.exact_counts.ExactCounts.anchor`)."""
+    async def count(self, question: CountQuestion) -> Counted:
+        """The count asked for (see `proxy.pipeline.exact_counts.ExactCounts.anchor`); raising counts as failing."""
         ...
 
     def may_ask(self, tenant: bytes) -> bool:

@@ -21,15 +21,14 @@ request's size can be exact too. Each format names where its counts come from (`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from proxy.config import Settings
 from proxy.discovery.budget import ProbeBudget
 from proxy.discovery.budgeted import BudgetedAnswers
 from proxy.engine import Anchor, counter_for_model
 from proxy.failures import log_failure
-from proxy.pipeline.capabilities import CountContext, ExactCountSource
+from proxy.pipeline.capabilities import CountContext, CountQuestion, ExactCountSource
 from proxy.pipeline.measured import Measured
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.per_format import PerFormat
@@ -67,18 +66,7 @@ class ExactCounts:
             lambda wire: wire.exact_counting.source(context) if wire.exact_counting is not None else None
         )
 
-    async def anchor(
-        self,
-        wire: WireFormat,
-        model: str | None,
-        request: Any,
-        view: View,
-        *,
-        tenant: bytes,
-        headers: Mapping[str, str],
-        size: int,
-        usage: Anchor | None,
-    ) -> Anchor | None:
+    async def anchor(self, wire: WireFormat, question: CountQuestion) -> Anchor | None:
         """The exact count of the longest prefix of the view known, asking for the whole view within the budget.
 
         Nothing is asked when the provider's usage report already covers the view but for a small tail (see
@@ -86,16 +74,13 @@ class ExactCounts:
         to pay a request for.
 
         :param wire: The request's format, which names the source.
-        :param request: The request: what it sends besides the messages is counted with them.
-        :param headers: The caller's headers (lower-cased names): its credential headers go with the count.
-        :param size: The request body's size in bytes: a body over `MAX_COUNTED_BYTES` is not counted.
-        :param usage: The usage report anchoring the view's longest reported prefix, if any.
+        :param question: The request and its view (a body over `MAX_COUNTED_BYTES` is not counted).
         """
         try:
             source = self.sources.of(wire)
             if source is None:
                 return None
-            counted = await source.count(model, request, view, tenant, headers, size=size, usage=usage)
+            counted = await source.count(question)
         except Exception as error:
             log_failure(logger, "Exact counting failed; this request is measured with the local count.", error)
             return None

@@ -1,8 +1,8 @@
-"""The contract between the HTTP server and chat-completion compaction.
+"""The contract between the HTTP server and the pipeline that decides every compacted request.
 
 The server owns sockets, headers and streaming; the compaction side owns parsing, state and the engine. They meet
-here: the server hands over an `IncomingChat` and gets back a `ForwardPlan` saying what to send upstream; when the
-upstream has answered, the server reports the outcome with `ChatOutcome` so usage can anchor the next estimate.
+here: the server hands over an `IncomingRequest` and gets back a `ForwardPlan` saying what to send upstream; when the
+upstream has answered, the server reports the outcome with `UpstreamOutcome` so usage can anchor the next estimate.
 A request the proxy will not forward at all (over its limits) gets a `Refusal` instead, which the server answers
 in the request's wire format's error shape (`WireFormat.error_body`).
 """
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class IncomingChat:
-    """A chat-completion request as the client sent it.
+class IncomingRequest:
+    """A request of a wire format the proxy compacts, as the client sent it.
 
     :param body: The raw request body, exactly as received.
     :param headers: The client's request headers (case-insensitive mapping).
-    :param path: The request path, e.g. `/v1/chat/completions` or an Azure deployment path.
+    :param path: The request path, e.g. `/v1/chat/completions`, `/v1/responses` or an Azure deployment path.
     :param wire: The wire format, from the path (`proxy.formats.format_of`).
     """
 
@@ -35,14 +35,14 @@ class IncomingChat:
 
 @dataclass
 class ForwardPlan:
-    """What the server forwards upstream for one chat completion, and how it relays the answer.
+    """What the server forwards upstream for one request, and how it relays the answer.
 
     :param body: The body to send upstream: the client's own bytes when nothing was changed.
     :param response_headers: Headers to add to the response the client receives (what compaction did).
     :param stream: Whether the request asked for a streamed (SSE) response.
     :param strip_usage_chunk: The proxy asked the upstream for a usage chunk the client did not ask for, so the
         server must drop the usage-only final chunk from the stream it relays.
-    :param context: Opaque state the compaction side needs back in `ChatOutcome`.
+    :param context: Opaque state the compaction side needs back in `UpstreamOutcome`.
     :param reads: The proxy's read tool was added: how the server answers the model's calls to it (a
         `proxy.pipeline.offload.reads.ReadBack`), or None.
     :param failed_open: The compaction side failed and forwards the client's bytes unchanged: the stage that failed,
@@ -80,8 +80,8 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class ChatOutcome:
-    """What the upstream answered to a forwarded chat completion.
+class UpstreamOutcome:
+    """What the upstream answered to a forwarded request.
 
     :param status: The upstream's HTTP status.
     :param usage: The `usage` object the upstream reported (final chunk when streaming), if any, with a chat
@@ -100,28 +100,28 @@ class ChatOutcome:
     response_id: str | None = None
 
 
-class ChatCompaction(Protocol):
-    """Decides what the upstream receives for each chat completion and learns from what it answers."""
+class Compaction(Protocol):
+    """Decides what the upstream receives for each compacted request and learns from what it answers."""
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
+    async def prepare(self, incoming: IncomingRequest) -> ForwardPlan | Refusal:
         """Return what to forward for this request, or why it is refused.
 
         Must never raise: on any internal error, forward as received.
         """
         ...
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Record the upstream's answer; return a plan to retry with (once) after a context overflow, else None."""
         ...
 
 
 class PassThrough:
-    """A `ChatCompaction` that changes nothing: forwards every request as received and learns nothing."""
+    """A `Compaction` that changes nothing: forwards every request as received and learns nothing."""
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+    async def prepare(self, incoming: IncomingRequest) -> ForwardPlan:
         """Forward the client's bytes unchanged."""
-        return ForwardPlan(body=chat.body)
+        return ForwardPlan(body=incoming.body)
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Never retry."""
         return None

@@ -17,7 +17,7 @@ from proxy.engine import counter_for_model
 from proxy.names import shown
 from proxy.pipeline.caller import Caller
 from proxy.pipeline.capabilities import HistorySizes
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.per_format import PerFormat
 from proxy.pipeline.prepared import Prepared
@@ -53,28 +53,28 @@ class KeptHistories:
         return wire.provider_history is not None and wire.provider_history.continues(request)
 
     async def prepare(
-        self, chat: IncomingChat, request: Any, headers: Mapping[str, str], caller: Caller
+        self, incoming: IncomingRequest, request: Any, headers: Mapping[str, str], caller: Caller
     ) -> ForwardPlan:
         """The plan for a request `continues` said yes to: as sent, or asking the provider to manage its context."""
-        sizes = self.sizes.of(chat.wire)
+        sizes = self.sizes.of(incoming.wire)
         assert sizes is not None  # `continues` said the format keeps histories
         model = request.model
         resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers)
         window = resolved.tokens if resolved else None
         exchange = Prepared(
-            caller.scope, caller.tenant, request, model, window, len(chat.body), chat.wire, provider_state=True
+            caller.scope, caller.tenant, request, model, window, len(incoming.body), incoming.wire, provider_state=True
         )
-        body, state = await sizes.forwarded(chat.body, request, caller.scope, window, counter_for_model(model))
-        self.metrics().decided(chat.wire.name, "provider_state")
+        body, state = await sizes.forwarded(incoming.body, request, caller.scope, window, counter_for_model(model))
+        self.metrics().decided(incoming.wire.name, "provider_state")
         return ForwardPlan(
-            body=chat.body if self.observed else body,
+            body=incoming.body if self.observed else body,
             response_headers={"X-Compaction": "provider-state" if self.observed else state},
             stream=request.stream,
             context=exchange,
             model=shown(model),
         )
 
-    async def learn(self, exchange: Prepared, outcome: ChatOutcome) -> None:
+    async def learn(self, exchange: Prepared, outcome: UpstreamOutcome) -> None:
         """Keep the size of the history through a 2xx answer with an id, for any request of a format keeping them."""
         sizes = self.sizes.of(exchange.wire)
         if outcome.response_id is not None and sizes is not None:

@@ -15,7 +15,7 @@ from proxy.config import Mode, Settings
 from proxy.engine import CompactionResult, Room, Thresholds, Transcript, counter_for_model, leading_room
 from proxy.engine.strategies.offload import held_references
 from proxy.pipeline.compacting import report_room
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
+from proxy.pipeline.exchange import ForwardPlan, UpstreamOutcome
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
 from proxy.pipeline.outgoing import Outgoing
@@ -81,7 +81,7 @@ class OverflowRetry:
         self.outgoing = outgoing
         self.metrics = metrics
 
-    async def after(self, exchange: Prepared, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def after(self, exchange: Prepared, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """The compacted retry of a request whose answer was a context overflow, or None when there is none to make."""
         overflow = exchange.wire.overflow(outcome.status, outcome.error_body)
         if overflow is None or exchange.retried or exchange.provider_state or self.settings.mode is Mode.OBSERVE:

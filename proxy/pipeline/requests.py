@@ -2,7 +2,7 @@
 
 Only what compaction relies on is checked: a JSON object whose messages (or items) are a list of objects, within the
 proxy's limits on messages and content parts. Anything else (unknown fields, odd roles, odd content) is the
-provider's to judge: the proxy forwards it untouched (`InvalidChatRequest`).
+provider's to judge: the proxy forwards it untouched (`InvalidRequest`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Final, NoReturn
 import orjson
 
 
-class InvalidChatRequest(ValueError):
+class InvalidRequest(ValueError):
     """The body is not a chat-completion request compaction can work on; the message says what is wrong.
 
     Such a body is forwarded untouched, for the provider to judge; `outcome` is how the proxy counts it.
@@ -24,7 +24,7 @@ class InvalidChatRequest(ValueError):
     outcome = "unparsed"
 
 
-class NestedTooDeep(InvalidChatRequest):
+class NestedTooDeep(InvalidRequest):
     """The body nests arrays and objects deeper than `MAX_JSON_DEPTH`: the proxy could read it but not write it."""
 
     outcome = "too_deep"
@@ -106,15 +106,15 @@ was read, then failed to be written back on every request."""
 def json_object(raw: bytes | str) -> dict[str, Any]:
     """The request body parsed.
 
-    :raises InvalidChatRequest: If it is not JSON or not a JSON object.
+    :raises InvalidRequest: If it is not JSON or not a JSON object.
     :raises NestedTooDeep: If it nests deeper than `MAX_JSON_DEPTH`.
     """
     try:
         body = _lean_loads(raw) if len(raw) >= LEAN_PARSE_FROM_BYTES else orjson.loads(raw)
     except (ValueError, RecursionError) as error:  # decode errors, bytes that are not UTF-8, nesting too deep
-        raise InvalidChatRequest(f"The request body is not valid JSON: {error}.") from None
+        raise InvalidRequest(f"The request body is not valid JSON: {error}.") from None
     if not isinstance(body, dict):
-        raise InvalidChatRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
+        raise InvalidRequest(f"The request body must be a JSON object, got {type(body).__name__}.")
     if nests_too_deep([body]):
         raise NestedTooDeep(f"The request body nests JSON more than {MAX_JSON_DEPTH} levels deep.")
     return body
@@ -155,13 +155,13 @@ def checked_objects(entries: list[Any], field: str, limits: RequestLimits | None
     """Check the request's messages (or items) in `field`: within `limits`, and each an object.
 
     :raises RequestOverLimit: If they exceed a limit.
-    :raises InvalidChatRequest: If one is not an object.
+    :raises InvalidRequest: If one is not an object.
     """
     if limits is not None:
         limits.check(entries)
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise InvalidChatRequest(f"`{field}[{position}]` must be an object, got {type(entry).__name__}.")
+            raise InvalidRequest(f"`{field}[{position}]` must be an object, got {type(entry).__name__}.")
 
 
 class BodyFields:

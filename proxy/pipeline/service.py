@@ -50,10 +50,11 @@ from proxy.failures import OutageLog
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
 from proxy.pipeline.caller import Caller, conversation_of
+from proxy.pipeline.capabilities import CountQuestion
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.kept_history import KeptHistories
 from proxy.pipeline.measured import Measured, measure
 from proxy.pipeline.metrics import CompactionMetrics
@@ -64,7 +65,7 @@ from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
-from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
+from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
 from proxy.pipeline.rewrites import RewriteMemory, View
 from proxy.pipeline.splicing import Splicing
 from proxy.pipeline.summaries import Summaries, SummaryContext
@@ -80,8 +81,8 @@ logger = logging.getLogger("compaction_proxy.compaction")
 COMPACTION_HEADER: Final = "x-compaction"
 
 
-class ChatCompactionService:
-    """The proxy's `ChatCompaction`: decides what the upstream receives and learns from its usage reports.
+class CompactionPipeline:
+    """The proxy's `Compaction`: decides every compacted request, of any wire format, and learns from the answers.
 
     :param settings: The proxy's settings (thresholds, strategies, windows, limits, mode, tenant key).
     :param store: Where rewrites and anchors live; the one `settings.state_url` names when None.
@@ -172,51 +173,49 @@ class ChatCompactionService:
         ping = getattr(self.store, "ping", None)
         return "state_store_unreachable" if ping is not None and not await ping() else None
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan | Refusal:
+    async def prepare(self, incoming: IncomingRequest) -> ForwardPlan | Refusal:
         """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
-        headers = {key.lower(): value for key, value in chat.headers.items()}
+        headers = {key.lower(): value for key, value in incoming.headers.items()}
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
-            self.metrics.decided(chat.wire.name, "skipped")
-            return ForwardPlan(body=chat.body, response_headers={"X-Compaction": "skipped"})
-        caller = Caller.of(headers, self.settings, chat.wire.scope)
-        recognized = await self.splicing.recognize(chat, caller.scope)
+            self.metrics.decided(incoming.wire.name, "skipped")
+            return ForwardPlan(body=incoming.body, response_headers={"X-Compaction": "skipped"})
+        caller = Caller.of(headers, self.settings, incoming.wire.scope)
+        recognized = await self.splicing.recognize(incoming, caller.scope)
         extension = recognized.extension
         try:
-            request = extension.request if extension else await self.work.parse(chat.body, chat.wire)
-        except InvalidChatRequest as invalid:
+            request = extension.request if extension else await self.work.parse(incoming.body, incoming.wire)
+        except InvalidRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
-            self.metrics.decided(chat.wire.name, invalid.outcome)
-            return ForwardPlan(body=chat.body)
+            self.metrics.decided(incoming.wire.name, invalid.outcome)
+            return ForwardPlan(body=incoming.body)
         except RequestOverLimit as over:
-            self.metrics.decided(chat.wire.name, "refused")
-            return Refusal(400, str(over), over.code, param=chat.wire.entries)
+            self.metrics.decided(incoming.wire.name, "refused")
+            return Refusal(400, str(over), over.code, param=incoming.wire.entries)
         try:
-            if self.histories.continues(chat.wire, request):
-                return await self.histories.prepare(chat, request, headers, caller)
-            plan = await self._prepare(chat, request, headers, caller, extension)
+            if self.histories.continues(incoming.wire, request):
+                return await self.histories.prepare(incoming, request, headers, caller)
+            plan = await self._prepare(incoming, request, headers, caller, extension)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
-            return ForwardPlan(
-                body=chat.body, stream=request.stream, response_headers={"X-Compaction": "error"}, failed_open="compact"
-            )
+            return ForwardPlan(incoming.body, {"X-Compaction": "error"}, request.stream, failed_open="compact")
         self.failures.answered()
-        await self.splicing.remember(chat, plan, caller.scope, recognized)
+        await self.splicing.remember(incoming, plan, caller.scope, recognized)
         return plan
 
     async def _prepare(
         self,
-        chat: IncomingChat,
+        incoming: IncomingRequest,
         request: WireRequest,
         headers: Mapping[str, str],
         caller: Caller,
         extension: Continuation | None,
     ) -> ForwardPlan:
         """Decide a request: its window and thresholds, its size, the replayed view, the measure, the compaction."""
-        exchange = await self._exchange(chat, request, headers, caller, extension)
+        exchange = await self._exchange(incoming, request, headers, caller, extension)
         thresholds = self._thresholds(exchange, headers)
         calibration = self.usage.calibration(caller.tenant, exchange.model)
-        sized = self._sized_by_bytes(chat, exchange, thresholds, calibration)
+        sized = self._sized_by_bytes(incoming, exchange, thresholds, calibration)
         if sized is not None:
             return sized
         view = exchange.turn.view = await self.work.view(exchange)
@@ -224,11 +223,11 @@ class ChatCompactionService:
         if thresholds is None:
             self.unknown_models.log(exchange.model)
             exchange.headers["X-Compaction"] = "unknown-window"
-            self.metrics.decided(chat.wire.name, "unknown_window")
-            return await self.outgoing.plan(chat.body, exchange, view.changed_messages, view.chain, view.held)
+            self.metrics.decided(incoming.wire.name, "unknown_window")
+            return await self.outgoing.plan(incoming.body, exchange, view.changed_messages, view.chain, view.held)
         measured, anchor = await self._measured(exchange, view, thresholds, calibration, headers)
         context = SummaryContext(
-            caller.scope, chat.path, request, headers, view.chain, chat.wire, anchor.covered if anchor else None
+            caller.scope, incoming.path, request, headers, view.chain, incoming.wire, anchor.covered if anchor else None
         )
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(
@@ -239,24 +238,24 @@ class ChatCompactionService:
         outcome = await compacting.outcome(measured, context, work, strategies)
         self._report(exchange, outcome, thresholds)
         if outcome.result is None or self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
-            return await self._left(chat, exchange, outcome, view, thresholds)
-        return await self._compacted(chat, exchange, outcome, staging=staging, view=view, headers=headers)
+            return await self._left(incoming, exchange, outcome, view, thresholds)
+        return await self._compacted(incoming, exchange, outcome, staging=staging, view=view, headers=headers)
 
     async def _exchange(
         self,
-        chat: IncomingChat,
+        incoming: IncomingRequest,
         request: WireRequest,
         headers: Mapping[str, str],
         caller: Caller,
         extension: Continuation | None,
     ) -> Prepared:
         """What the pipeline knows of the request once its model and window are resolved."""
-        model = chat.wire.model(request, chat.path)
-        shipped = chat.wire.window(model, headers)
+        model = incoming.wire.model(request, incoming.path)
+        shipped = incoming.wire.window(model, headers)
         resolved = await self.discovery.resolve(model, caller.requested_window, caller.tenant, headers, shipped=shipped)
         window = resolved.tokens if resolved else None
-        size, turn = len(chat.body), Turn(extension)
-        exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, chat.wire, turn=turn)
+        size, turn = len(incoming.body), Turn(extension)
+        exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, incoming.wire, turn=turn)
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
@@ -276,9 +275,8 @@ class ChatCompactionService:
         counter = counter_for_model(model)
         anchor = await exchange.turn.anchored(self.usage, exchange.scope, view.chain)
         known = exchange.turn.counted
-        exact = await self.exact.anchor(
-            exchange.wire, model, request, view, tenant=tenant, headers=headers, size=exchange.size, usage=anchor
-        )
+        question = CountQuestion(model, request, view, tenant, headers, exchange.size, anchor)
+        exact = await self.exact.anchor(exchange.wire, question)
         measured = await self.work.run(
             exchange,
             lambda: measure(
@@ -298,21 +296,21 @@ class ChatCompactionService:
         return measured, anchor
 
     async def _left(
-        self, chat: IncomingChat, exchange: Prepared, outcome: Outcome, view: View, thresholds: Thresholds
+        self, incoming: IncomingRequest, exchange: Prepared, outcome: Outcome, view: View, thresholds: Thresholds
     ) -> ForwardPlan:
         """A request left as it is sent: nothing to remove, observe mode, or instructions alone over the window.
 
         Observe mode, and instructions over the window, send the client's own bytes: nothing replayed either.
         """
         if self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
-            self.metrics.decided(chat.wire.name, "observed" if outcome.result else left_as_sent(thresholds))
-            return await self.outgoing.plan(chat.body, exchange, None, view.original_chain)
-        self.metrics.decided(chat.wire.name, left_as_sent(thresholds))
-        return await self.outgoing.plan(chat.body, exchange, view.changed_messages, view.chain, view.held)
+            self.metrics.decided(incoming.wire.name, "observed" if outcome.result else left_as_sent(thresholds))
+            return await self.outgoing.plan(incoming.body, exchange, None, view.original_chain)
+        self.metrics.decided(incoming.wire.name, left_as_sent(thresholds))
+        return await self.outgoing.plan(incoming.body, exchange, view.changed_messages, view.chain, view.held)
 
     async def _compacted(
         self,
-        chat: IncomingChat,
+        incoming: IncomingRequest,
         exchange: Prepared,
         outcome: Outcome,
         *,
@@ -324,7 +322,7 @@ class ChatCompactionService:
         result = outcome.result
         assert result is not None  # the outcome of a compaction
         await self.offloading.persist(exchange.tenant, staging, result.compacted)
-        self.metrics.decided(chat.wire.name, "compacted")
+        self.metrics.decided(incoming.wire.name, "compacted")
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
         await self.rewrites.remember(exchange.scope, view, result.plan)
@@ -336,7 +334,7 @@ class ChatCompactionService:
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": shown(conversation_of(headers, self.settings, chat.wire)),
+                "conversation": shown(conversation_of(headers, self.settings, incoming.wire)),
                 "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
@@ -344,7 +342,8 @@ class ChatCompactionService:
         compacted = list(result.compacted.messages)
         scope, size = exchange.scope, exchange.size
         chain = await self.work.run(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, size), whole=True)
-        return await self.outgoing.plan(chat.body, exchange, compacted, chain, held_references(result.compacted.meta))
+        held = held_references(result.compacted.meta)
+        return await self.outgoing.plan(incoming.body, exchange, compacted, chain, held)
 
     def _thresholds(self, exchange: Prepared, headers: Mapping[str, str]) -> Thresholds | None:
         """The request's thresholds (None without a window), deferring to a client that compacts itself.
@@ -371,27 +370,27 @@ class ChatCompactionService:
         report_room(outcome.room, self.metrics, exchange.model, thresholds.context_window)
 
     def _sized_by_bytes(
-        self, chat: IncomingChat, exchange: Prepared, thresholds: Thresholds | None, calibration: Calibration
+        self, incoming: IncomingRequest, exchange: Prepared, thresholds: Thresholds | None, calibration: Calibration
     ) -> ForwardPlan | None:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
-        small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
-        if thresholds is None or not small or self.exact.may_ask(chat.wire, exchange.tenant):
+        small = incoming.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
+        if thresholds is None or not small or self.exact.may_ask(incoming.wire, exchange.tenant):
             return None
-        bound = byte_bound(chat.body, exchange.request.messages, calibration.ratio)
+        bound = byte_bound(incoming.body, exchange.request.messages, calibration.ratio)
         if bound is None or bound >= thresholds.trigger_tokens:
             return None
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
         return ForwardPlan(
-            body=chat.body,
+            body=incoming.body,
             response_headers=dict(exchange.headers),
             stream=exchange.request.stream,
             context=exchange,
             model=shown(exchange.model),
         )
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
         exchange = plan.context
         if not isinstance(exchange, Prepared):
@@ -414,6 +413,6 @@ class ChatCompactionService:
         self.metrics.errors.inc()
 
 
-def build_chat_compaction(settings: Settings) -> ChatCompactionService:
+def build_pipeline(settings: Settings) -> CompactionPipeline:
     """The compaction side of the proxy for these settings."""
-    return ChatCompactionService(settings)
+    return CompactionPipeline(settings)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.pipeline.capabilities import SpliceMemory
-from proxy.pipeline.exchange import ForwardPlan, IncomingChat
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.per_format import PerFormat
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES, Prepared
@@ -59,30 +59,32 @@ class Splicing:
             lambda wire: wire.splicing.memory(limits, max_bytes, on_failure) if wire.splicing is not None else None
         )
 
-    async def recognize(self, chat: IncomingChat, scope: bytes) -> Recognized:
+    async def recognize(self, incoming: IncomingRequest, scope: bytes) -> Recognized:
         """The request as a remembered one plus new messages, when its format splices and its bytes say so."""
-        splicing = chat.wire.splicing
+        splicing = incoming.wire.splicing
         if splicing is None or self.splice_from is None:
             return Recognized()
         start = splicing.from_bytes if self.splice_from == "format" else self.splice_from
-        memory = self.memories.of(chat.wire) if len(chat.body) >= start else None
+        memory = self.memories.of(incoming.wire) if len(incoming.body) >= start else None
         if memory is None:
             return Recognized()
-        extension, openings = await memory.recognize(scope, chat.body, self.off_loop)
+        extension, openings = await memory.recognize(scope, incoming.body, self.off_loop)
         return Recognized(memory, extension, openings)
 
-    async def remember(self, chat: IncomingChat, plan: ForwardPlan, scope: bytes, recognized: Recognized) -> None:
+    async def remember(
+        self, incoming: IncomingRequest, plan: ForwardPlan, scope: bytes, recognized: Recognized
+    ) -> None:
         """Remember a decided request of a splicing format for its conversation's next one; let go of it if large.
 
         Only these requests are let go of (`Prepared.release`): the other formats' are read again when their answer
         comes (`KeptHistories.learn`).
         """
         exchange = plan.context
-        if chat.wire.splicing is None or not isinstance(exchange, Prepared) or exchange.parsed is None:
+        if incoming.wire.splicing is None or not isinstance(exchange, Prepared) or exchange.parsed is None:
             return
         if recognized.memory is not None:
             await recognized.memory.remember(
-                scope, chat.body, exchange.parsed, exchange.turn, self.off_loop, openings=recognized.openings
+                scope, incoming.body, exchange.parsed, exchange.turn, self.off_loop, openings=recognized.openings
             )
-        if len(chat.body) >= RELEASE_FROM_BYTES:
-            exchange.release(chat.body)
+        if len(incoming.body) >= RELEASE_FROM_BYTES:
+            exchange.release(incoming.body)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from proxy.config import Settings
 from proxy.engine.messages import Message
 from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
-from proxy.pipeline.exchange import ChatOutcome, Refusal
+from proxy.pipeline.exchange import Refusal, UpstreamOutcome
 from proxy.pipeline.requests import RequestLimits
 
 
@@ -152,7 +152,7 @@ class SocketMode(Protocol):
         """The message answering a request the proxy will not forward."""
         ...
 
-    def ending(self, message: bytes) -> tuple[str | None, ChatOutcome] | None:
+    def ending(self, message: bytes) -> tuple[str | None, UpstreamOutcome] | None:
         """The lane and outcome (usage, reply, error) of a message that ends an answer, else None."""
         ...
 
@@ -198,7 +198,7 @@ class WireFormat(Protocol):
     def parse(self, raw: bytes, limits: RequestLimits | None) -> WireRequest:
         """The request parsed and checked against the proxy's limits.
 
-        :raises InvalidChatRequest: Not a request compaction can work on (forwarded untouched).
+        :raises InvalidRequest: Not a request compaction can work on (forwarded untouched).
         :raises RequestOverLimit: Over the proxy's limits (refused).
         """
         ...

@@ -10,12 +10,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction, PassThrough
+from proxy.pipeline.exchange import Compaction, PassThrough
 from proxy.server import dashboard, health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.forwarding import proxy_request
-from proxy.server.keys import CHAT, METRICS, READINESS, SETTINGS, UPSTREAM
+from proxy.server.keys import COMPACTION, METRICS, READINESS, SETTINGS, UPSTREAM
 from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.pod_metrics import shared_directory
@@ -54,19 +54,19 @@ def handler_args(settings: Settings) -> dict[str, Any]:
 
 
 def create_app(
-    settings: Settings, chat: ChatCompaction | None = None, *, registry: CollectorRegistry | None = None
+    settings: Settings, compaction: Compaction | None = None, *, registry: CollectorRegistry | None = None
 ) -> web.Application:
     """Return the proxy as an aiohttp application.
 
     :param settings: The validated settings.
-    :param chat: Decides what each chat completion forwards; `PassThrough` (forward as received) when None. If it
-        has a `register_metrics(registry)` method, that is called once here with the app's registry; if it has an
+    :param compaction: Decides what each compacted request forwards; `PassThrough` (forward as received) when None.
+        If it has a `register_metrics(registry)` method, that is called once here with the app's registry; if it has an
         async `warm_up()`, that is awaited on startup, before the proxy listens; if it has an async `aclose()`, that
         is awaited when the app cleans up.
     :param registry: The Prometheus registry `/metrics` serves; a fresh one per app when None.
     """
     metrics = ProxyMetrics(registry, pod_directory=shared_directory(settings.workers))
-    compaction: ChatCompaction = chat if chat is not None else PassThrough()
+    compaction = compaction if compaction is not None else PassThrough()
     register_metrics = getattr(compaction, "register_metrics", None)
     if callable(register_metrics):
         register_metrics(metrics.registry)
@@ -77,7 +77,7 @@ def create_app(
         handler_args=handler_args(settings),
     )
     app[SETTINGS] = settings
-    app[CHAT] = compaction
+    app[COMPACTION] = compaction
     app[METRICS] = metrics
     app[READINESS] = Readiness()
     app[OPEN_TUNNELS] = set()
@@ -109,7 +109,7 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _warm_up(app: web.Application) -> None:
-    warm_up = getattr(app[CHAT], "warm_up", None)
+    warm_up = getattr(app[COMPACTION], "warm_up", None)
     if callable(warm_up):
         await warm_up()
 
@@ -124,7 +124,7 @@ async def _stopping(app: web.Application) -> None:
 
 async def _close_chat(app: web.Application) -> None:
     """Release the compaction side; a failure there is logged, never allowed to abort the shutdown."""
-    aclose = getattr(app[CHAT], "aclose", None)
+    aclose = getattr(app[COMPACTION], "aclose", None)
     if callable(aclose):
         try:
             await aclose()

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.pipeline.exchange import ChatOutcome
+from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.pipeline.wire import WireFormat
 from proxy.server.content_coding import ContentCodingError, inflate
 from proxy.server.sse import StopReason, StreamObserver
@@ -64,15 +64,15 @@ def _json(body: bytes, encoding: str) -> Any:
         return None
 
 
-def outcome_from_body(wire: WireFormat, status: int, body: bytes | None, encoding: str) -> ChatOutcome:
+def outcome_from_body(wire: WireFormat, status: int, body: bytes | None, encoding: str) -> UpstreamOutcome:
     """Build the outcome of a non-streamed answer (success or error) from its complete body, if it was kept."""
     parsed = _json(body, encoding) if body is not None else None
     if not isinstance(parsed, dict):
-        return ChatOutcome(status=status)
+        return UpstreamOutcome(status=status)
     if 200 <= status < 300:
         usage, reply, response_id = wire.answer(parsed)
-        return ChatOutcome(status=status, usage=usage, reply=reply, response_id=response_id)
-    return ChatOutcome(status=status, error_body=parsed)
+        return UpstreamOutcome(status=status, usage=usage, reply=reply, response_id=response_id)
+    return UpstreamOutcome(status=status, error_body=parsed)
 
 
 class Collector:

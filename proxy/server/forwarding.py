@@ -11,7 +11,7 @@ from yarl import URL
 from proxy.formats import format_of
 from proxy.server import errors
 from proxy.server.body import CLIENT_TIMEOUT, client_chunks
-from proxy.server.chat import handle_chat
+from proxy.server.compacted_route import handle_compacted
 from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
 from proxy.server.record import RequestRecord
@@ -45,7 +45,7 @@ def upstream_error_response(request: web.Request, exc: UpstreamError) -> web.Res
 
 
 async def proxy_request(request: web.Request) -> web.StreamResponse:
-    """Handle any request: refuse unsafe paths, tunnel upgrades, hand what compaction sees to `handle_chat`."""
+    """Handle any request: refuse unsafe paths, tunnel upgrades, hand what compaction sees to `handle_compacted`."""
     raw_path = safe_raw_path(request.rel_url.raw_path)
     if raw_path is None:
         request[RECORD].error = "bad_path"
@@ -58,7 +58,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             return upstream_error_response(request, exc)
     wire = format_of(request.method, request.path)
     if wire is not None:
-        return await handle_chat(request, target, wire)
+        return await handle_compacted(request, target, wire)
     return await forward(request, target)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.server.keys import CHAT, METRICS, READINESS
+from proxy.server.keys import COMPACTION, METRICS, READINESS
 from proxy.server.readiness import unready_reason
 
 
@@ -24,7 +24,7 @@ async def readyz(request: web.Request) -> web.Response:
     if not readiness.ready:
         state = "shutting_down" if readiness.shutting_down else "starting"
         return web.json_response({"status": state}, status=503)
-    reason = await unready_reason(request.app[CHAT])
+    reason = await unready_reason(request.app[COMPACTION])
     if reason is not None:
         return web.json_response({"status": "degraded", "reason": reason})
     return web.json_response({"status": "ready"})

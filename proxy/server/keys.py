@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction
+from proxy.pipeline.exchange import Compaction
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.record import RequestRecord
@@ -14,8 +14,8 @@ from proxy.server.upstream import Upstream
 SETTINGS = web.AppKey("settings", Settings)
 """The validated settings the app was created with."""
 
-CHAT = web.AppKey("chat", ChatCompaction)
-"""The compaction side handling chat completions."""
+COMPACTION = web.AppKey("compaction", Compaction)
+"""The compaction side: the pipeline deciding every compacted request (`PassThrough` without one)."""
 
 METRICS = web.AppKey("metrics", ProxyMetrics)
 """The app's metrics; `app[METRICS].registry` is the Prometheus registry `/metrics` serves."""

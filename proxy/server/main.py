@@ -13,10 +13,10 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction
+from proxy.pipeline.exchange import Compaction
 from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
-from proxy.server.keys import CHAT, READINESS
+from proxy.server.keys import COMPACTION, READINESS
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 from proxy.server.readiness import unready_reason
 
@@ -29,7 +29,7 @@ proxy's CPU per small request by about 12% (453-499 against 394-429 us, 64 in fl
 cyclic garbage that waits longer for a collection is a few requests' worth."""
 
 
-def serve(settings: Settings, chat: ChatCompaction | None = None, *, worker: int | None = None) -> None:
+def serve(settings: Settings, compaction: Compaction | None = None, *, worker: int | None = None) -> None:
     """Run the proxy in the foreground until SIGTERM/SIGINT; return once shut down.
 
     On the signal the proxy reports not-ready, stops accepting connections, gives in-flight requests and streams up to
@@ -40,16 +40,16 @@ def serve(settings: Settings, chat: ChatCompaction | None = None, *, worker: int
     """
     configure_logging(settings, worker)
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
-    asyncio.run(serve_async(settings, chat))
+    asyncio.run(serve_async(settings, compaction))
 
 
-async def serve_async(settings: Settings, chat: ChatCompaction | None = None) -> None:
+async def serve_async(settings: Settings, compaction: Compaction | None = None) -> None:
     """The coroutine behind `serve`, for callers that run their own event loop.
 
     The app listens through a `CappedListener` (at most `max_connections` client connections) instead of an aiohttp
     site; the runner still owns the app's lifecycle and the graceful shutdown of open connections.
     """
-    app = create_app(settings, chat)
+    app = create_app(settings, compaction)
     runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
     assert runner.server is not None  # set by setup()
@@ -96,7 +96,7 @@ async def _warn_about_state(settings: Settings, app: web.Application) -> None:
             "state_url names a shared store but tenant_key is not set: this process keys state with a random key, so"
             " replicas will not share conversations. Set COMPACTION_PROXY_TENANT_KEY to the same secret everywhere."
         )
-    if await unready_reason(app[CHAT]) == "state_store_unreachable":
+    if await unready_reason(app[COMPACTION]) == "state_store_unreachable":
         log.warning(
             "The state store does not answer: requests are forwarded uncompacted and /readyz answers degraded until"
             " it does. Check state_url and that Redis is up and reachable from here."

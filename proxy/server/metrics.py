@@ -3,7 +3,7 @@
 A registry per app keeps test apps and several apps in one process apart. Under `workers` > 1 `/metrics` serves the
 whole pod instead: every worker's values, summed (see `proxy.server.pod_metrics`). The compaction side adds its own
 metrics (compactions by strategy, tokens before/after, estimate error) to the same registry, so `/metrics` serves
-both: either it receives `registry` (see `ProxyMetrics.registry`) or the `ChatCompaction` object offers
+both: either it receives `registry` (see `ProxyMetrics.registry`) or the `Compaction` object offers
 `register_metrics(registry)`, which `create_app` calls once.
 """
 

@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan
+from proxy.pipeline.exchange import ForwardPlan, UpstreamOutcome
 from proxy.pipeline.offload.reads import ReadBack, Round
 from proxy.pipeline.offload.rounds import summed, without_tools
 from proxy.server.decoding import outcome_from_body
@@ -40,7 +40,7 @@ from proxy.server.sse import StreamObserver
 
 Send = Callable[[bytes], contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]]
 Relay = Callable[[web.Request, aiohttp.ClientResponse, ForwardPlan, Held, ClientReply], Awaitable[web.StreamResponse]]
-Complete = Callable[[web.Request, ForwardPlan, ChatOutcome], Awaitable[object]]
+Complete = Callable[[web.Request, ForwardPlan, UpstreamOutcome], Awaitable[object]]
 
 
 async def answer_reads(
@@ -87,7 +87,7 @@ async def answer_reads(
     first = usages[0]
     for round_usage in [*usages[1:], held.usage or {}]:  # the first round's is counted with the outcome below
         request.app[METRICS].count_usage(back.wire.usage_in_chat_terms(round_usage))
-    await complete(request, plan, ChatOutcome(200, back.wire.usage_in_chat_terms(first)))
+    await complete(request, plan, UpstreamOutcome(200, back.wire.usage_in_chat_terms(first)))
     return out
 
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from proxy.failures import log_failure
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.wire import WireFormat
-from proxy.server.keys import CHAT, METRICS, RECORD
+from proxy.server.keys import COMPACTION, METRICS, RECORD
 from proxy.server.logging import SERVER_LOGGER
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -38,10 +38,10 @@ async def prepare(
     :param headers: The headers the compaction side reads; the request's own when None.
     """
     try:
-        incoming = IncomingChat(
+        incoming = IncomingRequest(
             body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
         )
-        plan = await request.app[CHAT].prepare(incoming)
+        plan = await request.app[COMPACTION].prepare(incoming)
         if isinstance(plan, Refusal):
             return plan
         if not isinstance(plan, ForwardPlan) or not isinstance(plan.body, bytes):
@@ -59,13 +59,13 @@ async def prepare(
     return plan
 
 
-async def complete(request: web.Request, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
     """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
     request.app[METRICS].count_usage(outcome.usage)
 
     async def report() -> ForwardPlan | None:
         try:
-            retry = await request.app[CHAT].complete(plan, outcome)
+            retry = await request.app[COMPACTION].complete(plan, outcome)
             if retry is not None and (not isinstance(retry, ForwardPlan) or not isinstance(retry.body, bytes)):
                 raise TypeError(f"complete() returned {type(retry).__name__}, not a ForwardPlan with a bytes body")
         except Exception as exc:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, Refusal
+from proxy.pipeline.exchange import ForwardPlan, Refusal, UpstreamOutcome
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.offload.offloading import OFFLOAD_HEADER
 from proxy.pipeline.wire import WireFormat
@@ -99,7 +99,7 @@ class SocketTurns:
         if self.reporting is not None:
             await self.reporting
 
-    async def _report(self, before: asyncio.Task[None] | None, plan: ForwardPlan, outcome: ChatOutcome) -> None:
+    async def _report(self, before: asyncio.Task[None] | None, plan: ForwardPlan, outcome: UpstreamOutcome) -> None:
         """Report `outcome` after the reports before it; a retry plan is not followed inside a socket."""
         if before is not None:
             await before

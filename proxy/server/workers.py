@@ -23,7 +23,7 @@ import socket
 from types import FrameType
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction
+from proxy.pipeline.exchange import Compaction
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 from proxy.server.main import serve
 from proxy.server.pod_metrics import PodMetrics
@@ -50,12 +50,12 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return reserved
 
 
-def serve_workers(settings: Settings, chat: ChatCompaction) -> int:
+def serve_workers(settings: Settings, compaction: Compaction) -> int:
     """Run `settings.workers` proxies on one port until SIGTERM/SIGINT; return the exit status.
 
     0 when every worker stopped cleanly after the signal; 1 when one could not start or exited on its own.
 
-    :param chat: The compaction side, built and not yet started: each worker starts its own copy of it (a fork).
+    :param compaction: The compaction side, built and not yet started: each worker starts its own copy of it (a fork).
     :raises OSError: The address could not be bound.
     """
     configure_logging(settings)
@@ -64,7 +64,7 @@ def serve_workers(settings: Settings, chat: ChatCompaction) -> int:
     pod_metrics = PodMetrics()
     context = multiprocessing.get_context("fork")
     workers = [
-        context.Process(target=_worker, args=(shared, chat, index, reserved), name=f"worker-{index}")
+        context.Process(target=_worker, args=(shared, compaction, index, reserved), name=f"worker-{index}")
         for index in range(settings.workers)
     ]
     stopping = False
@@ -108,13 +108,13 @@ def serve_workers(settings: Settings, chat: ChatCompaction) -> int:
     return 0 if stopping and all(worker.exitcode == 0 for worker in workers) else 1
 
 
-def _worker(settings: Settings, chat: ChatCompaction, index: int, reserved: socket.socket) -> None:
+def _worker(settings: Settings, compaction: Compaction, index: int, reserved: socket.socket) -> None:
     """One worker (in the forked child): a whole proxy on the shared port; exits 1 when it cannot listen."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)  # until the worker's event loop takes them over
     reserved.close()
     try:
-        serve(settings, chat, worker=index)
+        serve(settings, compaction, worker=index)
     except OSError as exc:
         log.error("a worker cannot listen", extra={"fields": {"worker": index, "error": exc.strerror or str(exc)}})
         raise SystemExit(1) from None

@@ -27,7 +27,7 @@ from hooks.compaction import (
     ToolResultPruningCompactor,
 )
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.hooks.conftest import SEARCH, stepping_responder
@@ -89,7 +89,7 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
     async with OpenAIUpstream(stepping_responder(STEPS), context_window=WINDOW) as via_proxy_upstream:
         # The hook offloads only when given a store (`ToolResultOffloadCompactor`): compare with the proxy's off.
         settings = Settings(upstream=via_proxy_upstream.base_url, context_windows={MODEL: WINDOW}, offload=False)
-        server = TestServer(create_app(settings, ChatCompactionService(settings)), host="127.0.0.1", port=0)
+        server = TestServer(create_app(settings, CompactionPipeline(settings)), host="127.0.0.1", port=0)
         await server.start_server()
         try:
             agent = agent_at(f"http://127.0.0.1:{server.port}/v1")

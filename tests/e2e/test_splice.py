@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 from haystack.dataclasses import ChatMessage, StreamingChunk
 
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_same_decision import API_KEY_VAR, STEPS, TASK, agent_at
@@ -36,7 +36,7 @@ async def bodies_through_proxy(splice: bool, streaming: Streaming | None) -> lis
     """Every chat body the upstream received while the Agent ran through a proxy with or without the shortcut."""
     async with OpenAIUpstream(stepping_responder(STEPS), context_window=WINDOW) as upstream:
         settings = Settings(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
-        service = ChatCompactionService(settings, splice_from=0 if splice else None)
+        service = CompactionPipeline(settings, splice_from=0 if splice else None)
         server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
         await server.start_server()
         try:

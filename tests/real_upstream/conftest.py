@@ -30,7 +30,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -203,7 +203,7 @@ class Proxies:
         self.upstream = upstream
         self._servers: list[TestServer] = []
 
-    async def start(self, **overrides: Any) -> tuple[str, ChatCompactionService]:
+    async def start(self, **overrides: Any) -> tuple[str, CompactionPipeline]:
         """Start a proxy with these settings; returns its `/v1` base URL and its compaction service.
 
         The proxy believes the model's window is the server's unless `context_windows` says otherwise, and counts
@@ -211,7 +211,7 @@ class Proxies:
         """
         defaults = {"upstream": self.upstream, "context_windows": {MODEL: N_CTX}, "count_probes": []}
         settings = Settings(**{**defaults, **overrides})
-        service = ChatCompactionService(settings)
+        service = CompactionPipeline(settings)
         server = TestServer(create_app(settings, service), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)

@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.exchange import Compaction
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.keys import METRICS
 from tests.support.openai_upstream import OpenAIUpstream
@@ -61,9 +61,9 @@ async def make_proxy() -> AsyncIterator[MakeProxy]:
     """
     servers: list[TestServer] = []
 
-    async def start(upstream_url: str, chat: ChatCompaction | None = None, **overrides: Any) -> Proxy:
+    async def start(upstream_url: str, chat: Compaction | None = None, **overrides: Any) -> Proxy:
         settings = Settings(upstream=upstream_url, **{"window_probes": [], "count_probes": [], **overrides})
-        app = create_app(settings, chat if chat is not None else ChatCompactionService(settings))
+        app = create_app(settings, chat if chat is not None else CompactionPipeline(settings))
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()
         servers.append(server)

@@ -1,8 +1,8 @@
 """Fail open, proven: with a strategy that raises or a state store whose every method raises, every request,
 streamed or not, still gets the upstream's answer, and the compaction-errors metric counts each one.
 
-The faults go in through the designed seams (`ChatCompactionService(settings, store=..., chain=...)`); nothing of
-ours is mocked. Already covered in tests/server: a `ChatCompaction` whose prepare/complete raise (server-side net).
+The faults go in through the designed seams (`CompactionPipeline(settings, store=..., chain=...)`); nothing of
+ours is mocked. Already covered in tests/server: a `Compaction` whose prepare/complete raise (server-side net).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from proxy.config import Settings
 from proxy.engine import CompactionChain, SlidingWindow, Strategy, Transcript
 from proxy.engine.plan import EditPlan
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, post_chat, wait_for
 from tests.support.openai_upstream import OpenAIUpstream
 
@@ -114,7 +114,7 @@ async def test_a_raising_strategy_fails_open(make_proxy: MakeProxy, http: aiohtt
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         settings = Settings(upstream=upstream.base_url)
         strategy = RaisingStrategy()
-        service = ChatCompactionService(settings, chain=CompactionChain([strategy]))
+        service = CompactionPipeline(settings, chain=CompactionChain([strategy]))
         proxy = await make_proxy(upstream.base_url, service)
         sent = await assert_every_request_answered(proxy, upstream, http, window="3000")
         assert strategy.calls == 2  # the two over-trigger requests reached the strategy...
@@ -130,7 +130,7 @@ async def test_a_raising_strategy_in_the_overflow_retry_relays_the_upstreams_err
     async with OpenAIUpstream(context_window=4096) as upstream:
         settings = Settings(upstream=upstream.base_url, context_windows={MODEL: 16_384})
         # The strategy that raises comes first; the sliding window after it is never reached.
-        service = ChatCompactionService(settings, chain=CompactionChain([RaisingStrategy(), SlidingWindow()]))
+        service = CompactionPipeline(settings, chain=CompactionChain([RaisingStrategy(), SlidingWindow()]))
         proxy = await make_proxy(upstream.base_url, service)
         for stream in (False, True):
             status, _, answer = await post_chat(http, proxy, chat_body(stream=stream, messages=long_conversation(40)))
@@ -144,7 +144,7 @@ async def test_a_store_that_is_down_fails_open(make_proxy: MakeProxy, http: aioh
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         settings = Settings(upstream=upstream.base_url)
         store = RaisingStore()
-        proxy = await make_proxy(upstream.base_url, ChatCompactionService(settings, store=store))
+        proxy = await make_proxy(upstream.base_url, CompactionPipeline(settings, store=store))
         sent = await assert_every_request_answered(proxy, upstream, http, window="3000")
         assert store.calls >= sent
         assert errors(proxy) == sent
@@ -158,7 +158,7 @@ async def test_both_faults_at_once_in_either_mode(
 ) -> None:
     async with OpenAIUpstream(context_window=1_000_000) as upstream:
         settings = Settings(upstream=upstream.base_url, mode=mode)
-        service = ChatCompactionService(settings, store=RaisingStore(), chain=CompactionChain([RaisingStrategy()]))
+        service = CompactionPipeline(settings, store=RaisingStore(), chain=CompactionChain([RaisingStrategy()]))
         proxy = await make_proxy(upstream.base_url, service, mode=mode)
         sent = await assert_every_request_answered(proxy, upstream, http, window="3000")
         assert errors(proxy) == sent

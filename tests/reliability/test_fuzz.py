@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from proxy.config import Settings
 from proxy.engine import STRATEGY_NAMES, Thresholds, Transcript, chain_by_names, compact_if_needed, counter_for_model
 from proxy.formats.chat_completions.request import ChatRequest
-from proxy.pipeline.requests import InvalidChatRequest
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.requests import InvalidRequest
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.logging import JsonFormatter
 from tests.support.examples import examples
@@ -87,7 +87,7 @@ def running() -> Iterator[Running]:
     proxy_settings = Settings(
         upstream=upstream.base_url, context_windows={MODEL: WINDOW}, window_probes=[], count_probes=[]
     )
-    server = TestServer(create_app(proxy_settings, ChatCompactionService(proxy_settings)), host="127.0.0.1", port=0)
+    server = TestServer(create_app(proxy_settings, CompactionPipeline(proxy_settings)), host="127.0.0.1", port=0)
     loop.run_until_complete(server.start_server())
 
     async def session() -> aiohttp.ClientSession:
@@ -349,7 +349,7 @@ def test_the_engine_takes_hostile_messages_without_raising(
 ) -> None:
     try:
         request = ChatRequest.parse(_encode({"model": model, "messages": conversation}))
-    except InvalidChatRequest:
+    except InvalidRequest:
         return
     counter = counter_for_model(model)
     transcript = Transcript(request.messages, counter)

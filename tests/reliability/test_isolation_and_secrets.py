@@ -27,7 +27,7 @@ from yarl import URL
 from proxy.config import Settings, load_settings
 from proxy.engine import CompactionChain, Strategy, Transcript
 from proxy.engine.plan import EditPlan
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server.auth import key_matches
 from proxy.server.logging import ACCESS_LOGGER, JsonFormatter, TextFormatter, logfmt_value
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
@@ -184,7 +184,7 @@ async def test_logs_of_a_full_run_carry_no_credentials_and_no_message_text(
         assert status == 200
         # fail-open: a strategy that raises with the conversation's text in its message
         settings = Settings(upstream=upstream.base_url, context_windows={MODEL: 16_384})
-        leaky = ChatCompactionService(settings, chain=CompactionChain([LeakyStrategy()]))
+        leaky = CompactionPipeline(settings, chain=CompactionChain([LeakyStrategy()]))
         failing = await make_proxy(upstream.base_url, leaky, context_windows={MODEL: 16_384})
         status, headers, _ = await post_chat(
             http, failing, long, Authorization=f"Bearer {keys[0]}", **{"X-Context-Window": "3000"}

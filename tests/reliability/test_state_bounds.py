@@ -10,8 +10,8 @@ from pathlib import Path
 from proxy.config import Settings
 from proxy.engine import EditPlan
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome, IncomingChat
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.exchange import IncomingRequest, UpstreamOutcome
+from proxy.pipeline.service import CompactionPipeline
 from proxy.state.memory import MemoryStore
 
 CONVERSATIONS = 100_000
@@ -63,17 +63,19 @@ async def test_the_service_bounds_its_store_by_the_setting() -> None:
     The window puts each request over the trigger in bytes and under it in tokens, so it is counted and anchored.
     """
     settings = Settings(state_max_conversations=1000, context_windows={"gpt-4o-mini": 64})
-    service = ChatCompactionService(settings)
+    service = CompactionPipeline(settings)
     assert isinstance(service.store, MemoryStore)
     for index in range(3000):
         body = json.dumps(
             {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"conversation {index}"}]}
         ).encode()
-        chat = IncomingChat(body, {"Authorization": f"Bearer k{index % 5}"}, "/v1/chat/completions", CHAT_COMPLETIONS)
+        chat = IncomingRequest(
+            body, {"Authorization": f"Bearer k{index % 5}"}, "/v1/chat/completions", CHAT_COMPLETIONS
+        )
         plan = await service.prepare(chat)
         usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
         reply = {"role": "assistant", "content": "ok"}
-        assert await service.complete(plan, ChatOutcome(status=200, usage=usage, reply=reply)) is None
+        assert await service.complete(plan, UpstreamOutcome(status=200, usage=usage, reply=reply)) is None
         assert len(service.store.anchors) <= 1000
     assert len(service.store.anchors) == 1000
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
-from proxy.pipeline.exchange import ChatCompaction
+from proxy.pipeline.exchange import Compaction
 from proxy.server import create_app
 from tests.server.helpers import MakeProxy, Proxy
 from tests.support.openai_upstream import OpenAIUpstream
@@ -20,7 +20,7 @@ async def make_proxy() -> AsyncIterator[MakeProxy]:
     """Start proxies on loopback port 0: `await make_proxy(upstream_url, chat=None, **settings)`."""
     servers: list[TestServer] = []
 
-    async def start(upstream_url: str, chat: ChatCompaction | None = None, **settings: Any) -> Proxy:
+    async def start(upstream_url: str, chat: Compaction | None = None, **settings: Any) -> Proxy:
         app = create_app(Settings(upstream=upstream_url, **settings), chat)
         server = TestServer(app, host="127.0.0.1", port=0)
         await server.start_server()

@@ -1,4 +1,4 @@
-"""Helpers for the server tests: the running proxy handle, a recording ChatCompaction, raw HTTP."""
+"""Helpers for the server tests: the running proxy handle, a recording Compaction, raw HTTP."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, PassThrough
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, PassThrough, UpstreamOutcome
 
 
 @dataclass
@@ -33,14 +33,14 @@ class Proxy:
 class Recording(PassThrough):
     """PassThrough that records what it was given."""
 
-    prepared: list[IncomingChat] = field(default_factory=list)
-    outcomes: list[tuple[ForwardPlan, ChatOutcome]] = field(default_factory=list)
+    prepared: list[IncomingRequest] = field(default_factory=list)
+    outcomes: list[tuple[ForwardPlan, UpstreamOutcome]] = field(default_factory=list)
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+    async def prepare(self, chat: IncomingRequest) -> ForwardPlan:
         self.prepared.append(chat)
         return await super().prepare(chat)
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         self.outcomes.append((plan, outcome))
         return None
 

@@ -13,7 +13,7 @@ from proxy.config import Settings
 from proxy.pipeline.caller import CONTEXT_WINDOW_HEADER
 from proxy.pipeline.client_compaction import POLICY_HEADER
 from proxy.pipeline.offload.offloading import OFFLOAD_HEADER
-from proxy.pipeline.service import COMPACTION_HEADER, ChatCompactionService
+from proxy.pipeline.service import COMPACTION_HEADER, CompactionPipeline
 from proxy.server.headers import CONTROL_HEADERS, HOP_BY_HOP, REQUEST_ONLY_DROPS, upstream_request_headers
 from tests.server.helpers import MakeProxy
 from tests.support.openai_upstream import OpenAIUpstream
@@ -36,7 +36,7 @@ async def test_a_chat_request_reaches_the_upstream_without_the_control_headers(
     upstream: OpenAIUpstream, make_proxy: MakeProxy
 ) -> None:
     settings = Settings(upstream=upstream.base_url, window_probes=[], count_probes=[])
-    proxy = await make_proxy(upstream.base_url, ChatCompactionService(settings), window_probes=[], count_probes=[])
+    proxy = await make_proxy(upstream.base_url, CompactionPipeline(settings), window_probes=[], count_probes=[])
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
     headers = {**CONTROLS, "X-Conversation-Id": "conv-7", "Authorization": "Bearer sk-test"}
     async with (

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server.dashboard import ASSETS, DATA_PATH
 from proxy.server.routes import DASHBOARD_PATHS
 from tests.server.helpers import MakeProxy
@@ -83,7 +83,7 @@ async def test_the_data_never_holds_message_content_and_names_only_metrics_the_p
     upstream: OpenAIUpstream, make_proxy: MakeProxy
 ) -> None:
     settings = {"context_windows": {MODEL: 4096}, "window_probes": [], "count_probes": []}
-    service = ChatCompactionService(Settings(upstream=upstream.base_url, **settings))
+    service = CompactionPipeline(Settings(upstream=upstream.base_url, **settings))
     proxy = await make_proxy(upstream.base_url, service, dashboard=True, **settings)
     secret = "the-launch-code-is-4471"
     body = {"model": MODEL, "messages": [{"role": "user", "content": secret}]}

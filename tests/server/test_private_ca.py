@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from tests.server.helpers import MakeProxy
 from tests.support.private_ca import PrivateCA, ServerCertificate
 
@@ -120,7 +120,7 @@ async def test_window_probes_trust_the_upstream_ca_bundle_too(
 ) -> None:
     upstream = await https_upstreams.start(private_ca.issue("upstream"))
     settings = {"upstream_ca_bundle": private_ca.bundle, "window_probes": ["llama_cpp_props"]}
-    service = ChatCompactionService(Settings(upstream=upstream, **settings))
+    service = CompactionPipeline(Settings(upstream=upstream, **settings))
     proxy = await make_proxy(upstream, service, **settings)
     local = {**CHAT, "model": "local-model"}  # no table knows it: the first request waits for the probe
     async with http.post(f"{proxy.url}/v1/chat/completions", json=local, headers={"Authorization": AUTHORIZATION}) as r:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome
+from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
 from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
 from tests.support.examples import examples
@@ -207,13 +207,13 @@ def test_odd_non_streamed_answers_never_raise(body: bytes) -> None:
     outcome = outcome_from_body(CHAT_COMPLETIONS, 200, body, "identity")
     assert outcome.usage is None or isinstance(outcome.usage, dict)
     assert outcome.reply is None or isinstance(outcome.reply, dict)
-    assert isinstance(outcome_from_body(CHAT_COMPLETIONS, 400, body, "identity"), ChatOutcome)
+    assert isinstance(outcome_from_body(CHAT_COMPLETIONS, 400, body, "identity"), UpstreamOutcome)
 
 
 def test_a_compressed_non_streamed_answer_is_not_inflated_past_its_allowance() -> None:
     bomb = gzip.compress(b'{"usage": {"prompt_tokens": 1}, "pad": "' + b" " * (8 << 20) + b'"}')
     assert decoded(bomb, "gzip") is None
-    assert outcome_from_body(CHAT_COMPLETIONS, 200, bomb, "gzip") == ChatOutcome(status=200)
+    assert outcome_from_body(CHAT_COMPLETIONS, 200, bomb, "gzip") == UpstreamOutcome(status=200)
     small = gzip.compress(b'{"usage": {"prompt_tokens": 1}}')
     assert outcome_from_body(CHAT_COMPLETIONS, 200, small, "gzip").usage == {"prompt_tokens": 1}
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 import redis.exceptions
 
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.state.redis import RedisStore
 from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
@@ -31,7 +31,7 @@ MODEL = "gpt-4o-mini"
 WINDOW = 4096
 TENANT_KEY = "shared-tenant-key-for-replicas"
 
-StartProxy = Callable[..., Awaitable[tuple[str, ChatCompactionService]]]
+StartProxy = Callable[..., Awaitable[tuple[str, CompactionPipeline]]]
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ async def start_proxy(upstream: OpenAIUpstream) -> AsyncIterator[StartProxy]:
     """`await start_proxy(**settings)`: a proxy in front of `upstream`; its `/v1` base URL and compaction service."""
     proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW}, tenant_key=TENANT_KEY)
 
-    async def start(**overrides: Any) -> tuple[str, ChatCompactionService]:
+    async def start(**overrides: Any) -> tuple[str, CompactionPipeline]:
         proxy = await proxies.start(**overrides)
         return proxy.url, proxy.service
 

@@ -16,9 +16,9 @@ from proxy.config import Settings
 from proxy.engine import COMPACTION_META_KEY, counter_for_model
 from proxy.engine.plan import Created, EditPlan, Kept
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.pipeline.rewrites import RESTORE_AFTER_MESSAGES
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.state import MemoryStore, StateStore, open_store
 from proxy.state.base import latest_from
 from proxy.state.codec import encode_plan
@@ -205,7 +205,7 @@ async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
     redis_store: RedisStore, mget_sizes: list[int]
 ) -> None:
     """Once its rewrite and anchor were found, each lookup starts where they were: not at the chain's head - 512."""
-    service = ChatCompactionService(Settings(context_windows={"gpt-4o-mini": 40_000}), store=redis_store)
+    service = CompactionPipeline(Settings(context_windows={"gpt-4o-mini": 40_000}), store=redis_store)
     asked = mget_sizes
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Review the repository."}]
     compactions = 0
@@ -217,11 +217,11 @@ async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
         asked.clear()
         body = json.dumps({"model": "gpt-4o-mini", "messages": messages}).encode()
         plan = await service.prepare(
-            IncomingChat(body, {"Authorization": "Bearer sk-hint"}, "/v1/chat/completions", CHAT_COMPLETIONS)
+            IncomingRequest(body, {"Authorization": "Bearer sk-hint"}, "/v1/chat/completions", CHAT_COMPLETIONS)
         )
         assert isinstance(plan, ForwardPlan)
         prompt = counter_for_model("gpt-4o-mini").messages_tokens(json.loads(plan.body)["messages"]) + 3
-        await service.complete(plan, ChatOutcome(200, usage={"prompt_tokens": prompt, "total_tokens": prompt + 1}))
+        await service.complete(plan, UpstreamOutcome(200, usage={"prompt_tokens": prompt, "total_tokens": prompt + 1}))
         compactions += plan.response_headers.get("X-Compaction") == "compacted"
         if compactions and turn > 8:  # its rewrite found once: both lookups start where they found theirs
             assert asked and max(asked) <= RESTORE_AFTER_MESSAGES + 2, (turn, asked)

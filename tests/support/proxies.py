@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.keys import METRICS
 
@@ -18,7 +18,7 @@ class RunningProxy:
     """A started proxy: its settings, its compaction service and its OpenAI base URL (`.../v1`)."""
 
     settings: Settings
-    service: ChatCompactionService
+    service: CompactionPipeline
     server: TestServer
 
     @property
@@ -47,7 +47,7 @@ class LoopbackProxies:
         """A proxy with the default settings updated by `settings`."""
         values = {**self.defaults, **settings}
         configured = Settings(**values)
-        service = ChatCompactionService(configured)
+        service = CompactionPipeline(configured)
         server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)

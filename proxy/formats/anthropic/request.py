@@ -18,7 +18,7 @@ from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
     BodyFields,
-    InvalidChatRequest,
+    InvalidRequest,
     RequestLimits,
     checked_objects,
     json_object,
@@ -93,18 +93,18 @@ class MessagesRequest(BodyFields):
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> MessagesRequest:
         """Parse and check a request body.
 
-        :raises InvalidChatRequest: If it is not JSON, not an object, has no list of message objects, or its `system`
+        :raises InvalidRequest: If it is not JSON, not an object, has no list of message objects, or its `system`
             is neither text nor a list of blocks.
         :raises RequestOverLimit: If it holds more messages or content blocks than `limits` allow.
         """
         body = json_object(raw)
         messages = body.get("messages")
         if not isinstance(messages, list):
-            raise InvalidChatRequest("The request has no `messages` list.")
+            raise InvalidRequest("The request has no `messages` list.")
         checked_objects(messages, "messages", limits)
         system = body.get("system")
         if system is not None and not isinstance(system, (str, list)):
-            raise InvalidChatRequest("The request's `system` must be a string or a list of text blocks.")
+            raise InvalidRequest("The request's `system` must be a string or a list of text blocks.")
         return cls(body, Conversation.of(system, messages), body.get("tools"))
 
     def mapped(self, engine: Sequence[Message]) -> Mapped:

@@ -32,9 +32,8 @@ from proxy.discovery.trials import Trials
 from proxy.engine import Anchor
 from proxy.formats.chat_completions.request import ChatRequest
 from proxy.names import name_key
-from proxy.pipeline.capabilities import CountContext, Counted
+from proxy.pipeline.capabilities import CountContext, Counted, CountQuestion
 from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES, reported
-from proxy.pipeline.rewrites import View
 
 logger = logging.getLogger("compaction_proxy.compaction")
 
@@ -57,19 +56,11 @@ class TemplateCounts:
         self.counts = context.answers
         self.trials = Trials([name for name, _ in self.methods], context.budget, ProbeKind.COUNT)
 
-    async def count(
-        self,
-        model: str | None,
-        request: ChatRequest,
-        view: View,
-        tenant: bytes,
-        headers: Mapping[str, str],
-        *,
-        size: int,
-        usage: Anchor | None,
-    ) -> Counted:
+    async def count(self, question: CountQuestion) -> Counted:
         """The count of the longest prefix of the view known, asking for the whole view within the budget."""
-        if not self.methods or not model or not view.chain or size > MAX_COUNTED_BYTES:
+        request: ChatRequest = question.request
+        model, view, tenant = question.model, question.view, question.tenant
+        if not self.methods or not model or not view.chain or question.size > MAX_COUNTED_BYTES:
             return Counted()
         fields = {name: request.body[name] for name in TEMPLATE_FIELDS if name in request.body}
         digest = xxh3_128_digest(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS))
@@ -78,7 +69,7 @@ class TemplateCounts:
         known = self.counts.known(key)
         if known is not None:
             return Counted(Anchor(known, len(view.chain)), Outcome.CACHED)
-        if reported(model, usage, view):
+        if reported(model, question.usage, view):
             return Counted(outcome="reported")
         if not self.trials.usable(tenant):
             # Every method is waiting out this tenant's back-off: nothing would be asked.
@@ -86,7 +77,7 @@ class TemplateCounts:
         if not self.trials.admit(tenant):
             return Counted(outcome="refused")
         conversation = Conversation(model, view.messages, fields, view.chain, scope)
-        credentials = credentials_of(headers)
+        credentials = credentials_of(question.headers)
         _, outcome = await self.counts.ask(key, lambda: self._count(conversation, tenant, credentials))
         for covered in range(len(view.chain), max(len(view.chain) - LOOK_BACK, 0), -1):
             tokens = self.counts.known(scope + view.chain[covered - 1])

@@ -15,7 +15,7 @@ import orjson
 from proxy.engine.messages import Message
 from proxy.pipeline.requests import (
     BodyFields,
-    InvalidChatRequest,
+    InvalidRequest,
     RequestLimits,
     checked_objects,
     json_object,
@@ -54,13 +54,13 @@ class ChatRequest(BodyFields):
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> ChatRequest:
         """Parse and check a request body.
 
-        :raises InvalidChatRequest: If it is not JSON, not an object, or has no list of message objects.
+        :raises InvalidRequest: If it is not JSON, not an object, or has no list of message objects.
         :raises RequestOverLimit: If it holds more messages or content parts than `limits` allow.
         """
         body = json_object(raw)
         messages = body.get("messages")
         if not isinstance(messages, list):
-            raise InvalidChatRequest("The request has no `messages` list.")
+            raise InvalidRequest("The request has no `messages` list.")
         checked_objects(messages, "messages", limits)
         return cls(body=body, messages=messages)
 

@@ -7,13 +7,10 @@ request, the items it forwards, and anchors the whole view on the answer. Opt-in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from proxy.discovery.input_tokens import ResponsesInputTokens
 from proxy.engine import Anchor
 from proxy.formats.responses.request import ResponsesRequest
-from proxy.pipeline.capabilities import CountContext, Counted
-from proxy.pipeline.rewrites import View
+from proxy.pipeline.capabilities import CountContext, Counted, CountQuestion
 
 
 class InputTokensCounts:
@@ -25,25 +22,17 @@ class InputTokensCounts:
     def __init__(self, context: CountContext) -> None:
         self.input_tokens = ResponsesInputTokens(context.settings)
 
-    async def count(
-        self,
-        model: str | None,
-        request: ResponsesRequest,
-        view: View,
-        tenant: bytes,
-        headers: Mapping[str, str],
-        *,
-        size: int,
-        usage: Anchor | None,
-    ) -> Counted:
+    async def count(self, question: CountQuestion) -> Counted:
         """The input tokens of what the request forwards (its view), as OpenAI counts them."""
+        request: ResponsesRequest = question.request
+        view = question.view
         if not self.input_tokens.enabled or not view.messages:
             return Counted()
         body = request.body
         if view.changed:
             items, instructions = request.units.forwarded_items(view.messages)
             body = {**body, "input": items, **({"instructions": instructions} if instructions is not None else {})}
-        tokens, outcome = await self.input_tokens.count(body, tenant, headers)
+        tokens, outcome = await self.input_tokens.count(body, question.tenant, question.headers)
         return Counted(Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None, outcome)
 
     def may_ask(self, tenant: bytes) -> bool:

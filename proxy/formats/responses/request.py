@@ -18,7 +18,7 @@ from proxy.engine.messages import Message, is_checkpoint
 from proxy.formats.responses.items import Item, Units
 from proxy.pipeline.requests import (
     BodyFields,
-    InvalidChatRequest,
+    InvalidRequest,
     RequestLimits,
     checked_objects,
     json_object,
@@ -96,7 +96,7 @@ class ResponsesRequest(BodyFields):
     def parse(cls, raw: bytes | str, limits: RequestLimits | None = None) -> ResponsesRequest:
         """Parse and check a request body.
 
-        :raises InvalidChatRequest: If it is not JSON, not an object, or its `input` is neither text nor items.
+        :raises InvalidRequest: If it is not JSON, not an object, or its `input` is neither text nor items.
         :raises RequestOverLimit: If it holds more items or content parts than `limits` allow.
         """
         body = json_object(raw)
@@ -108,11 +108,11 @@ class ResponsesRequest(BodyFields):
         elif given is None:
             items = []
         else:
-            raise InvalidChatRequest("The request's `input` must be a string or a list of items.")
+            raise InvalidRequest("The request's `input` must be a string or a list of items.")
         checked_objects(items, "input", limits)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
-            raise InvalidChatRequest("The request's `instructions` must be a string.")
+            raise InvalidRequest("The request's `instructions` must be a string.")
         return cls(body, Units.of(items, instructions))
 
     def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:

@@ -16,7 +16,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.formats.responses.answers import FINAL_EVENTS, answer
-from proxy.pipeline.exchange import ChatOutcome, Refusal
+from proxy.pipeline.exchange import Refusal, UpstreamOutcome
 
 CREATE: Final = "response.create"
 """The client event that starts a response."""
@@ -46,7 +46,7 @@ class ResponsesSocket:
         """The `error` event that answers a `response.create` the proxy will not forward."""
         return refusal_event(refusal)
 
-    def ending(self, message: bytes) -> tuple[str | None, ChatOutcome] | None:
+    def ending(self, message: bytes) -> tuple[str | None, UpstreamOutcome] | None:
         """The lane and outcome of a message that ends a response, as an HTTP answer would report them, else None."""
         if not any(marker in message for marker in _ENDINGS):
             return None
@@ -83,19 +83,19 @@ def _lane(event: Mapping[str, Any]) -> str | None:
     return lane if isinstance(lane, str) else None
 
 
-def _outcome(event: Mapping[str, Any]) -> ChatOutcome | None:
+def _outcome(event: Mapping[str, Any]) -> UpstreamOutcome | None:
     """What an event that ends a response reported, as an HTTP answer would; None for any other event."""
     kind = event.get("type")
     response = event.get("response")
     if kind in FINAL_EVENTS and isinstance(response, Mapping):
         usage, reply, response_id = answer(response)
-        return ChatOutcome(200, usage, reply, response_id=response_id)
+        return UpstreamOutcome(200, usage, reply, response_id=response_id)
     if kind == FAILED and isinstance(response, Mapping):
         error = response.get("error")
-        return ChatOutcome(status=500, error_body={"error": error} if isinstance(error, Mapping) else None)
+        return UpstreamOutcome(status=500, error_body={"error": error} if isinstance(error, Mapping) else None)
     if kind == ERROR and isinstance(event.get("error"), Mapping):
         status = event.get("status")
         if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status < 600:
             status = 400
-        return ChatOutcome(status=status, error_body={"error": event["error"]})
+        return UpstreamOutcome(status=status, error_body={"error": event["error"]})
     return None

@@ -20,7 +20,7 @@ from proxy.formats.anthropic.summary import (
     with_read_tool,
 )
 from proxy.pipeline.offload.tool import READ_TOOL
-from proxy.pipeline.requests import InvalidChatRequest, RequestLimits, RequestOverLimit
+from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
 
 USE: dict[str, Any] = {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}}
 BODY: dict[str, Any] = {
@@ -100,9 +100,9 @@ def test_a_rewrite_maps_back_with_results_first_and_the_rest_untouched() -> None
 
 
 def test_what_is_not_a_messages_request_is_refused_and_limits_hold() -> None:
-    with pytest.raises(InvalidChatRequest):
+    with pytest.raises(InvalidRequest):
         MessagesRequest.parse(b'{"messages": {}}')
-    with pytest.raises(InvalidChatRequest):
+    with pytest.raises(InvalidRequest):
         MessagesRequest.parse(b'{"messages": [], "system": 3}')
     with pytest.raises(RequestOverLimit):
         MessagesRequest.parse(orjson.dumps(BODY), RequestLimits(max_messages=3, max_content_parts=100))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.formats.chat_completions.request import ChatRequest
-from proxy.pipeline.requests import LEAN_PARSE_FROM_BYTES, InvalidChatRequest
+from proxy.pipeline.requests import LEAN_PARSE_FROM_BYTES, InvalidRequest
 from tests.support.examples import examples
 
 PAD = "x" * LEAN_PARSE_FROM_BYTES
@@ -66,5 +66,5 @@ def test_what_orjson_refuses_is_refused_at_any_size(malformed: bytes, size: str)
     assert (len(raw) >= LEAN_PARSE_FROM_BYTES) == (size == "large")
     with pytest.raises(orjson.JSONDecodeError):
         orjson.loads(raw)
-    with pytest.raises(InvalidChatRequest):
+    with pytest.raises(InvalidRequest):
         ChatRequest.parse(raw)

@@ -24,10 +24,10 @@ from proxy.engine import counter_for_model
 from proxy.formats.chat_completions.request import ChatRequest
 from proxy.formats.chat_completions.splice import Splices
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat, Refusal
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.off_loop import OffLoop
 from proxy.pipeline.requests import RequestLimits
-from proxy.pipeline.service import ChatCompactionService
+from proxy.pipeline.service import CompactionPipeline
 from proxy.pipeline.turn import Turn
 from tests.engine.conversations import conversations
 from tests.support.examples import examples
@@ -67,11 +67,13 @@ def turns(draw: st.DrawFn) -> list[tuple[str, int]]:
     return draw(st.lists(st.tuples(actions, st.sampled_from([0, 1, 1, 2, 3])), min_size=2, max_size=10))
 
 
-def outcome(body: bytes) -> ChatOutcome:
+def outcome(body: bytes) -> UpstreamOutcome:
     """A plausible usage report for what was forwarded."""
     sent = orjson.loads(body)["messages"]
     prompt = counter_for_model(MODEL).messages_tokens(sent) + 3
-    return ChatOutcome(status=200, usage={"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5})
+    return UpstreamOutcome(
+        status=200, usage={"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
+    )
 
 
 def assert_same(spliced: ForwardPlan | Refusal, full: ForwardPlan | Refusal) -> None:
@@ -86,7 +88,7 @@ def assert_same(spliced: ForwardPlan | Refusal, full: ForwardPlan | Refusal) -> 
     assert getattr(spliced.context, "sent", None) == getattr(full.context, "sent", None)
 
 
-def stored(service: ChatCompactionService) -> tuple[dict[bytes, Any], dict[bytes, Any]]:
+def stored(service: CompactionPipeline) -> tuple[dict[bytes, Any], dict[bytes, Any]]:
     """The anchors and rewrites the service's in-memory store holds."""
     store: Any = service.store
     anchors = {key: value for key, (_expires, value, _cost) in store.anchors._entries.items()}
@@ -116,8 +118,8 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
     reported: bool,
 ) -> None:
     config = Settings(context_windows={MODEL: window}, compact_at=0.7, compact_to=0.4, mode=mode)
-    spliced_service = ChatCompactionService(config, splice_from=0)
-    full_service = ChatCompactionService(config, splice_from=None)
+    spliced_service = CompactionPipeline(config, splice_from=0)
+    full_service = CompactionPipeline(config, splice_from=None)
     history = conversation.messages
     fields: dict[str, Any] = {"model": MODEL, **{name: EXTRA_FIELDS[name] for name in extra}}
     serialize = SERIALIZERS[style]
@@ -137,7 +139,7 @@ async def test_a_spliced_request_is_forwarded_exactly_as_the_full_path_forwards_
             style = sorted(SERIALIZERS)[(sorted(SERIALIZERS).index(style) + 1) % len(SERIALIZERS)]
             serialize = SERIALIZERS[style]
         body = serialize(request_body(fields, position, messages))
-        chat = IncomingChat(body=body, headers=HEADERS, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
+        chat = IncomingRequest(body=body, headers=HEADERS, path="/v1/chat/completions", wire=CHAT_COMPLETIONS)
         spliced, full = await spliced_service.prepare(chat), await full_service.prepare(chat)
         assert_same(spliced, full)
         turn = getattr(spliced.context, "turn", None) if isinstance(spliced, ForwardPlan) else None

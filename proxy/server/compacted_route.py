@@ -1,6 +1,6 @@
-"""Chat completions: plan what goes upstream, relay the answer, report what the upstream said.
+"""The route of every compacted endpoint (a POST of a wire format the proxy compacts): plan, relay, report.
 
-The request is read whole (bounded), the `ChatCompaction` decides what to forward, the answer is relayed as it
+The request is read whole (bounded), the pipeline (`Compaction`) decides what to forward, the answer is relayed as it
 arrives, and what the upstream reported (usage, the reply, errors) goes back to `complete()` so the next request
 can be estimated.
 
@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, Refusal
+from proxy.pipeline.exchange import ForwardPlan, Refusal, UpstreamOutcome
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
@@ -69,7 +69,7 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     return b"".join(chunks)
 
 
-async def handle_chat(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
+async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
     """Handle one request of a wire format the proxy compacts (see the module docstring)."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
@@ -173,7 +173,7 @@ async def _forward_planned(
         if 200 <= response.status < 300:
             held = await _hold(request, response, plan, reply)
             refused = held.refusal is not None
-            retry = await complete(request, plan, ChatOutcome(400, error_body=held.refusal)) if refused else None
+            retry = await complete(request, plan, UpstreamOutcome(400, error_body=held.refusal)) if refused else None
             if retry is None:
                 return await _relay_answer(request, target, response, plan, held=held, reply=reply)
         else:
@@ -212,9 +212,10 @@ async def _relay_answer(
 ) -> web.StreamResponse:
     """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
     if plan.reads is None:
-        return await _relay_chat(request, response, plan, held, reply)
+        return await _relay_as_it_arrives(request, response, plan, held, reply)
     send = partial(_send, request, target, plain=True, header_values=plan.header_values)
-    return await answer_reads(request, response, plan, held, reply, send=send, relay=_relay_chat, complete=complete)
+    relay = _relay_as_it_arrives
+    return await answer_reads(request, response, plan, held, reply, send=send, relay=relay, complete=complete)
 
 
 async def _relay_buffered(
@@ -227,7 +228,7 @@ async def _relay_buffered(
     return out
 
 
-async def _relay_chat(
+async def _relay_as_it_arrives(
     request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, held: Held, reply: ClientReply
 ) -> web.StreamResponse:
     """Relay a chat answer as it arrives, learning usage and reply on the way, then report it to `complete()`.
@@ -241,7 +242,7 @@ async def _relay_chat(
     streamed = 200 <= response.status < 300 and response.content_type == "text/event-stream"
     if reply.out is not None and not streamed:
         error = await relay_failure(request, reply, response)
-        await complete(request, plan, ChatOutcome(response.status, error_body=error))
+        await complete(request, plan, UpstreamOutcome(response.status, error_body=error))
         return reply.out
     head = held.head
     observer: StreamObserver | None = None
@@ -284,11 +285,11 @@ async def _relay_chat(
     return out
 
 
-def _stream_outcome(request: web.Request, status: int, observer: StreamObserver) -> ChatOutcome:
+def _stream_outcome(request: web.Request, status: int, observer: StreamObserver) -> UpstreamOutcome:
     """What a relayed stream reported; nothing when inspection stopped part-way (say why, once, to the operator)."""
     if observer.stopped is None:
         report = observer.report
-        return ChatOutcome(status, report.usage, observer.reply, response_id=report.response_id)
+        return UpstreamOutcome(status, report.usage, observer.reply, response_id=report.response_id)
     route = request[RECORD].route
     if observer.stopped is StopReason.ERROR:
         request.app[METRICS].fail_open.labels(stage="inspect").inc()
@@ -304,4 +305,4 @@ def _stream_outcome(request: web.Request, status: int, observer: StreamObserver)
             " recorded; if this repeats, check what the upstream sends",
             extra={"fields": {"reason": observer.stopped.value, "route": route}},
         )
-    return ChatOutcome(status=status)
+    return UpstreamOutcome(status=status)

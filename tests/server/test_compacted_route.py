@@ -1,4 +1,4 @@
-"""Chat completions through the proxy: relayed for the OpenAI SDK, reported to the ChatCompaction, fail-open, retry."""
+"""Chat completions through the proxy: relayed for the OpenAI SDK, reported to the Compaction, fail-open, retry."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from openai import AsyncOpenAI, OpenAI
 
-from proxy.pipeline.exchange import ChatOutcome, ForwardPlan, IncomingChat
+from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.server.keys import METRICS
 from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
 from tests.support.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder
@@ -42,7 +42,7 @@ def metric(proxy: Proxy, name: str, **labels: str) -> float:
 class InjectUsage(Recording):
     """Asks the upstream for usage the client did not request, and has the server strip it again."""
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+    async def prepare(self, chat: IncomingRequest) -> ForwardPlan:
         self.prepared.append(chat)
         body = json.loads(chat.body)
         if not body.get("stream") or (body.get("stream_options") or {}).get("include_usage"):
@@ -62,7 +62,7 @@ class TrimOnOverflow(Recording):
 
     retry: bool = True
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         self.outcomes.append((plan, outcome))
         error = (outcome.error_body or {}).get("error") or {}
         if not self.retry or outcome.status != 400 or error.get("code") != "context_length_exceeded":
@@ -78,14 +78,14 @@ class Broken(Recording):
     fail_complete: bool = False
     calls: list[str] = field(default_factory=list)
 
-    async def prepare(self, chat: IncomingChat) -> ForwardPlan:
+    async def prepare(self, chat: IncomingRequest) -> ForwardPlan:
         if self.fail_prepare:
             raise RuntimeError("secret body text must not be logged")
         body = json.loads(chat.body)
         body["messages"] = [{"role": "user", "content": "REWRITTEN"}]
         return ForwardPlan(body=json.dumps(body).encode())
 
-    async def complete(self, plan: ForwardPlan, outcome: ChatOutcome) -> ForwardPlan | None:
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         if self.fail_complete:
             raise ValueError("boom")
         return None
