@@ -16,7 +16,7 @@ import orjson
 
 
 class InvalidRequest(ValueError):
-    """The body is not a chat-completion request compaction can work on; the message says what is wrong.
+    """The body is not a request compaction can work on, of any format; the message says what is wrong.
 
     Such a body is forwarded untouched, for the provider to judge; `outcome` is how the proxy counts it.
     """

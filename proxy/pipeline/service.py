@@ -277,20 +277,12 @@ class CompactionPipeline:
         known = exchange.turn.counted
         question = CountQuestion(model, request, view, tenant, headers, exchange.size, anchor)
         exact = await self.exact.anchor(exchange.wire, question)
-        measured = await self.work.run(
-            exchange,
-            lambda: measure(
-                view,
-                request.overhead_fields,
-                counter,
-                thresholds,
-                anchor,
-                calibration,
-                known,
-                exact,
-                added_tokens=request.added_prompt_tokens,
-            ),
-        )
+        overhead, added = request.overhead_fields, request.added_prompt_tokens
+
+        def measured_view() -> Measured:
+            return measure(view, overhead, counter, thresholds, anchor, calibration, known, exact, added_tokens=added)
+
+        measured = await self.work.run(exchange, measured_view)
         exchange.headers.update(self.exact.record(measured))
         exchange.turn.counted = measured.transcript.counts()
         return measured, anchor
@@ -382,13 +374,8 @@ class CompactionPipeline:
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
-        return ForwardPlan(
-            body=incoming.body,
-            response_headers=dict(exchange.headers),
-            stream=exchange.request.stream,
-            context=exchange,
-            model=shown(exchange.model),
-        )
+        stream, model = exchange.request.stream, shown(exchange.model)
+        return ForwardPlan(incoming.body, dict(exchange.headers), stream, context=exchange, model=model)
 
     async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
