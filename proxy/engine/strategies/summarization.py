@@ -21,6 +21,7 @@ from proxy.engine.grouping import (
 from proxy.engine.messages import content_text, role_of, tool_calls_of, tool_name_of_call
 from proxy.engine.plan import EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy, shrinking
+from proxy.engine.strategies.summary_tiers import tiered_span
 from proxy.engine.transcript import Transcript, created
 
 logger = logging.getLogger("compaction_proxy.compaction")
@@ -203,20 +204,37 @@ class Summarization(Strategy):
 class SummarySpans:
     """Which messages each summarization round gives up.
 
-    In order of preference: the fewest oldest complete historical turns that make room; then, once history is only
-    summaries, the oldest of those combined; then the current task's oldest Agent steps (keeping the newest
-    `min_keep_steps`); then the current task's summaries combined.
+    A conversation summarized before keeps its compacted head, so the provider's cache still serves it: what follows
+    the head is summarized, up to the newest `min_keep_steps` (`tiered_span`). Otherwise, and when the head has grown
+    past `head_share` of the target (the tiers are merged), in order of preference: the fewest oldest complete
+    historical turns that make room; then, once history is only summaries, the oldest of those combined; then the
+    current task's oldest Agent steps (keeping the newest `min_keep_steps`); then the current task's summaries
+    combined.
 
     :param min_keep_steps: The fewest recent Agent steps of the current task never summarized.
     :param approximate_summary_tokens: The expected size of a summary, used to plan how much to give up.
+    :param head_share: The share of the target a conversation's compacted head may take and still be kept (0: never
+        kept, each compaction rewrites the conversation from the leading block on).
     """
 
     min_keep_steps: int = 1
     approximate_summary_tokens: int = 1024
+    head_share: float = 0.5
 
     def next_span(self, transcript: Transcript, target_tokens: int) -> list[int] | None:
         """The messages the next round summarizes, or None when nothing is left that may be given up."""
         instructions_end = leading_instructions_end(transcript)
+        summaries = self._summaries(transcript, instructions_end, len(transcript))
+        tiered = tiered_span(
+            transcript,
+            summaries,
+            target_tokens,
+            head_share=self.head_share,
+            min_keep_steps=self.min_keep_steps,
+            summary_tokens=self.approximate_summary_tokens,
+        )
+        if tiered is not None:
+            return tiered
         task_index = latest_user_index(transcript)
         history_end = task_index if task_index is not None else instructions_end
 
