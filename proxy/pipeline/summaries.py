@@ -99,7 +99,7 @@ class Summaries:
     def __init__(self, settings: Settings, metrics: CompactionMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.spans = SummarySpans()
+        self.spans = SummarySpans(head_share=settings.summary_head_share)
         self.instruction = settings.summary_instruction or SUMMARY_SECTIONS
         self._jobs: OrderedDict[bytes, _Job] = OrderedDict()
         self._semaphore: asyncio.Semaphore | None = None

@@ -112,7 +112,10 @@ class Summarization(Strategy):
     :param instruction: The instruction for the summarizing model.
     :param raise_on_failure: Raise when the summarizer fails or its summary does not shrink the conversation;
         by default the failure is logged and what was summarized so far is kept.
-    :raises ValueError: If `min_keep_steps` is negative or `approximate_summary_tokens` is not positive.
+    :param head_share: The share of the target a conversation's compacted head may take and still be kept byte for
+        byte, for the provider's prompt cache (see `SummarySpans`); 0, the default, never keeps it.
+    :raises ValueError: If `min_keep_steps` is negative, `approximate_summary_tokens` is not positive or
+        `head_share` is not between 0 and 1.
     """
 
     name = "summarization"
@@ -125,6 +128,7 @@ class Summarization(Strategy):
         approximate_summary_tokens: int = 1024,
         instruction: str = DEFAULT_SUMMARY_INSTRUCTION,
         raise_on_failure: bool = False,
+        head_share: float = 0.0,
     ) -> None:
         if min_keep_steps < 0:
             raise ValueError(f"`min_keep_steps` must be at least 0, got {min_keep_steps}.")
@@ -132,10 +136,12 @@ class Summarization(Strategy):
             raise ValueError(
                 f"`approximate_summary_tokens` must be a positive number of tokens, got {approximate_summary_tokens}."
             )
+        if not 0 <= head_share <= 1:
+            raise ValueError(f"`head_share` must be a share of the target between 0 and 1, got {head_share}.")
         self.summarizer = summarizer
         self.min_keep_steps = min_keep_steps
         self.approximate_summary_tokens = approximate_summary_tokens
-        self.spans = SummarySpans(min_keep_steps, approximate_summary_tokens)
+        self.spans = SummarySpans(min_keep_steps, approximate_summary_tokens, head_share)
         self.instruction = instruction
         self.raise_on_failure = raise_on_failure
 
@@ -213,13 +219,13 @@ class SummarySpans:
 
     :param min_keep_steps: The fewest recent Agent steps of the current task never summarized.
     :param approximate_summary_tokens: The expected size of a summary, used to plan how much to give up.
-    :param head_share: The share of the target a conversation's compacted head may take and still be kept (0: never
-        kept, each compaction rewrites the conversation from the leading block on).
+    :param head_share: The share of the target a conversation's compacted head may take and still be kept; 0 (the
+        default, Haystack's way) never keeps it: each compaction rewrites the conversation from the leading block on.
     """
 
     min_keep_steps: int = 1
     approximate_summary_tokens: int = 1024
-    head_share: float = 0.5
+    head_share: float = 0.0
 
     def next_span(self, transcript: Transcript, target_tokens: int) -> list[int] | None:
         """The messages the next round summarizes, or None when nothing is left that may be given up."""

@@ -18,6 +18,7 @@ spans): one deliberate prefix break, after which the head starts again.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from proxy.engine.grouping import agent_step_groups, latest_user_index
@@ -40,29 +41,43 @@ def tiered_span(
     :param head_share: The share of `target_tokens` the kept head may take (0 keeps none: always merge).
     :param min_keep_steps: The newest Agent steps of the current task that stay as they are.
     :param summary_tokens: The expected size of the new summary: the head leaves room for it and the tail.
-    :returns: The indices to summarize, oldest first: everything from the end of the head to the tail but the
-        latest user message. None when there is no summary, when the head through the newest one exceeds its
-        share, or when nothing lies between the head and the tail.
+    :returns: The indices to summarize, oldest first: the fewest oldest messages after the head (whole Agent steps
+        and turns, never the latest user message) whose summary brings the conversation to the target, so what is
+        left of the target holds the newest messages as they are. None when there is no summary, when the head
+        through the newest one exceeds its share, or when nothing lies between the head and the tail.
     """
     if not summaries or head_share <= 0:
         return None
     head_min = summaries[-1] + 1
     task = latest_user_index(transcript)
     steps = agent_step_groups(transcript, max(head_min, -1 if task is None else task + 1))
-    tail_start = steps[-min_keep_steps][0] if min_keep_steps and len(steps) >= min_keep_steps else len(transcript)
+    kept_steps = steps[-min_keep_steps:] if min_keep_steps else []
+    tail_start = kept_steps[0][0] if kept_steps else len(transcript)
     kept = transcript.tokens_of(range(tail_start, len(transcript)))
     if task is not None and head_min <= task < tail_start:
         kept += transcript.tokens(task)
     limit = min(head_share * target_tokens, target_tokens - summary_tokens - kept)
     if tail_start <= head_min or transcript.prefix_tokens(head_min) > limit:
         return None
-    head_end = head_min
-    for start in _boundaries(transcript, head_min, tail_start):
-        if transcript.prefix_tokens(start) > limit:
+    boundaries = [head_min, *_boundaries(transcript, head_min, tail_start), tail_start]
+    head_end = max(end for end in boundaries[:-1] if transcript.prefix_tokens(end) <= limit)
+    units = [
+        [index for index in range(start, stop) if index != task]
+        for start, stop in itertools.pairwise(boundaries[boundaries.index(head_end) :])
+    ]
+    return _fewest_oldest([unit for unit in units if unit], transcript, target_tokens - summary_tokens) or None
+
+
+def _fewest_oldest(units: list[list[int]], transcript: Transcript, budget: int) -> list[int]:
+    """The fewest oldest units whose removal brings the transcript to `budget` (all of them if none do)."""
+    total = transcript.total()
+    selected: list[int] = []
+    for unit in units:
+        if total <= budget:
             break
-        head_end = start
-    span = [index for index in range(head_end, tail_start) if index != task]
-    return span or None
+        selected.extend(unit)
+        total -= transcript.tokens_of(unit)
+    return selected
 
 
 def _boundaries(transcript: Transcript, start: int, stop: int) -> list[int]:
