@@ -96,10 +96,8 @@ class Compacting:
             return
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
         if early.compact:
-            # The conversation grows until the compaction that applies the summary: planned for a target lower by
-            # that much, the summary brings it to the target then, with nothing left for the rest of the chain.
             growth = max(measured.thresholds.trigger_tokens - early.estimated_tokens, 0) / early.scale
-            summaries.start(context, measured.transcript, max(early.target_tokens - int(growth), 0))
+            summaries.start(context, measured.transcript, early.target_tokens, growth_tokens=int(growth))
 
 
 def chain_names(strategies: list[str]) -> list[str]:

@@ -227,14 +227,19 @@ class SummarySpans:
     approximate_summary_tokens: int = 1024
     head_share: float = 0.0
 
-    def next_span(self, transcript: Transcript, target_tokens: int) -> list[int] | None:
-        """The messages the next round summarizes, or None when nothing is left that may be given up."""
+    def next_span(self, transcript: Transcript, target_tokens: int, growth_tokens: int = 0) -> list[int] | None:
+        """The messages the next round summarizes, or None when nothing is left that may be given up.
+
+        :param growth_tokens: How much the conversation may grow before the summary is applied (one written ahead):
+            a span after a kept head leaves room for it, since what the rest of the chain would still have to cut
+            would cut the head.
+        """
         instructions_end = leading_instructions_end(transcript)
         summaries = self._summaries(transcript, instructions_end, len(transcript))
         tiered = tiered_span(
             transcript,
             summaries,
-            target_tokens,
+            max(target_tokens - growth_tokens, 0),
             head_share=self.head_share,
             min_keep_steps=self.min_keep_steps,
             summary_tokens=self.approximate_summary_tokens,
