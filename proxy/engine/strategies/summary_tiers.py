@@ -3,17 +3,17 @@
 A provider's prompt cache serves the longest prefix a prompt shares with one it saw before. The first compaction
 rewrites the conversation from the leading block on: [instructions][summary 1][recent messages]. Compacting it
 again the same way would rewrite it from the leading block on once more, and everything after the instructions
-would be billed uncached. Instead, a conversation that holds a summary keeps its *head* byte for byte, the
+would be billed uncached. Instead, a conversation that holds a summary keeps its *head* byte for byte: the
 instructions and every message through its newest summary, and as many of the messages after that as fit in
-`head_share` of the target; only what follows the head is summarized, up to a short recent tail (the newest Agent
-steps and the latest user message, which stay as they are):
+`head_share` of the target. Only the fewest oldest messages after the head are summarized, so the newest fill the
+rest of the target as they are (the latest user message and the newest Agent steps always among them):
 
-    [instructions][summary 1][kept as forwarded ...][summary 2][latest user message][newest step]
+    [instructions][summary 1][kept as forwarded ...][summary 2][latest user message][newest steps]
 
-The next compaction then keeps that through summary 2, and so on: the tiers are appended, never rewritten, and each
-compaction's uncached cost is the new summary and the tail instead of the whole target. When the head through the
-newest summary no longer fits in `head_share` of the target, the tiers are merged the ordinary way (the caller's
-spans): one deliberate prefix break, after which the head starts again.
+The next compaction then keeps that through summary 2, and so on: the tiers are appended, never rewritten, and a
+compaction's uncached cost is the new summary and the messages after it instead of everything after the
+instructions. When the head through the newest summary no longer fits in `head_share` of the target, the tiers are
+merged the ordinary way (the caller's spans): one deliberate prefix break, after which the head starts again.
 """
 
 from __future__ import annotations
