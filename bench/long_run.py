@@ -32,7 +32,8 @@ import aiohttp
 
 from bench import billing
 from bench.processes import Server
-from tests.support.agent_run import TOOLS, agent_responder, is_summary_call, messages_array, run_agent
+from proxy.engine.strategies.summarization import SUMMARY_OPENING
+from tests.support.agent_run import FILE_TEXT, TOOLS, agent_responder, is_summary_call, messages_array, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
@@ -159,9 +160,44 @@ async def one_run(
         "summary_calls": len(summary_usages),
         "summary_cached_share": summary_cached / summary_prompt if summary_prompt else None,
     }
+    row.update(kept_after_compactions([request.json["messages"] for request in chat], decisions, result_lines))
     if direct is not None:
         row["billing"] = compared(direct, usages, summaries)
     return row
+
+
+def kept_after_compactions(
+    prompts: Sequence[list[dict[str, Any]]], decisions: Sequence[str], result_lines: int
+) -> dict[str, float]:
+    """The tool results the prompts a compaction produced hold as they came: in all, and after the newest summary.
+
+    Keeping a compacted head for the provider's cache keeps older messages at its front and fewer of the newest
+    after it; these two means show that trade. A result pruned, offloaded or cut down is not counted.
+    """
+    whole = FILE_TEXT * result_lines
+    pairs = zip(prompts, decisions, strict=False)
+    compacted = [prompt for prompt, decision in pairs if decision.startswith("compacted")]
+    intact = [[_intact(message, whole) for message in prompt] for prompt in compacted]
+    newest = [sum(flags[_after_newest_summary(prompt) :]) for prompt, flags in zip(compacted, intact, strict=True)]
+    return {
+        "tool_results_after_compaction": statistics.fmean(map(sum, intact)) if intact else 0.0,
+        "newest_tool_results_after_compaction": statistics.fmean(newest) if newest else 0.0,
+    }
+
+
+def _intact(message: dict[str, Any], whole: str) -> bool:
+    """Whether a message is one of the agent's tool results as it sent it."""
+    return message["role"] == "tool" and str(message.get("content", "")).endswith(whole)
+
+
+def _after_newest_summary(prompt: list[dict[str, Any]]) -> int:
+    """Where the messages after the prompt's newest summary start (0 when it holds none)."""
+    summaries = [
+        index
+        for index, message in enumerate(prompt)
+        if message["role"] == "user" and str(message.get("content", "")).startswith(SUMMARY_OPENING)
+    ]
+    return summaries[-1] + 1 if summaries else 0
 
 
 def compared(direct: DirectRun, usages: Sequence[dict[str, Any]], summaries: Sequence[bool]) -> dict[str, Any]:
@@ -241,14 +277,17 @@ def main() -> None:
 def markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The runs' cache figures, then their bills against going direct."""
     lines = [
-        "| run | turns | compactions | summary calls | summary calls' prompt cached | all prompt tokens cached |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| run | turns | compactions | summary calls | summary calls' prompt cached | all prompt tokens cached "
+        "| tool results kept whole after a compaction: all / after the newest summary |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         summary = row["summary_cached_share"]
+        kept = f"{row['tool_results_after_compaction']:.1f} / {row['newest_tool_results_after_compaction']:.1f}"
         lines.append(
             f"| {row['label']} | {row['turns']} | {row['compacted_turns']} | {row['summary_calls']} "
-            f"| {'-' if summary is None else f'{summary * 100:.1f} %'} | {row['cached_share'] * 100:.1f} % |"
+            f"| {'-' if summary is None else f'{summary * 100:.1f} %'} | {row['cached_share'] * 100:.1f} % "
+            f"| {kept} |"
         )
     return [*lines, "", *billing.table(rows)]
 

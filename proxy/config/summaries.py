@@ -28,6 +28,17 @@ class SummarySettings(BaseModel):
             " background, so it is ready when `compact_at` is reached. Default: `compact_at - 0.1`."
         ),
     )
+    summary_head_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description=(
+            "Share of the compaction target a conversation's compacted head (its instructions, its summaries and what"
+            " was kept between them) may take and still be kept byte for byte when it is summarized again, so the"
+            " provider's prompt cache keeps serving it; past it, the summaries are merged. 0 rewrites the"
+            " conversation from the instructions on at every compaction."
+        ),
+    )
     summary_wait_seconds: float = Field(
         default=5.0,
         ge=0,

@@ -96,7 +96,8 @@ class Compacting:
             return
         early = decide(ahead, measured.transcript, measured.overhead, measured.anchor, measured.decision.scale)
         if early.compact:
-            summaries.start(context, measured.transcript, early.target_tokens)
+            growth = max(measured.thresholds.trigger_tokens - early.estimated_tokens, 0) / early.scale
+            summaries.start(context, measured.transcript, early.target_tokens, growth_tokens=int(growth))
 
 
 def chain_names(strategies: list[str]) -> list[str]:

@@ -99,16 +99,21 @@ class Summaries:
     def __init__(self, settings: Settings, metrics: CompactionMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.spans = SummarySpans()
+        self.spans = SummarySpans(head_share=settings.summary_head_share)
         self.instruction = settings.summary_instruction or SUMMARY_SECTIONS
         self._jobs: OrderedDict[bytes, _Job] = OrderedDict()
         self._semaphore: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._unfinished = 0
 
-    def start(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> None:
-        """Begin writing, in the background, the summary the next compaction will use (once per span)."""
-        self._started(context, transcript, target_tokens)
+    def start(
+        self, context: SummaryContext, transcript: Transcript, target_tokens: int, growth_tokens: int = 0
+    ) -> None:
+        """Begin writing, in the background, the summary the next compaction will use (once per span).
+
+        :param growth_tokens: How much the conversation may grow until that compaction (see `SummarySpans`).
+        """
+        self._started(context, transcript, target_tokens, growth_tokens)
 
     async def plan(self, context: SummaryContext, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """The plan replacing a span with its summary: ready, awaited up to the deadline, or written now.
@@ -154,7 +159,7 @@ class Summaries:
             self._session = None
 
     def _started(
-        self, context: SummaryContext, transcript: Transcript, target_tokens: int
+        self, context: SummaryContext, transcript: Transcript, target_tokens: int, growth_tokens: int = 0
     ) -> tuple[bytes, _Job] | None:
         """The job for this conversation's longest known prefix, or a new one.
 
@@ -163,7 +168,7 @@ class Summaries:
         found = self._find(context)
         if found is not None or self._busy():
             return found
-        indices = self.spans.next_span(transcript, target_tokens)
+        indices = self.spans.next_span(transcript, target_tokens, growth_tokens)
         if not indices:
             return None
         key = context.tenant + context.chain[max(indices)]

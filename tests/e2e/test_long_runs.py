@@ -14,7 +14,9 @@ from tests.support.agent_run import FILE_TEXT, TOOLS, agent_responder, messages_
 from tests.support.openai_upstream import OpenAIUpstream
 
 
-async def sdk_agent(client: openai.AsyncOpenAI, tasks: int, steps: int, stream: bool = False) -> list[str]:
+async def sdk_agent(
+    client: openai.AsyncOpenAI, tasks: int, steps: int, stream: bool = False, result_lines: int = 6
+) -> list[str]:
     """The agent run through the official SDK, streamed or not; returns each turn's `X-Compaction`."""
 
     async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
@@ -30,7 +32,7 @@ async def sdk_agent(client: openai.AsyncOpenAI, tasks: int, steps: int, stream: 
             message = raw.parse().choices[0].message.model_dump(exclude_none=True)
         return message, raw.headers.get("x-compaction", "")
 
-    return await run_agent(turn, tasks, steps)
+    return await run_agent(turn, tasks, steps, result_lines=result_lines)
 
 
 async def _collect_stream(stream: Any) -> dict[str, Any]:

@@ -152,6 +152,10 @@ async def test_responses_summary_calls_repeat_the_forwarded_input_tools_included
         upstream=responses_upstream.base_url,
         context_windows={test_responses.MODEL: 9000},
         strategies=STRATEGIES,
+        # Each compaction rewrites from the instructions on: a summary planned before the conversation grew to the
+        # trigger falls short, offloading makes up the rest, and the next summary follows an offloaded result.
+        # (Kept heads plan for that growth, and this agent's summaries never fall short of it.)
+        summary_head_share=0,
     )
     try:
         proxy = await started.start()

@@ -21,6 +21,7 @@ from proxy.engine.grouping import (
 from proxy.engine.messages import content_text, role_of, tool_calls_of, tool_name_of_call
 from proxy.engine.plan import EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy, shrinking
+from proxy.engine.strategies.summary_tiers import tiered_span
 from proxy.engine.transcript import Transcript, created
 
 logger = logging.getLogger("compaction_proxy.compaction")
@@ -111,7 +112,10 @@ class Summarization(Strategy):
     :param instruction: The instruction for the summarizing model.
     :param raise_on_failure: Raise when the summarizer fails or its summary does not shrink the conversation;
         by default the failure is logged and what was summarized so far is kept.
-    :raises ValueError: If `min_keep_steps` is negative or `approximate_summary_tokens` is not positive.
+    :param head_share: The share of the target a conversation's compacted head may take and still be kept byte for
+        byte, for the provider's prompt cache (see `SummarySpans`); 0, the default, never keeps it.
+    :raises ValueError: If `min_keep_steps` is negative, `approximate_summary_tokens` is not positive or
+        `head_share` is not between 0 and 1.
     """
 
     name = "summarization"
@@ -124,6 +128,7 @@ class Summarization(Strategy):
         approximate_summary_tokens: int = 1024,
         instruction: str = DEFAULT_SUMMARY_INSTRUCTION,
         raise_on_failure: bool = False,
+        head_share: float = 0.0,
     ) -> None:
         if min_keep_steps < 0:
             raise ValueError(f"`min_keep_steps` must be at least 0, got {min_keep_steps}.")
@@ -131,10 +136,12 @@ class Summarization(Strategy):
             raise ValueError(
                 f"`approximate_summary_tokens` must be a positive number of tokens, got {approximate_summary_tokens}."
             )
+        if not 0 <= head_share <= 1:
+            raise ValueError(f"`head_share` must be a share of the target between 0 and 1, got {head_share}.")
         self.summarizer = summarizer
         self.min_keep_steps = min_keep_steps
         self.approximate_summary_tokens = approximate_summary_tokens
-        self.spans = SummarySpans(min_keep_steps, approximate_summary_tokens)
+        self.spans = SummarySpans(min_keep_steps, approximate_summary_tokens, head_share)
         self.instruction = instruction
         self.raise_on_failure = raise_on_failure
 
@@ -203,20 +210,42 @@ class Summarization(Strategy):
 class SummarySpans:
     """Which messages each summarization round gives up.
 
-    In order of preference: the fewest oldest complete historical turns that make room; then, once history is only
-    summaries, the oldest of those combined; then the current task's oldest Agent steps (keeping the newest
-    `min_keep_steps`); then the current task's summaries combined.
+    A conversation summarized before keeps its compacted head, so the provider's cache still serves it: what follows
+    the head is summarized, up to the newest `min_keep_steps` (`tiered_span`). Otherwise, and when the head has grown
+    past `head_share` of the target (the tiers are merged), in order of preference: the fewest oldest complete
+    historical turns that make room; then, once history is only summaries, the oldest of those combined; then the
+    current task's oldest Agent steps (keeping the newest `min_keep_steps`); then the current task's summaries
+    combined.
 
     :param min_keep_steps: The fewest recent Agent steps of the current task never summarized.
     :param approximate_summary_tokens: The expected size of a summary, used to plan how much to give up.
+    :param head_share: The share of the target a conversation's compacted head may take and still be kept; 0 (the
+        default, Haystack's way) never keeps it: each compaction rewrites the conversation from the leading block on.
     """
 
     min_keep_steps: int = 1
     approximate_summary_tokens: int = 1024
+    head_share: float = 0.0
 
-    def next_span(self, transcript: Transcript, target_tokens: int) -> list[int] | None:
-        """The messages the next round summarizes, or None when nothing is left that may be given up."""
+    def next_span(self, transcript: Transcript, target_tokens: int, growth_tokens: int = 0) -> list[int] | None:
+        """The messages the next round summarizes, or None when nothing is left that may be given up.
+
+        :param growth_tokens: How much the conversation may grow before the summary is applied (one written ahead):
+            a span after a kept head leaves room for it, since what the rest of the chain would still have to cut
+            would cut the head.
+        """
         instructions_end = leading_instructions_end(transcript)
+        summaries = self._summaries(transcript, instructions_end, len(transcript))
+        tiered = tiered_span(
+            transcript,
+            summaries,
+            max(target_tokens - growth_tokens, 0),
+            head_share=self.head_share,
+            min_keep_steps=self.min_keep_steps,
+            summary_tokens=self.approximate_summary_tokens,
+        )
+        if tiered is not None:
+            return tiered
         task_index = latest_user_index(transcript)
         history_end = task_index if task_index is not None else instructions_end
 
