@@ -64,12 +64,13 @@ def write_parts(folder: Path) -> list[Path]:
 def reader(parts: list[Path]) -> Any:
     """The model: a Read call for the part after the one whose result ends the request, then, after the last, `FINAL`.
 
-    It goes by the newest message only (what it read last), which every compaction keeps. Asked by Claude Code for a
-    summary of the conversation (its own compaction), it answers with one, in text, as told.
+    It goes by the newest user message only (what it read last), which every compaction keeps; on the newest models
+    Claude Code appends a system message after it each turn. Asked by Claude Code for a summary of the conversation
+    (its own compaction), it answers with one, in text, as told.
     """
 
     def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        last = json.dumps(body["messages"][-1])
+        last = newest_user_message(body)
         done = max((int(found) for found in MARKER.findall(last)), default=0)
         blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"Read part {done + 1} next."}]
         blocks = blocks if thinks(body) else []
@@ -86,8 +87,9 @@ def reader(parts: list[Path]) -> Any:
     return respond
 
 
-async def run_claude(binary: Path, base_url: str, workdir: Path, home: Path) -> tuple[int, str]:
-    """`claude -p` in `workdir` against `base_url`: its exit code and what it printed (stdout, then stderr)."""
+async def run_claude(binary: Path, model: str, base_url: str, workdir: Path, home: Path) -> tuple[int, str]:
+    """`claude -p --model model` in `workdir` against `base_url`: its exit code and what it printed (stdout, then
+    stderr)."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),
@@ -103,14 +105,19 @@ async def run_claude(binary: Path, base_url: str, workdir: Path, home: Path) -> 
         "NO_PROXY": "127.0.0.1,localhost",
     }
     prompt = f"Read the {PARTS} part files in this folder, one after the other."
-    command = [str(binary), "-p", prompt, "--model", MODEL, "--allowedTools", "Read"]
+    command = [str(binary), "-p", prompt, "--model", model, "--allowedTools", "Read"]
     code, out, err = await run_cli(command, workdir, env)
     return code, out + err
 
 
+def newest_user_message(body: Mapping[str, Any]) -> str:
+    """The newest user message of a request, as JSON (what follows it is Claude Code's system messages, if anything)."""
+    return json.dumps(next(m for m in reversed(body["messages"]) if m.get("role") == "user"))
+
+
 def summarizing(bodies: list[dict[str, Any]]) -> int:
     """How many of `bodies` are Claude Code asking for a summary of its conversation (its own compaction)."""
-    return sum(1 for body in bodies if SUMMARY_REQUEST in json.dumps(body["messages"][-1]))
+    return sum(1 for body in bodies if SUMMARY_REQUEST in newest_user_message(body))
 
 
 async def test_claude_code_overflows_going_direct_and_completes_through_the_proxy_without_compacting_itself(
