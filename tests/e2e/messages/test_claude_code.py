@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.agent_cli import installed_cli, run_cli
 from tests.support.anthropic_rules import prompt_segments
 from tests.support.anthropic_upstream import AnthropicUpstream, thinks
@@ -30,6 +32,9 @@ from tests.support.proxies import LoopbackProxies
 
 CLAUDE_CODE_VERSION = "2.1.332"
 MODEL = "claude-sonnet-4-5"
+BINDING = "claude-fable-5-1"
+"""A model that binds thinking to its prefix: there Claude Code sends a system message after each tool result."""
+BOUND_ELSEWHERE = "The block is bound to a different conversation"
 WINDOW = 120_000
 """Small, yet more than `compact_at` of it plus the 32k Claude Code reserves for its reply (`max_tokens`)."""
 PARTS = 30
@@ -120,44 +125,59 @@ def summarizing(bodies: list[dict[str, Any]]) -> int:
     return sum(1 for body in bodies if SUMMARY_REQUEST in newest_user_message(body))
 
 
+@pytest.mark.parametrize("model", [MODEL, BINDING])
 async def test_claude_code_overflows_going_direct_and_completes_through_the_proxy_without_compacting_itself(
-    tmp_path: Path,
+    tmp_path: Path, model: str
 ) -> None:
     binary = claude_binary()
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()
     parts = write_parts(tmp_path / "work")
     async with AnthropicUpstream(context_window=WINDOW, responder=reader(parts)) as upstream:
-        await run_claude(binary, upstream.base_url, tmp_path / "work", tmp_path / "home")
+        await run_claude(binary, model, upstream.base_url, tmp_path / "work", tmp_path / "home")
         overflows = [error for error in upstream.rejections if "prompt is too long" in error["error"]["message"]]
         assert overflows, "going direct, the session did not overflow: the test proves nothing"
         assert summarizing(upstream.requests) >= 1, "going direct, Claude Code had to compact on its own"
         direct, refused = len(upstream.requests), len(upstream.rejections)
+        unbound = [error for error in upstream.rejections if BOUND_ELSEWHERE in error["error"]["message"]]
+        assert len(unbound) + len(overflows) == refused, upstream.rejections
+        assert bool(unbound) is (model == BINDING), "Claude Code edits its newest system message on binding models"
 
         proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
         proxy = await proxies.start()
         try:
             code, printed = await run_claude(
-                binary, proxy.url.removesuffix("/v1"), tmp_path / "work", tmp_path / "home"
+                binary, model, proxy.url.removesuffix("/v1"), tmp_path / "work", tmp_path / "home"
             )
         finally:
             await proxies.close()
 
     through = upstream.requests[direct:]
+    refused_through = [position - direct for position in upstream.refused[refused:]]
     prompts = [sum(segment.tokens for segment in prompt_segments(body, body["messages"])) for body in through]
     compacted = proxy.metric("compaction_proxy_decisions_total", route="messages", decision="compacted")
     cached = proxy.metric("compaction_proxy_cached_prompt_tokens_total") / proxy.metric(
         "compaction_proxy_prompt_tokens_total"
     )
     print(
-        f"\ndirect: {direct} requests, {len(overflows)} refused as too long, {summarizing(upstream.requests[:direct])}"
-        f" summary by Claude Code; through the proxy: {len(through)} requests, {compacted:.0f} compacted, prompts of"
+        f"\n{model} direct: {direct} requests, {len(overflows)} refused as too long, {len(unbound)} as bound to a"
+        f" different conversation, {summarizing(upstream.requests[:direct])} summary by Claude Code; through the"
+        f" proxy: {len(through)} requests, {len(refused_through)} refused, {compacted:.0f} compacted, prompts of"
         f" {min(prompts)} to {max(prompts)} tokens in a {WINDOW}-token window, {cached:.0%} read from the cache"
     )
     assert code == 0, printed[-2000:]
     assert FINAL in printed, printed[-2000:]
     assert TOO_LONG not in printed
-    assert upstream.rejections[refused:] == [], "the proxy sent nothing the API refuses"
     assert summarizing(through) == 0, "Claude Code never needed to compact on its own"
-    assert len(through) == PARTS + 1, "one request per part read, then the answer: nothing retried"
     assert compacted >= 1
+    assert len(through) == PARTS + 1 + len(refused_through), "one request per part read, then the answer"
+    if model == MODEL:
+        assert refused_through == [], "the proxy sent nothing the API refuses"
+        return
+    # Until the proxy first rewrites the conversation it forwards Claude Code's own requests as they came, and the API
+    # refuses those as it does going direct; from then on it drops what Claude Code's edit invalidated, and lets the
+    # turn's own thinking through for the API to drop (the opt-in Claude Code never sends itself).
+    assert all(BOUND_ELSEWHERE in error["error"]["message"] for error in upstream.rejections[refused:])
+    rewritten = next(index for index, body in enumerate(through) if "block_binding" in json.dumps(body["thinking"]))
+    assert all(index < rewritten for index in refused_through), "the proxy sent nothing the API refuses"
+    assert len(refused_through) < len(unbound)
