@@ -26,9 +26,10 @@ the proxy's reading of the rules cannot hide in the fake.
   Prefix Stability", https://docs.litellm.ai/docs/providers/anthropic_preserved_thinking). The fake is a new account:
   the check is enforced by default "for accounts created on or after August 31, 2026"; older accounts get it only
   when the request sets `thinking.block_binding.prefix_mismatch_behavior`. Claude Code 2.1.332 fails it on these
-  models when it cannot send its per-turn hint as a `clear_at` system message (through a custom `ANTHROPIC_BASE_URL`,
-  for one): it appends the hint to its newest system message and removes it on the next turn, gets the 400, and sends
-  the request again without thinking.
+  models as the tests run it (a custom `ANTHROPIC_BASE_URL`): it appends a per-turn hint to its newest system message
+  and removes it on the next turn, gets the 400, and sends the request again without thinking. (Its binary can send
+  the hint as a `clear_at: "next_user_message"` system message instead, under the beta
+  `mid-conversation-system-clear-at-2026-08-21`; it did not here, and this fake does not model `clear_at`.)
 - **Tokens**: everything is counted (`prompt_segments`); a prompt over the window is refused with "prompt is too
   long: N tokens > M maximum", or on the older models (`LEGACY_LIMIT_MODELS`) when prompt and `max_tokens` exceed it
   with "input length and `max_tokens` exceed context limit: A + B > C, ...".

@@ -8,6 +8,11 @@ two thirds of the way: the API refuses the request ("prompt is too long"), and C
 summary request, then a summary in place of the history). Through the proxy it completes without either: no request
 refused, no summary round trip, the compacted conversation replayed as the proxy compacted it.
 
+On a model that binds thinking to its prefix (`BINDING`), Claude Code also edits its newest system message every turn
+(a hint it adds and takes back), which the API's prefix check refuses ("bound to a different conversation") going
+direct; Claude Code then sends the request again without thinking. Through the proxy that happens only until the
+proxy first rewrites the conversation: from then on the proxy drops what the edit invalidated.
+
 Claude Code is told to send nothing but its API requests (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` and the rest),
 and any other outbound connection goes to a dead proxy on loopback, so the test uses no network. Without the binary
 the test skips (the run's summary names the install command), and fails under CI, which installs it.
