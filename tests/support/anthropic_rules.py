@@ -9,9 +9,27 @@ the proxy's reading of the rules cannot hide in the fake.
   `tool_result` for each of them; every `tool_result` answers a `tool_use` of the message before.
 - **Thinking**: every `thinking` block's `signature` (and every `redacted_thinking` block's `data`) must be one this
   fake issued (`Signer`): over the thinking alone, and on the models that bind (`BINDING_MODELS`), over everything
-  before the block too. On a binding model a block failing that prefix check, and every later one, makes a 400
-  unless the request sets `thinking.block_binding.prefix_mismatch_behavior: "drop_block"` (with its beta header):
-  then they are dropped. With thinking on, a turn being continued must start with a thinking block.
+  before the block too (`prefix_bytes`). On a binding model a block failing that prefix check, and every later one,
+  makes a 400 unless the request sets `thinking.block_binding.prefix_mismatch_behavior: "drop_block"` (with its beta
+  header): then they are dropped. With thinking on, a turn being continued must start with a thinking block, except
+  on a binding model, where removing thinking is a documented remedy (the error's own "Remove the block, or set ...",
+  and "remove thinking manually" in ".../preserved-thinking/fix-bound-to-a-different-conversation").
+
+  The prefix check is Anthropic's as documented ("Preserved thinking" and "Prefix checks on thinking blocks",
+  https://platform.claude.com/docs/en/build-with-claude/preserved-thinking and .../preserved-thinking/prefix-checks,
+  read 2026-12-04): "The top-level `system` prompt, `tools`, and `messages` before the block are its prefix. If the
+  prefix differs from what you sent when the block was produced, that block and every later thinking block are
+  invalid"; it "also fails if a thinking block between others was left out or moved". So every earlier message
+  counts, whatever its role (a mid-conversation `system` message too: "Per-message effort" says not to move or
+  delete one, as that invalidates the thinking after it), with every field it has, and the blocks before the
+  thinking block in its own message. `cache_control` is left out of the comparison (LiteLLM's "Preserved Thinking
+  Prefix Stability", https://docs.litellm.ai/docs/providers/anthropic_preserved_thinking). The fake is a new account:
+  the check is enforced by default "for accounts created on or after August 31, 2026"; older accounts get it only
+  when the request sets `thinking.block_binding.prefix_mismatch_behavior`. Claude Code 2.1.332 fails it on these
+  models as the tests run it (a custom `ANTHROPIC_BASE_URL`): it appends a per-turn hint to its newest system message
+  and removes it on the next turn, gets the 400, and sends the request again without thinking. (Its binary can send
+  the hint as a `clear_at: "next_user_message"` system message instead, under the beta
+  `mid-conversation-system-clear-at-2026-08-21`; it did not here, and this fake does not model `clear_at`.)
 - **Tokens**: everything is counted (`prompt_segments`); a prompt over the window is refused with "prompt is too
   long: N tokens > M maximum", or on the older models (`LEGACY_LIMIT_MODELS`) when prompt and `max_tokens` exceed it
   with "input length and `max_tokens` exceed context limit: A + B > C, ...".
@@ -127,10 +145,11 @@ def binds(model: str) -> bool:
 
 
 def prefix_bytes(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], blocks: Sequence[Any]) -> bytes:
-    """What a thinking block is bound to: tools, system, the messages before it and the blocks before it in its own."""
+    """What a thinking block is bound to: tools, system, the messages before it (every field) and the blocks before
+    it in its own message."""
     system = body.get("system")
     head = [body.get("tools") or [], [{"type": "text", "text": system}] if isinstance(system, str) else system or []]
-    earlier = [{"role": message.get("role"), "content": blocks_of(message)} for message in messages]
+    earlier = [{**message, "content": blocks_of(message)} for message in messages]
     return canonical([head, earlier, list(blocks)])
 
 
@@ -241,23 +260,28 @@ def check_thinking(body: Mapping[str, Any], signer: Signer) -> Checked:
             else:
                 kept.append(block)
         messages.append({**message, "content": kept})
-    if not dropped:
+    if not binds(model):
         _check_turn_starts_thinking(body)
     return Checked(messages, dropped)
 
 
 def _check_turn_starts_thinking(body: Mapping[str, Any]) -> None:
-    """With thinking on, a continued tool-use turn's first assistant message must start with thinking."""
+    """With thinking on, a continued tool-use turn's first assistant message must start with thinking.
+
+    Mid-conversation system messages between the turn's messages (or after its tool results) do not end it.
+    """
     thinking = body.get("thinking")
     messages = body["messages"]
-    if not isinstance(thinking, Mapping) or thinking.get("type") == "disabled" or len(messages) < 2:
+    order = [position for position, message in enumerate(messages) if message.get("role") != "system"]
+    if not isinstance(thinking, Mapping) or thinking.get("type") == "disabled" or len(order) < 2:
         return
-    last = blocks_of(messages[-1])
-    if messages[-1].get("role") != "user" or not last or _type(last[0]) != "tool_result":
+    last = blocks_of(messages[order[-1]])
+    if messages[order[-1]].get("role") != "user" or not last or _type(last[0]) != "tool_result":
         return
-    position = len(messages) - 2
-    while position >= 2 and all(_type(block) == "tool_result" for block in blocks_of(messages[position - 1])):
-        position -= 2
+    step = len(order) - 2
+    while step >= 2 and all(_type(block) == "tool_result" for block in blocks_of(messages[order[step - 1]])):
+        step -= 2
+    position = order[step]
     first = blocks_of(messages[position])
     # A compaction block stands for everything before it: the API reads the conversation from there.
     if messages[position].get("role") == "assistant" and first and _type(first[0]) not in (*THINKING, "compaction"):

@@ -141,6 +141,8 @@ class AnthropicUpstream:
         self.targets: list[str] = []
         """Each create request's path and query."""
         self.rejections: list[dict[str, Any]] = []
+        self.refused: list[int] = []
+        """The position in `requests` of each create request refused (in `rejections`)."""
         self.dropped_thinking = 0
         self.stream_error: dict[str, Any] | None = None
         self._ids = itertools.count(1)
@@ -214,6 +216,7 @@ class AnthropicUpstream:
             message = self.answer(body, self.headers[-1])
         except AnthropicError as error:
             self.rejections.append(error.body)
+            self.refused.append(len(self.requests) - 1)
             return web.json_response(error.body, status=error.status)
         if body.get("stream") is not True:
             return web.json_response(message)

@@ -119,6 +119,28 @@ async def test_thinking_must_verify_and_stay_bound_to_its_prefix(client: AsyncAn
         assert (await turn(client, model, moved, extra_body={"thinking": binding}, extra_headers=headers)).content
 
 
+async def test_the_prefix_is_every_earlier_message_with_its_fields_but_not_cache_control(
+    client: AsyncAnthropic,
+) -> None:
+    """As documented, a mid-conversation system message is in the prefix, every field of it; breakpoints are not."""
+    steer: Any = {"role": "system", "content": [{"type": "text", "text": "Brief."}], "output_config": {"effort": "low"}}
+    user: Any = {"role": "user", "content": "Find it."}
+    first = await turn(client, BINDING, [user, steer])
+    call = first.content[1]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "42"}]}
+    after = [{"role": "assistant", "content": [block.model_dump() for block in first.content]}, result]
+    assert (await turn(client, BINDING, [user, steer, *after])).content
+    marked = {**steer, "content": [{**steer["content"][0], "cache_control": {"type": "ephemeral"}}]}
+    assert (await turn(client, BINDING, [user, marked, *after])).content
+    assert (await turn(client, BINDING, [user, {**steer, "content": "Brief."}, *after])).content
+    for changed in ({**steer, "output_config": {"effort": "high"}}, {**steer, "content": [*steer["content"], TEXT]}):
+        refused = await rejected(client, BINDING, [user, changed, *after])
+        assert "The block is bound to a different conversation" in refused
+
+
+TEXT: Any = {"type": "text", "text": "Then list what you need next."}
+
+
 async def test_overflow_is_refused_with_the_api_texts(client: AsyncAnthropic) -> None:
     long = [{"role": "user", "content": "word " * 9000}]
     assert (await rejected(client, MODEL, long)).startswith("prompt is too long: ")

@@ -77,19 +77,21 @@ def continued_turn(messages: Sequence[Mapping[str, Any]]) -> frozenset[int]:
 
     A turn is continued when the final message is a user message holding tool results that answer the assistant
     message before it; the turn goes back through every earlier assistant message answered by tool results alone.
+    Mid-conversation system messages stand between them without ending the turn (Claude Code appends one after
+    each tool result on the newest models).
     """
-    last = len(messages) - 1
-    if last < 1 or messages[last].get("role") != "user":
+    order = [position for position, message in enumerate(messages) if message.get("role") != "system"]
+    if len(order) < 2 or messages[order[-1]].get("role") != "user":
         return frozenset()
-    if not any(block_type(block) == "tool_result" for block in content_blocks(messages[last])):
+    if not any(block_type(block) == "tool_result" for block in content_blocks(messages[order[-1]])):
         return frozenset()
     turn: set[int] = set()
-    position = last - 1
-    while position >= 0 and messages[position].get("role") == "assistant":
-        turn.add(position)
-        if position < 2 or not is_tool_results(messages[position - 1]):
+    step = len(order) - 2
+    while step >= 0 and messages[order[step]].get("role") == "assistant":
+        turn.add(order[step])
+        if step < 2 or not is_tool_results(messages[order[step - 1]]):
             break
-        position -= 2
+        step -= 2
     return frozenset(turn)
 
 

@@ -8,6 +8,11 @@ two thirds of the way: the API refuses the request ("prompt is too long"), and C
 summary request, then a summary in place of the history). Through the proxy it completes without either: no request
 refused, no summary round trip, the compacted conversation replayed as the proxy compacted it.
 
+On a model that binds thinking to its prefix (`BINDING`), Claude Code also edits its newest system message every turn
+(a hint it adds and takes back), which the API's prefix check refuses ("bound to a different conversation") going
+direct; Claude Code then sends the request again without thinking. Through the proxy that happens only until the
+proxy first rewrites the conversation: from then on the proxy drops what the edit invalidated.
+
 Claude Code is told to send nothing but its API requests (`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` and the rest),
 and any other outbound connection goes to a dead proxy on loopback, so the test uses no network. Without the binary
 the test skips (the run's summary names the install command), and fails under CI, which installs it.
@@ -23,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.agent_cli import installed_cli, run_cli
 from tests.support.anthropic_rules import prompt_segments
 from tests.support.anthropic_upstream import AnthropicUpstream, thinks
@@ -30,6 +37,9 @@ from tests.support.proxies import LoopbackProxies
 
 CLAUDE_CODE_VERSION = "2.1.332"
 MODEL = "claude-sonnet-4-5"
+BINDING = "claude-fable-5-1"
+"""A model that binds thinking to its prefix: there Claude Code sends a system message after each tool result."""
+BOUND_ELSEWHERE = "The block is bound to a different conversation"
 WINDOW = 120_000
 """Small, yet more than `compact_at` of it plus the 32k Claude Code reserves for its reply (`max_tokens`)."""
 PARTS = 30
@@ -64,12 +74,13 @@ def write_parts(folder: Path) -> list[Path]:
 def reader(parts: list[Path]) -> Any:
     """The model: a Read call for the part after the one whose result ends the request, then, after the last, `FINAL`.
 
-    It goes by the newest message only (what it read last), which every compaction keeps. Asked by Claude Code for a
-    summary of the conversation (its own compaction), it answers with one, in text, as told.
+    It goes by the newest user message only (what it read last), which every compaction keeps; on the newest models
+    Claude Code appends a system message after it each turn. Asked by Claude Code for a summary of the conversation
+    (its own compaction), it answers with one, in text, as told.
     """
 
     def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        last = json.dumps(body["messages"][-1])
+        last = newest_user_message(body)
         done = max((int(found) for found in MARKER.findall(last)), default=0)
         blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"Read part {done + 1} next."}]
         blocks = blocks if thinks(body) else []
@@ -86,8 +97,9 @@ def reader(parts: list[Path]) -> Any:
     return respond
 
 
-async def run_claude(binary: Path, base_url: str, workdir: Path, home: Path) -> tuple[int, str]:
-    """`claude -p` in `workdir` against `base_url`: its exit code and what it printed (stdout, then stderr)."""
+async def run_claude(binary: Path, model: str, base_url: str, workdir: Path, home: Path) -> tuple[int, str]:
+    """`claude -p --model model` in `workdir` against `base_url`: its exit code and what it printed (stdout, then
+    stderr)."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),
@@ -103,54 +115,74 @@ async def run_claude(binary: Path, base_url: str, workdir: Path, home: Path) -> 
         "NO_PROXY": "127.0.0.1,localhost",
     }
     prompt = f"Read the {PARTS} part files in this folder, one after the other."
-    command = [str(binary), "-p", prompt, "--model", MODEL, "--allowedTools", "Read"]
+    command = [str(binary), "-p", prompt, "--model", model, "--allowedTools", "Read"]
     code, out, err = await run_cli(command, workdir, env)
     return code, out + err
 
 
+def newest_user_message(body: Mapping[str, Any]) -> str:
+    """The newest user message of a request, as JSON (what follows it is Claude Code's system messages, if anything)."""
+    return json.dumps(next(m for m in reversed(body["messages"]) if m.get("role") == "user"))
+
+
 def summarizing(bodies: list[dict[str, Any]]) -> int:
     """How many of `bodies` are Claude Code asking for a summary of its conversation (its own compaction)."""
-    return sum(1 for body in bodies if SUMMARY_REQUEST in json.dumps(body["messages"][-1]))
+    return sum(1 for body in bodies if SUMMARY_REQUEST in newest_user_message(body))
 
 
+@pytest.mark.parametrize("model", [MODEL, BINDING])
 async def test_claude_code_overflows_going_direct_and_completes_through_the_proxy_without_compacting_itself(
-    tmp_path: Path,
+    tmp_path: Path, model: str
 ) -> None:
     binary = claude_binary()
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()
     parts = write_parts(tmp_path / "work")
     async with AnthropicUpstream(context_window=WINDOW, responder=reader(parts)) as upstream:
-        await run_claude(binary, upstream.base_url, tmp_path / "work", tmp_path / "home")
+        await run_claude(binary, model, upstream.base_url, tmp_path / "work", tmp_path / "home")
         overflows = [error for error in upstream.rejections if "prompt is too long" in error["error"]["message"]]
         assert overflows, "going direct, the session did not overflow: the test proves nothing"
         assert summarizing(upstream.requests) >= 1, "going direct, Claude Code had to compact on its own"
         direct, refused = len(upstream.requests), len(upstream.rejections)
+        unbound = [error for error in upstream.rejections if BOUND_ELSEWHERE in error["error"]["message"]]
+        assert len(unbound) + len(overflows) == refused, upstream.rejections
+        assert bool(unbound) is (model == BINDING), "Claude Code edits its newest system message on binding models"
 
         proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
         proxy = await proxies.start()
         try:
             code, printed = await run_claude(
-                binary, proxy.url.removesuffix("/v1"), tmp_path / "work", tmp_path / "home"
+                binary, model, proxy.url.removesuffix("/v1"), tmp_path / "work", tmp_path / "home"
             )
         finally:
             await proxies.close()
 
     through = upstream.requests[direct:]
+    refused_through = [position - direct for position in upstream.refused[refused:]]
     prompts = [sum(segment.tokens for segment in prompt_segments(body, body["messages"])) for body in through]
     compacted = proxy.metric("compaction_proxy_decisions_total", route="messages", decision="compacted")
     cached = proxy.metric("compaction_proxy_cached_prompt_tokens_total") / proxy.metric(
         "compaction_proxy_prompt_tokens_total"
     )
     print(
-        f"\ndirect: {direct} requests, {len(overflows)} refused as too long, {summarizing(upstream.requests[:direct])}"
-        f" summary by Claude Code; through the proxy: {len(through)} requests, {compacted:.0f} compacted, prompts of"
+        f"\n{model} direct: {direct} requests, {len(overflows)} refused as too long, {len(unbound)} as bound to a"
+        f" different conversation, {summarizing(upstream.requests[:direct])} summary by Claude Code; through the"
+        f" proxy: {len(through)} requests, {len(refused_through)} refused, {compacted:.0f} compacted, prompts of"
         f" {min(prompts)} to {max(prompts)} tokens in a {WINDOW}-token window, {cached:.0%} read from the cache"
     )
     assert code == 0, printed[-2000:]
     assert FINAL in printed, printed[-2000:]
     assert TOO_LONG not in printed
-    assert upstream.rejections[refused:] == [], "the proxy sent nothing the API refuses"
     assert summarizing(through) == 0, "Claude Code never needed to compact on its own"
-    assert len(through) == PARTS + 1, "one request per part read, then the answer: nothing retried"
     assert compacted >= 1
+    assert len(through) == PARTS + 1 + len(refused_through), "one request per part read, then the answer"
+    if model == MODEL:
+        assert refused_through == [], "the proxy sent nothing the API refuses"
+        return
+    # Until the proxy first rewrites the conversation it forwards Claude Code's own requests as they came, and the API
+    # refuses those as it does going direct; from then on it drops what Claude Code's edit invalidated, and lets the
+    # turn's own thinking through for the API to drop (the opt-in Claude Code never sends itself).
+    assert all(BOUND_ELSEWHERE in error["error"]["message"] for error in upstream.rejections[refused:])
+    rewritten = next(index for index, body in enumerate(through) if "block_binding" in json.dumps(body["thinking"]))
+    assert all(index < rewritten for index in refused_through), "the proxy sent nothing the API refuses"
+    assert len(refused_through) < len(unbound)

@@ -96,6 +96,9 @@ def test_the_continued_turn_runs_back_through_its_tool_results() -> None:
     assert continued_turn([*messages, {"role": "assistant", "content": "done"}]) == set()
     mixed = {"role": "user", "content": [*result["content"], {"type": "text", "text": "and"}]}
     assert continued_turn([messages[0], use, mixed, use, result]) == {3}
+    hint = {"role": "system", "content": "<total_tokens>9 tokens left</total_tokens>"}
+    steered = [messages[0], use, result, hint, use, result, hint]
+    assert continued_turn(steered) == {1, 4}, "Claude Code's system message after each result does not end the turn"
 
 
 def test_the_proxys_breakpoint_fits_within_four_and_follows_the_clients_lifetime() -> None:
