@@ -144,6 +144,8 @@ class AnthropicUpstream(LoopbackServer):
         self.targets: list[str] = []
         """Each create request's path and query."""
         self.rejections: list[dict[str, Any]] = []
+        self.usages: list[dict[str, int]] = []
+        """The usage of each message answered."""
         self.dropped_thinking = 0
         self.stream_error: dict[str, Any] | None = None
         self._ids = itertools.count(1)
@@ -170,6 +172,7 @@ class AnthropicUpstream(LoopbackServer):
         usage = self.cache.usage(str(body["model"]), segments)
         content = self._signed(body, self.responder(body))
         usage["output_tokens"] = sum(block_tokens(block) for block in content)
+        self.usages.append(usage)
         stop = "tool_use" if any(block["type"] == "tool_use" for block in content) else "end_turn"
         return {
             "id": f"msg_{next(self._ids):08d}",
