@@ -101,3 +101,29 @@ def messages_array(raw: bytes) -> bytes:
     start = text.index("[", text.index('"messages"'))
     _value, end = json.JSONDecoder().raw_decode(text, start)
     return raw[start:end] if text.isascii() else text[start:end].encode()
+
+
+async def collect_stream(stream: Any) -> dict[str, Any]:
+    """The assistant message a streamed chat completion (the SDK's chunks) holds; checks it carried no usage."""
+    content = ""
+    calls: dict[int, dict[str, Any]] = {}
+    usage_chunks = 0
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage_chunks += 1
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(
+                    call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                entry["id"] = call.id or entry["id"]
+                if call.function:
+                    entry["function"]["name"] += call.function.name or ""
+                    entry["function"]["arguments"] += call.function.arguments or ""
+    assert usage_chunks == 0, "the client did not ask for usage, so it must not see a usage chunk"
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import aiohttp
 import orjson
@@ -66,6 +66,11 @@ class FormatCase:
     """The body's key that holds the conversation."""
     text_part: str = ""
     """What the format calls the part of an answer that holds its text (see `Answer.parts`)."""
+    no_tools: ClassVar[Any] = "none"
+    """The `tool_choice` that lets the model call no tool."""
+    moving_breakpoints: bool = False
+    """Whether the client marks cache breakpoints in the body and moves them as the conversation grows (Anthropic's
+    `cache_control`): a call that repeats a forwarded request's entries then repeats them, not their bytes."""
     overflow_states_window: bool = True
     """Whether the upstream's overflow error says how large the window is (the Responses API's does not: the proxy
     learns an estimate from it)."""
@@ -314,6 +319,8 @@ class MessagesCase(FormatCase):
     upstream_fixture = "anthropic_upstream"
     entries = "messages"
     text_part = "text"
+    no_tools: ClassVar[Any] = {"type": "none"}
+    moving_breakpoints = True
 
     def credentials(self, key: str) -> dict[str, str]:
         return {"x-api-key": key, "anthropic-version": "2023-06-01", "content-type": "application/json"}
