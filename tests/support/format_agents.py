@@ -43,6 +43,10 @@ class FormatAgent:
     """A window the run outgrows within a few dozen turns."""
     tools: list[Any]
     """The client's tools, as the format declares them."""
+    cached_share: float
+    """The share of prompt tokens a 200-turn run through the proxy reads from the provider's cache, at least."""
+    compactions_share: float
+    """The share of a 200-turn run's turns compacted, at most."""
 
     def install(self, upstream: Upstream, summary: str) -> None:
         """Put the agent's model on `upstream`, answering the proxy's summary calls with `summary`."""
@@ -61,6 +65,8 @@ class ChatAgent(FormatAgent):
     wire = CHAT_COMPLETIONS
     window = 4096
     tools = agent_run.TOOLS
+    cached_share = 0.5
+    compactions_share = 1 / 4
     steps: Final = 20
 
     def install(self, upstream: Upstream, summary: str) -> None:
@@ -103,6 +109,8 @@ class ResponsesAgent(FormatAgent):
     wire = RESPONSES
     window = 32_000
     tools = responses_agent.TOOLS
+    cached_share = 0.8
+    compactions_share = 1 / 10
 
     def install(self, upstream: Upstream, summary: str) -> None:
         assert isinstance(upstream, OpenAIUpstream)
@@ -126,6 +134,8 @@ class MessagesAgent(FormatAgent):
     wire = MESSAGES
     window = 32_000
     tools = anthropic_agent.TOOLS
+    cached_share = 0.8
+    compactions_share = 1 / 10
 
     def install(self, upstream: Upstream, summary: str) -> None:
         assert isinstance(upstream, AnthropicUpstream)

@@ -86,7 +86,7 @@ class FormatCase:
         """A request: a system prompt, `turns` turns and a last question.
 
         A turn is a question, a call of the `lookup` tool, its result and an answer, each `paragraphs` long (about 16
-        tokens each); without `tools`, a question and an answer only (nothing for tool-result strategies to take).
+        tokens each); without `tools`, a question and an answer only, and no tool offered.
         """
         raise NotImplementedError
 
@@ -179,7 +179,7 @@ class ChatCompletionsCase(FormatCase):
             messages.append({"role": "assistant", "content": PARAGRAPH * paragraphs})
         messages.append({"role": "user", "content": QUESTION})
         schemas = [{"type": "function", "function": {"name": TOOL, "parameters": {"type": "object", "properties": {}}}}]
-        return {"model": model or self.model, "messages": messages, "tools": schemas}
+        return {"model": model or self.model, "messages": messages, **({"tools": schemas} if tools else {})}
 
     def tool_conversation(self, task: str, results: Sequence[tuple[str, str]], question: str) -> dict[str, Any]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
@@ -260,7 +260,8 @@ class ResponsesCase(FormatCase):
             items.append({"role": "assistant", "content": PARAGRAPH * paragraphs})
         items.append({"role": "user", "content": QUESTION})
         schemas = [{"type": "function", "name": TOOL, "parameters": {"type": "object", "properties": {}}}]
-        return {"model": model or self.model, "instructions": SYSTEM, "input": items, "tools": schemas, "store": False}
+        offered = {"tools": schemas} if tools else {}
+        return {"model": model or self.model, "instructions": SYSTEM, "input": items, **offered, "store": False}
 
     def tool_conversation(self, task: str, results: Sequence[tuple[str, str]], question: str) -> dict[str, Any]:
         items: list[dict[str, Any]] = [{"role": "user", "content": task}]
