@@ -12,40 +12,33 @@ from typing import Any
 
 import aiohttp
 import openai
-import orjson
 import pytest
 
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES
 from tests.support.openai_upstream import OpenAIUpstream
-from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.proxies import LoopbackProxies
 from tests.support.responses_api import responses_tool_loop_responder
 from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
 
 WINDOW = 4096
 
 
-async def metrics(proxy: RunningProxy) -> str:
-    """What the proxy's `/metrics` serves."""
-    async with aiohttp.ClientSession() as http, http.get(proxy.url.removesuffix("/v1") + "/metrics") as response:
-        return await response.text()
-
-
-def entries(wire: FormatCase, raw: bytes) -> list[Any]:
-    """The conversation of a forwarded body."""
-    conversation: list[Any] = orjson.loads(raw)[wire.entries]
-    return conversation
+@pytest.fixture
+def roomy(format_upstream: Upstream, format_proxies: LoopbackProxies) -> LoopbackProxies:
+    """Proxies in front of an upstream with room for anything: only the proxies' windows decide."""
+    format_upstream.context_window = 1_000_000
+    return format_proxies
 
 
 @by_format()
 async def test_off_switch_and_observe_mode_forward_the_clients_bytes(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
+    wire: FormatCase, format_upstream: Upstream, roomy: LoopbackProxies
 ) -> None:
-    format_upstream.context_window = 1_000_000
     body = wire.conversation(30, tools=False)
-    enforcing = await format_proxies.start(context_windows={wire.model: WINDOW})
+    enforcing = await roomy.start(context_windows={wire.model: WINDOW})
     status, headers, _ = await wire.post(enforcing, body)
     assert status == 200 and headers["X-Compaction"] == "compacted"
-    assert len(entries(wire, wire.forwarded(format_upstream)[-1])) < len(body[wire.entries])
+    assert len(wire.entries_of(wire.forwarded(format_upstream)[-1])) < len(body[wire.entries])
     assert int(headers["X-Compaction-Tokens-After"]) < int(headers["X-Compaction-Tokens-Before"])
     assert headers["X-Compaction-Context-Window"] == str(WINDOW)
 
@@ -54,7 +47,7 @@ async def test_off_switch_and_observe_mode_forward_the_clients_bytes(
     assert status == 200 and headers["X-Compaction"] == "skipped"
     assert wire.forwarded(format_upstream)[-1] == raw
 
-    observing = await format_proxies.start(mode="observe", context_windows={wire.model: WINDOW})
+    observing = await roomy.start(mode="observe", context_windows={wire.model: WINDOW})
     # Deliberately odd formatting, and streamed: observe mode must not even re-serialize it.
     odd = json.dumps({**body, "stream": True}, indent=1).encode()
     status, headers, _ = await wire.post(observing, odd)
@@ -65,10 +58,9 @@ async def test_off_switch_and_observe_mode_forward_the_clients_bytes(
 
 @by_format()
 async def test_an_unknown_model_is_forwarded_uncompacted(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
+    wire: FormatCase, format_upstream: Upstream, roomy: LoopbackProxies
 ) -> None:
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={wire.model: WINDOW})
+    proxy = await roomy.start(context_windows={wire.model: WINDOW})
     raw = json.dumps(wire.conversation(30, model="acme-private-model", tools=False)).encode()
     status, headers, _ = await wire.post(proxy, raw)
     assert status == 200
@@ -77,11 +69,8 @@ async def test_an_unknown_model_is_forwarded_uncompacted(
 
 
 @by_format()
-async def test_a_request_header_sets_the_window(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
-) -> None:
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={wire.model: WINDOW})
+async def test_a_request_header_sets_the_window(wire: FormatCase, roomy: LoopbackProxies) -> None:
+    proxy = await roomy.start(context_windows={wire.model: WINDOW})
     body = wire.conversation(30, model="acme-private-model", tools=False)
     status, headers, answer = await wire.post(proxy, body, **{"X-Context-Window": "3000"})
     assert status == 200
@@ -107,9 +96,9 @@ async def test_an_overflow_is_compacted_and_retried_once(
     assert learned == WINDOW if wire.overflow_states_window else learned < 16_384
     assert int(headers["X-Compaction-Tokens-After"]) <= 0.4 * learned
     rejected, retried = wire.forwarded(format_upstream)  # the rejected original, then one compacted retry
-    assert rejected == raw and entries(wire, retried) != body[wire.entries]
+    assert rejected == raw and wire.entries_of(retried) != body[wire.entries]
     # The retry's compaction is counted as one (by strategy and tokens), the request once, as first decided.
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert "compaction_proxy_tokens_after_count 1.0" in exposed
     assert 'compaction_proxy_overflow_retries_total{result="compacted"} 1.0' in exposed
     assert f'compaction_proxy_outcomes_total{{api="{wire.name}",outcome="compacted"}}' not in exposed
@@ -141,31 +130,29 @@ async def test_a_large_request_is_retried_after_an_overflow_too(
 
 @by_format()
 async def test_two_credentials_share_no_state(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
+    wire: FormatCase, format_upstream: Upstream, roomy: LoopbackProxies
 ) -> None:
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={wire.model: WINDOW})
+    proxy = await roomy.start(context_windows={wire.model: WINDOW})
     window = {"X-Context-Window": "6000"}
     body = wire.conversation(30, tools=False)
     # Alice's long conversation is compacted, and the proxy remembers the rewrite for it...
     _status, headers, _ = await wire.post(proxy, body, **window)
     assert headers["X-Compaction"] == "compacted"
-    alice_sent = entries(wire, wire.forwarded(format_upstream)[-1])
+    alice_sent = wire.entries_of(wire.forwarded(format_upstream)[-1])
     # ...but Bob's next turn of the very same conversation finds none of it: he is compacted afresh...
     _status, headers, _ = await wire.post(proxy, wire.next_turn(body), key="sk-bob", **window)
     assert headers["X-Compaction"] == "compacted"
     # ...while Alice's next turn replays her rewrite, which leaves it under the trigger: the prefix stays as sent.
     _status, headers, _ = await wire.post(proxy, wire.next_turn(body), **window)
     assert headers["X-Compaction"] == "unchanged"
-    assert entries(wire, wire.forwarded(format_upstream)[-1])[: len(alice_sent)] == alice_sent
+    assert wire.entries_of(wire.forwarded(format_upstream)[-1])[: len(alice_sent)] == alice_sent
 
 
 @by_format()
 async def test_a_window_override_is_not_remembered(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
+    wire: FormatCase, format_upstream: Upstream, roomy: LoopbackProxies
 ) -> None:
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={})  # the model's own window, from the shipped table
+    proxy = await roomy.start(context_windows={})  # the model's own window, from the shipped table
     body = wire.conversation(30, tools=False)
     _status, headers, _ = await wire.post(proxy, body, **{"X-Context-Window": "6000"})
     assert headers["X-Compaction"] == "compacted"
@@ -177,13 +164,10 @@ async def test_a_window_override_is_not_remembered(
 
 
 @by_format()
-async def test_metrics_count_compactions_by_strategy(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
-) -> None:
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={wire.model: WINDOW})
+async def test_metrics_count_compactions_by_strategy(wire: FormatCase, roomy: LoopbackProxies) -> None:
+    proxy = await roomy.start(context_windows={wire.model: WINDOW})
     await wire.post(proxy, wire.conversation(30, tools=False), **{"X-Context-Window": "3000"})
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_compactions_total{strategy="sliding_window"} 1.0' in exposed
     assert f'compaction_proxy_outcomes_total{{api="{wire.name}",outcome="compacted"}} 1.0' in exposed
 

@@ -71,11 +71,6 @@ async def chat(proxy: RunningProxy, messages: list[dict[str, Any]]) -> tuple[dic
         return dict(answer.headers), await answer.json()
 
 
-async def metrics(proxy: RunningProxy) -> str:
-    async with aiohttp.ClientSession() as http, http.get(proxy.url.removesuffix("/v1") + "/metrics") as answer:
-        return await answer.text()
-
-
 async def settled(proxy: RunningProxy) -> None:
     """Wait until no count is in flight."""
     await wait_for(lambda: not proxy.service.exact.counts.running())
@@ -107,7 +102,7 @@ async def test_the_first_request_is_decided_on_the_upstreams_count(wire: FormatC
     assert headers[COUNT_HEADER] == "exact"
     assert int(headers["X-Compaction-Tokens-Before"]) == wire.prompt_tokens(answer)
     assert "X-Compaction-Tokens-Before-Bound" not in headers
-    assert 'compaction_proxy_exact_counts_total{result="counted"} 1.0' in await metrics(proxy)
+    assert 'compaction_proxy_exact_counts_total{result="counted"} 1.0' in await proxy.exposition()
 
 
 @pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
@@ -124,7 +119,7 @@ async def test_the_first_request_is_estimated_exactly(kind: str, proxies: Loopba
     # tiktoken alone would have been far off this tokenizer.
     local = counter_for_model(MODEL).messages_tokens(conversation(3))
     assert local < 0.8 * body["usage"]["prompt_tokens"]
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_exact_counts_total{result="counted"} 1.0' in exposed
     assert "compaction_proxy_local_count_error_ratio_count 1.0" in exposed
 
@@ -167,7 +162,7 @@ async def test_a_resent_conversation_asks_only_about_its_new_text(proxies: Loopb
     assert headers["X-Compaction-Count"] == "exact"
     assert int(headers["X-Compaction-Tokens-Before"]) == second["usage"]["prompt_tokens"]
     assert tokenized == [f"<|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>user\n{report}<|im_end|>\n"]
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_exact_counts_total{result="reported"} 1.0' in exposed
     assert 'compaction_proxy_exact_counts_total{result="counted"} 2.0' in exposed
 
@@ -182,7 +177,7 @@ async def test_a_server_without_the_endpoints_is_asked_once(proxies: LoopbackPro
     assert [seen.path for seen in upstream.counted()] == ["/apply-template", "/tokenize"]
     # The first request asked and was not answered; with nothing left to ask, the next three (under the trigger in
     # bytes) were sized by their bytes and counted nothing.
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_exact_counts_total{result="failed"} 1.0' in exposed
     assert 'compaction_proxy_outcomes_total{api="chat_completions",outcome="unchanged"} 4.0' in exposed
 
@@ -204,7 +199,7 @@ async def test_a_slow_server_delays_a_request_by_the_budget_at_most(proxies: Loo
     assert "X-Compaction-Count" not in headers
     # The late answer is kept: the conversation sent again asks nothing more.
     assert len(upstream.counted()) == asked
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_exact_counts_total{result="late"} 1.0' in exposed
     assert 'compaction_proxy_exact_counts_total{result="cached"} 1.0' in exposed
 
@@ -218,7 +213,7 @@ async def test_a_lying_count_is_ignored(kind: str, lie: int, proxies: LoopbackPr
     assert "X-Compaction-Count" not in headers
     estimate = int(headers["X-Compaction-Tokens-Before"])
     assert estimate < 2 * body["usage"]["prompt_tokens"]
-    assert 'compaction_proxy_exact_counts_total{result="implausible"} 1.0' in await metrics(proxy)
+    assert 'compaction_proxy_exact_counts_total{result="implausible"} 1.0' in await proxy.exposition()
 
 
 def test_count_probes_are_off_against_openai_and_the_responses_counter_is_opt_in() -> None:

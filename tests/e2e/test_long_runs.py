@@ -7,7 +7,6 @@ The Messages API's own long runs (a model that binds thinking to its prefix, thi
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import openai
@@ -24,14 +23,6 @@ from tests.support.responses_api import responses_tool_loop_responder
 from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
 
 TURNS = 200
-
-
-def entries_bytes(raw: bytes, key: str) -> bytes:
-    """The exact bytes of the conversation (`key`'s array) inside a request body."""
-    text = raw.decode()
-    start = text.index("[", text.index(f'"{key}"'))
-    _value, end = json.JSONDecoder().raw_decode(text, start)
-    return raw[start:end] if text.isascii() else text[start:end].encode()
 
 
 def as_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,7 +56,7 @@ async def test_200_turns_never_overflow_keep_the_prefix_and_the_cache_hitting(
             before, after = as_blocks(orjson.loads(previous)), as_blocks(orjson.loads(current))
             assert after[: len(before)] == before, "a turn without compaction changed the forwarded prefix"
         else:
-            before_bytes, after_bytes = entries_bytes(previous, wire.entries), entries_bytes(current, wire.entries)
+            before_bytes, after_bytes = wire.entries_bytes(previous), wire.entries_bytes(current)
             assert after_bytes.startswith(before_bytes[:-1]), "a turn without compaction changed the forwarded prefix"
     # Every forwarded request fitted the window, and the provider's prompt cache kept hitting.
     prompts = wire.upstream_prompt_tokens(format_upstream)

@@ -12,7 +12,6 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import openai
 import orjson
 import pytest
@@ -22,7 +21,7 @@ from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE
 from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
-from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.proxies import LoopbackProxies
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder
 from tests.support.responses_api import FunctionCall, ResponsesReply
 from tests.support.wire_formats import CHAT_COMPLETIONS, FormatCase, Upstream, by_format
@@ -37,12 +36,6 @@ READ_WINDOW = 4400
 """The window (the proxy's and the upstream's) where `LOG` is offloaded and fits again when read, in every format."""
 
 
-async def metrics(proxy: RunningProxy) -> str:
-    """What the proxy's `/metrics` serves."""
-    async with aiohttp.ClientSession() as http, http.get(proxy.url.removesuffix("/v1") + "/metrics") as response:
-        return await response.text()
-
-
 def held_log(wire: FormatCase) -> dict[str, Any]:
     """`conversation`, in the format of `wire`."""
     return wire.tool_conversation(
@@ -55,12 +48,6 @@ def held_log(wire: FormatCase) -> dict[str, Any]:
 def mentions(value: Any, text: str) -> bool:
     """Whether `text` is in `value` (a JSON value, its strings escaped as JSON escapes them)."""
     return orjson.dumps(text).decode()[1:-1] in orjson.dumps(value).decode()
-
-
-def entries(wire: FormatCase, raw: bytes) -> list[Any]:
-    """The conversation of a forwarded body."""
-    conversation: list[Any] = orjson.loads(raw)[wire.entries]
-    return conversation
 
 
 @by_format()
@@ -85,14 +72,14 @@ async def test_an_offloaded_result_is_read_back_by_the_proxy(
     assert [sent["accept-encoding"] for sent in wire.forwarded_headers(format_upstream)] == ["identity", "identity"]
     assert wire.tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
     held = next(index for index, entry in enumerate(body[wire.entries]) if mentions(entry, LOG))
-    assert not mentions(orjson.loads(first), LOG) and mentions(entries(wire, first)[held], content_reference(LOG))
-    assert entries(wire, second)[: len(entries(wire, first))] == entries(wire, first)
-    assert entries(wire, second)[-1] == wire.read_result(LOG)
+    assert not mentions(orjson.loads(first), LOG) and mentions(wire.entries_of(first)[held], content_reference(LOG))
+    assert wire.entries_of(second)[: len(wire.entries_of(first))] == wire.entries_of(first)
+    assert wire.entries_of(second)[-1] == wire.read_result(LOG)
     assert got.prompt_tokens == sum(wire.upstream_prompt_tokens(format_upstream))
     if wire is CHAT_COMPLETIONS and not stream:
         assert isinstance(answer, dict) and isinstance(format_upstream, OpenAIUpstream)
         assert answer["usage"]["total_tokens"] == sum(usage["total_tokens"] for usage in format_upstream.usages)
-    exposed = await metrics(proxy)
+    exposed = await proxy.exposition()
     assert 'compaction_proxy_offload_reads_total{result="served"} 1.0' in exposed
     assert "compaction_proxy_offloaded_results_total 1.0" in exposed
     bytes_held = re.search(r"^compaction_proxy_offload_bytes_held (\S+)$", exposed, re.MULTILINE)

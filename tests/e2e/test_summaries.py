@@ -90,8 +90,8 @@ async def test_a_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
         extended = [sent for sent in forwarded if without_cache_control(orjson.loads(sent)[wire.entries]) == asked]
         assert extended, "not a forwarded prompt plus one"
         if not wire.moving_breakpoints:
-            array = entries_bytes(raw, wire.entries)
-            assert any(array.startswith(entries_bytes(sent, wire.entries)[:-1] + b",") for sent in extended)
+            array = wire.entries_bytes(raw)
+            assert any(array.startswith(wire.entries_bytes(sent)[:-1] + b",") for sent in extended)
         # The tools of the request it extends (the client's, and the read tool if it was offered), offered to none.
         tools = orjson.loads(extended[-1])["tools"]
         assert summary["tools"] == tools and [tool for tool in tools if READ_TOOL not in str(tool)] == agent.tools
@@ -103,14 +103,6 @@ async def test_a_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
     assert len(covered) == len(set(covered))
     carrying = [raw for raw in forwarded if "review the handlers" in str(orjson.loads(raw)[wire.entries])]
     assert carrying, "no request carried the summary"
-
-
-def entries_bytes(raw: bytes, key: str) -> bytes:
-    """The exact bytes of the conversation (`key`'s array) inside a request body."""
-    text = raw.decode()
-    start = text.index("[", text.index(f'"{key}"'))
-    _value, end = json.JSONDecoder().raw_decode(text, start)
-    return raw[start:end] if text.isascii() else text[start:end].encode()
 
 
 def span_positions(instruction: str) -> list[int]:

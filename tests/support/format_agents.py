@@ -35,6 +35,15 @@ def is_summary_request(wire: FormatCase, body: Mapping[str, Any]) -> bool:
     return last.get("role") == "user" and str(last.get("content", "")).startswith(SUMMARY_MARK)
 
 
+def answering_summaries(wire: FormatCase, agent: Callable[[Any], Any], summary: Any) -> Callable[[Any], Any]:
+    """A responder that answers the proxy's summary calls with `summary`, and the agent's turns as `agent` does."""
+
+    def respond(body: Any) -> Any:
+        return summary if is_summary_request(wire, body) else agent(body)
+
+    return respond
+
+
 class FormatAgent:
     """One format's agent (see the module docstring)."""
 
@@ -71,12 +80,7 @@ class ChatAgent(FormatAgent):
 
     def install(self, upstream: Upstream, summary: str) -> None:
         assert isinstance(upstream, OpenAIUpstream)
-        agent = agent_run.agent_responder()
-
-        def respond(body: dict[str, Any]) -> Reply:
-            return Reply(content=summary) if is_summary_request(self.wire, body) else agent(body)
-
-        upstream.responder = respond
+        upstream.responder = answering_summaries(self.wire, agent_run.agent_responder(), Reply(content=summary))
 
     async def run(self, proxy: RunningProxy, turns: int, streamed: Streamed) -> list[str]:
         async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
@@ -115,11 +119,7 @@ class ResponsesAgent(FormatAgent):
     def install(self, upstream: Upstream, summary: str) -> None:
         assert isinstance(upstream, OpenAIUpstream)
         agent = responses_tool_loop_responder("read_file", steps=20, arguments=lambda step, _k: {"path": f"f{step}"})
-
-        def respond(body: dict[str, Any]) -> ResponsesReply:
-            return ResponsesReply(text=summary) if is_summary_request(self.wire, body) else agent(body)
-
-        upstream.responses_responder = respond
+        upstream.responses_responder = answering_summaries(self.wire, agent, ResponsesReply(text=summary))
 
     async def run(self, proxy: RunningProxy, turns: int, streamed: Streamed) -> list[str]:
         async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
@@ -140,11 +140,7 @@ class MessagesAgent(FormatAgent):
     def install(self, upstream: Upstream, summary: str) -> None:
         assert isinstance(upstream, AnthropicUpstream)
         agent = tool_loop_responder("search", steps=2, words=60)
-
-        def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-            return [{"type": "text", "text": summary}] if is_summary_request(self.wire, body) else agent(body)
-
-        upstream.responder = respond
+        upstream.responder = answering_summaries(self.wire, agent, [{"type": "text", "text": summary}])
 
     async def run(self, proxy: RunningProxy, turns: int, streamed: Streamed) -> list[str]:
         base_url = f"http://127.0.0.1:{proxy.server.port}"
