@@ -95,10 +95,11 @@ class ChatAgent(FormatAgent):
                     tools=self.tools,  # type: ignore[arg-type]
                     stream=stream,
                 )
+                parsed: Any = raw.parse()  # a completion or its chunks: `stream` is not a literal, the SDK cannot tell
                 if stream:
-                    message = await agent_run.collect_stream(raw.parse())
+                    message = await agent_run.collect_stream(parsed)
                 else:
-                    message = raw.parse().choices[0].message.model_dump(exclude_none=True)
+                    message = parsed.choices[0].message.model_dump(exclude_none=True)
                 return message, raw.headers.get("x-compaction", "")
 
             # Every task takes `steps + 1` turns: `steps` tool rounds and the answer.

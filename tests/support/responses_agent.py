@@ -44,7 +44,8 @@ async def respond(client: openai.AsyncOpenAI, items: list[dict[str, Any]], *, st
     if not stream:
         return raw.parse(), header
     completed = None
-    async for event in raw.parse():
+    events: Any = raw.parse()  # a stream of events: `stream` is not a literal, so the SDK's types cannot tell
+    async for event in events:
         if event.type == "response.completed":
             completed = event.response
     assert completed is not None, "the stream ended without response.completed"

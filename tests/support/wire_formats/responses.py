@@ -55,16 +55,19 @@ class ResponsesCase(FormatCase):
         return {"type": "function_call_output", "call_id": "read-0", "output": text}
 
     def read(self, answer: Mapping[str, Any] | bytes) -> Answer:
+        response = answer
         if isinstance(answer, bytes):
+            # The response `response.completed` carries, and no item the stream showed that it does not hold.
             events = sse_data(answer)
-            (answer,) = [event["response"] for event in events if event["type"] == "response.completed"]
+            (response,) = [event["response"] for event in events if event["type"] == "response.completed"]
             added = [event["item"] for event in events if event["type"] == "response.output_item.added"]
-            assert [item["type"] for item in added] == [item["type"] for item in answer["output"]], "hidden items"
-        messages = [item for item in answer["output"] if item["type"] == "message"]
+            assert [item["type"] for item in added] == [item["type"] for item in response["output"]], "hidden items"
+        assert not isinstance(response, bytes)
+        output = response["output"]
+        messages = [item for item in output if item["type"] == "message"]
         text = "".join(part.get("text", "") for item in messages for part in item["content"])
-        calls = [item["name"] for item in answer["output"] if item["type"] == "function_call"]
-        parts = [item["type"] for item in answer["output"]]
-        return Answer(text, calls, answer["usage"]["input_tokens"], parts)
+        calls = [item["name"] for item in output if item["type"] == "function_call"]
+        return Answer(text, calls, response["usage"]["input_tokens"], [item["type"] for item in output])
 
     def prompt_tokens(self, answer: Mapping[str, Any]) -> int:
         return int(answer["usage"]["input_tokens"])
