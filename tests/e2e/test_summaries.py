@@ -27,6 +27,8 @@ from tests.support.wire_formats import FormatCase, Upstream, by_format
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
 CARRIED = ("authorization", "x-api-key", "anthropic-version")
+PER_CALL = {"messages", "input", "tools", "tool_choice", "stream", "stream_options", "include"}
+"""The fields a summary call sets itself (`include` asks for what a summary does not need)."""
 SUMMARY = "## Objective\n- review the handlers\n## Decisions and constraints\n(none)\n## Work done\n- read files\n"
 
 
@@ -96,6 +98,9 @@ async def test_a_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
         tools = orjson.loads(extended[-1])["tools"]
         assert summary["tools"] == tools and [tool for tool in tools if READ_TOOL not in str(tool)] == agent.tools
         assert summary["tool_choice"] == wire.no_tools and "stream" not in summary
+        # Everything else as the request it extends had it (model, instructions or system prompt, `store`, ...).
+        same = {key: value for key, value in summary.items() if key not in PER_CALL}
+        assert same == {key: value for key, value in orjson.loads(extended[-1]).items() if key not in PER_CALL}
         positions = span_positions(summary[wire.entries][-1]["content"])
         entries = summary[wire.entries]
         covered.append(json.dumps([entries[position - 1] for position in positions], sort_keys=True))

@@ -33,10 +33,13 @@ Turn = Callable[[list[dict[str, Any]]], Awaitable[tuple[dict[str, Any], str]]]
 """One model call: the history so far in, the assistant message and the response's `X-Compaction` header out."""
 
 
-async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6) -> list[str]:
+async def run_agent(
+    turn: Turn, tasks: int, steps: int, *, result_lines: int = 6, turns: int | None = None
+) -> list[str]:
     """Run `tasks` user tasks of `steps` tool rounds each, keeping the whole history client-side.
 
     :param result_lines: How many times each tool result repeats `FILE_TEXT` (6 is about 130 tokens).
+    :param turns: Stop after this many model calls, in the middle of a task if need be.
     :returns: The `X-Compaction` header of every turn, in order.
     """
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
@@ -46,6 +49,8 @@ async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6
         for step in range(steps + 1):
             message, header = await turn(messages)
             headers.append(header)
+            if len(headers) == turns:
+                return headers
             messages.append(message)
             messages.extend(tool_results(message, final=step == steps - 1, lines=result_lines))
             if not message.get("tool_calls"):

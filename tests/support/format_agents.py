@@ -62,7 +62,7 @@ class FormatAgent:
         raise NotImplementedError
 
     async def run(self, proxy: RunningProxy, turns: int, streamed: Streamed) -> list[str]:
-        """`turns` model calls (at least) through `proxy`: each one's `X-Compaction` header."""
+        """`turns` model calls through `proxy`: each one's `X-Compaction` header."""
         raise NotImplementedError
 
     def cached_tokens(self, upstream: Upstream) -> list[int]:
@@ -103,7 +103,7 @@ class ChatAgent(FormatAgent):
                 return message, raw.headers.get("x-compaction", "")
 
             # Every task takes `steps + 1` turns: `steps` tool rounds and the answer.
-            return await agent_run.run_agent(turn, math.ceil(turns / (self.steps + 1)), self.steps)
+            return await agent_run.run_agent(turn, math.ceil(turns / (self.steps + 1)), self.steps, turns=turns)
 
     def cached_tokens(self, upstream: Upstream) -> list[int]:
         assert isinstance(upstream, OpenAIUpstream)
