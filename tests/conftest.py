@@ -17,6 +17,7 @@ from typing import Final
 import aiohttp
 import pytest
 
+from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.support.examples import load_profile
 from tests.support.openai_upstream import OpenAIUpstream
 
@@ -27,6 +28,20 @@ load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 async def upstream() -> AsyncIterator[OpenAIUpstream]:
     """The OpenAI-like upstream (chat completions and the Responses API) on loopback, with its default window."""
     async with OpenAIUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def openai_upstream() -> AsyncIterator[OpenAIUpstream]:
+    """The fake OpenAI API (chat completions and the Responses API) on loopback: the upstream of those formats."""
+    async with OpenAIUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def anthropic_upstream() -> AsyncIterator[AnthropicUpstream]:
+    """The fake Anthropic Messages API on loopback, its model answering in text: the Messages format's upstream."""
+    async with AnthropicUpstream(responder=tool_loop_responder(tool=None)) as fake:
         yield fake
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
+from tests.support.wire_formats import FormatCase, Upstream
 
 MODEL = "gpt-4o-mini"
 WINDOW = 4096
@@ -31,4 +32,19 @@ async def start_proxy(upstream: OpenAIUpstream) -> AsyncIterator[StartProxy]:
         return (await proxies.start(**overrides)).url
 
     yield start
+    await proxies.close()
+
+
+@pytest.fixture
+def format_upstream(wire: FormatCase, request: pytest.FixtureRequest) -> Upstream:
+    """The fake upstream of the format a test runs for (its `wire` parameter, see `by_format`)."""
+    served: Upstream = request.getfixturevalue(wire.upstream_fixture)
+    return served
+
+
+@pytest.fixture
+async def format_proxies(format_upstream: Upstream) -> AsyncIterator[LoopbackProxies]:
+    """Proxies in front of `format_upstream`; each test names the windows it needs."""
+    proxies = LoopbackProxies(upstream=format_upstream.base_url)
+    yield proxies
     await proxies.close()

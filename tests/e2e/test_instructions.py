@@ -21,8 +21,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.e2e.test_controls import post
 from tests.support.agent_run import TOOLS as CHAT_TOOLS
+from tests.support.chat_requests import post
 from tests.support.openai_upstream import OpenAIUpstream, RecordedRequest, tool_loop_responder
 from tests.support.proxies import LoopbackProxies
 from tests.support.responses_api import responses_tool_loop_responder

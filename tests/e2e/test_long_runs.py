@@ -1,102 +1,79 @@
-"""Long tool-using runs through the real proxy with the official SDK: nothing overflows, prefixes stay stable."""
+"""Long tool-using runs through the real proxy with each format's official SDK: nothing overflows, the forwarded
+prefix stays stable between compactions, and most prompt tokens are read from the provider's cache.
+
+The Messages API's own long runs (a model that binds thinking to its prefix, thinking sent back) are in
+`tests/e2e/messages/test_long_runs.py`.
+"""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import aiohttp
 import openai
+import orjson
 import pytest
 
-from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.agent_run import FILE_TEXT, TOOLS, agent_responder, messages_array, run_agent
+from proxy.formats.anthropic.rules import without_cache_control
+from tests.support import responses_agent
+from tests.support.anthropic_rules import blocks_of
+from tests.support.format_agents import AGENTS
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.proxies import LoopbackProxies
+from tests.support.responses_api import responses_tool_loop_responder
+from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
+
+TURNS = 200
 
 
-async def sdk_agent(
-    client: openai.AsyncOpenAI, tasks: int, steps: int, stream: bool = False, result_lines: int = 6
-) -> list[str]:
-    """The agent run through the official SDK, streamed or not; returns each turn's `X-Compaction`."""
-
-    async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
-        raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
-            stream=stream,
-        )
-        if stream:
-            message = await _collect_stream(raw.parse())
-        else:
-            message = raw.parse().choices[0].message.model_dump(exclude_none=True)
-        return message, raw.headers.get("x-compaction", "")
-
-    return await run_agent(turn, tasks, steps, result_lines=result_lines)
+def as_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages body's messages with their content as blocks (a string is one text block) and no breakpoints."""
+    messages: list[dict[str, Any]] = body["messages"]
+    return [{**message, "content": without_cache_control(blocks_of(message))} for message in messages]
 
 
-async def _collect_stream(stream: Any) -> dict[str, Any]:
-    content = ""
-    calls: dict[int, dict[str, Any]] = {}
-    usage_chunks = 0
-    async for chunk in stream:
-        if chunk.usage is not None:
-            usage_chunks += 1
-        for choice in chunk.choices:
-            delta = choice.delta
-            content += delta.content or ""
-            for call in delta.tool_calls or []:
-                entry = calls.setdefault(
-                    call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-                )
-                entry["id"] = call.id or entry["id"]
-                if call.function:
-                    entry["function"]["name"] += call.function.name or ""
-                    entry["function"]["arguments"] += call.function.arguments or ""
-    assert usage_chunks == 0, "the client did not ask for usage, so it must not see a usage chunk"
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    if calls:
-        message["tool_calls"] = [calls[index] for index in sorted(calls)]
-    return message
-
-
-@pytest.mark.parametrize(("stream", "tasks", "steps"), [(False, 10, 20), (True, 4, 16)], ids=["json", "sse"])
-async def test_long_tool_run_never_overflows_and_prefix_stays_byte_identical(
-    upstream: OpenAIUpstream, start_proxy: StartProxy, stream: bool, tasks: int, steps: int
+@by_format()
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_200_turns_never_overflow_keep_the_prefix_and_the_cache_hitting(
+    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies, stream: bool
 ) -> None:
-    upstream.responder = agent_responder()
-    base_url = await start_proxy()
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
-        headers = await sdk_agent(client, tasks=tasks, steps=steps, stream=stream)
+    agent = AGENTS[wire]
+    agent.install(format_upstream, summary="")
+    format_upstream.context_window = agent.window
+    proxy = await format_proxies.start(context_windows={wire.model: agent.window})
+    headers = await agent.run(proxy, TURNS, lambda turn: stream)
 
-    chat = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
-    assert len(chat) == len(headers) >= tasks * steps
+    forwarded = wire.forwarded(format_upstream)
+    assert len(forwarded) == len(headers) == TURNS
     compactions = headers.count("compacted")
-    assert 1 <= compactions <= len(headers) // 4, f"{compactions} compactions in {len(headers)} turns"
-    # Between two compactions each forwarded prompt extends the previous one byte for byte.
-    for previous, current, header in zip(chat, chat[1:], headers[1:], strict=False):
+    assert 1 <= compactions <= len(headers) * agent.compactions_share, f"{compactions} in {len(headers)} turns"
+    assert "compacted-after-overflow" not in headers
+    # Between two compactions each forwarded prompt extends the previous one: byte for byte where the client moves
+    # no cache breakpoints, entry for entry (breakpoints aside) where it does.
+    for previous, current, header in zip(forwarded, forwarded[1:], headers[1:], strict=False):
         if header == "compacted":
             continue
-        before, after = messages_array(previous.body), messages_array(current.body)
-        assert after.startswith(before[:-1]), "a turn without compaction changed the forwarded prefix"
+        if wire.moving_breakpoints:
+            before, after = as_blocks(orjson.loads(previous)), as_blocks(orjson.loads(current))
+            assert after[: len(before)] == before, "a turn without compaction changed the forwarded prefix"
+        else:
+            before_bytes, after_bytes = wire.entries_bytes(previous), wire.entries_bytes(current)
+            assert after_bytes.startswith(before_bytes[:-1]), "a turn without compaction changed the forwarded prefix"
     # Every forwarded request fitted the window, and the provider's prompt cache kept hitting.
-    assert all(usage["prompt_tokens"] <= 4096 for usage in upstream.usages)
-    cached = sum(usage["prompt_tokens_details"]["cached_tokens"] for usage in upstream.usages)
-    prompt = sum(usage["prompt_tokens"] for usage in upstream.usages)
-    assert cached / prompt > 0.5, f"only {cached / prompt:.0%} of prompt tokens were served from the cache"
+    prompts = wire.upstream_prompt_tokens(format_upstream)
+    assert len(prompts) == len(headers) and max(prompts) < agent.window
+    cached = sum(agent.cached_tokens(format_upstream))
+    share = cached / sum(prompts)
+    print(f"\n{wire.name} ({'sse' if stream else 'json'}): {compactions} compactions, {share:.1%} cached")
+    assert share > agent.cached_share, f"only {share:.0%} of the prompt tokens were read from the cache"
 
 
-async def test_observe_mode_forwards_byte_identical_bodies(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
-    upstream.context_window = 1_000_000
-    base_url = await start_proxy(mode="observe")
-    history = [{"role": "user" if turn % 2 == 0 else "assistant", "content": FILE_TEXT * 20} for turn in range(40)]
-    # Deliberately odd formatting: observe mode must not even re-serialize it.
-    raw = json.dumps({"model": MODEL, "messages": history, "stream": True}, indent=1).encode()
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(f"{base_url}/chat/completions", data=raw, headers={"Authorization": "Bearer sk-test"}) as response,
-    ):
-        assert response.status == 200
-        assert response.headers["X-Compaction"] == "would-compact"  # what enforce would have done
-        await response.read()
-    assert upstream.requests[-1].body == raw
+async def test_the_responses_agent_overflows_going_direct(openai_upstream: OpenAIUpstream) -> None:
+    openai_upstream.context_window = AGENTS[RESPONSES].window
+    openai_upstream.responses_responder = responses_tool_loop_responder(
+        "read_file", steps=20, arguments=lambda step, _k: {"path": f"f{step}"}
+    )
+    base_url = openai_upstream.base_url + "/v1"
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as raised:
+            await responses_agent.run_agent(client, TURNS, lambda turn: False)
+    assert raised.value.code == "context_length_exceeded"

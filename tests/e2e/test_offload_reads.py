@@ -1,4 +1,5 @@
-"""Offloaded tool results read back through the proxy, end to end with the `openai` SDK, chat and Responses.
+"""Offloaded tool results read back through the proxy, end to end, for every format; then what only chat completions
+and the Responses API are checked for (read rounds, tenants, the next turn's prefix), with the `openai` SDK.
 
 The conversation's older large tool result is offloaded when it is compacted; the fake model (`reading_model`) calls
 the proxy's read tool with the reference it sees; the proxy answers the call itself and asks again; the client
@@ -11,7 +12,6 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import openai
 import orjson
 import pytest
@@ -21,8 +21,10 @@ from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE
 from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from tests.support.proxies import LoopbackProxies
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder
 from tests.support.responses_api import FunctionCall, ResponsesReply
+from tests.support.wire_formats import CHAT_COMPLETIONS, FormatCase, Upstream, by_format
 
 SECRET = "SECRET-7731"
 LOG = "".join(f"step {i:03d}: compiled module m{i} in {i * 7 % 97} ms\n" for i in range(230)) + f"{SECRET} failed.\n"
@@ -30,6 +32,61 @@ CLIENT_TOOLS: list[Any] = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
     for name in ("fetch_log", "check_status")
 ]
+READ_WINDOW = 4400
+"""The window (the proxy's and the upstream's) where `LOG` is offloaded and fits again when read, in every format."""
+
+
+def held_log(wire: FormatCase) -> dict[str, Any]:
+    """`conversation`, in the format of `wire`."""
+    return wire.tool_conversation(
+        "Investigate the failed build.",
+        [("fetch_log", LOG), ("check_status", "status: red")],
+        "Which marker does the log end with?",
+    )
+
+
+def mentions(value: Any, text: str) -> bool:
+    """Whether `text` is in `value` (a JSON value, its strings escaped as JSON escapes them)."""
+    return orjson.dumps(text).decode()[1:-1] in orjson.dumps(value).decode()
+
+
+@by_format()
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_offloaded_result_is_read_back_by_the_proxy(
+    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies, stream: bool
+) -> None:
+    wire.use_reading_model(format_upstream)
+    format_upstream.context_window = READ_WINDOW
+    proxy = await format_proxies.start(context_windows={wire.model: READ_WINDOW})
+    body = held_log(wire)
+    status, headers, answer = await wire.post(proxy, wire.streamed(body) if stream else body)
+    assert status == 200, answer
+    got = wire.read(answer)
+    assert (got.text, got.calls, got.parts) == (f"found {SECRET}", [], [wire.text_part])
+    assert READ_TOOL not in (answer.decode() if isinstance(answer, bytes) else orjson.dumps(answer).decode())
+    # A stream's headers went out before its reads were answered.
+    assert headers.get("X-Compaction-Reads") == (None if stream else "1")
+    assert headers["X-Compaction-Offloaded"] == "1"
+    assert "tool_result_offloading" in headers["X-Compaction-Strategies"]
+    first, second = wire.forwarded(format_upstream)
+    assert [sent["accept-encoding"] for sent in wire.forwarded_headers(format_upstream)] == ["identity", "identity"]
+    assert wire.tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
+    held = next(index for index, entry in enumerate(body[wire.entries]) if mentions(entry, LOG))
+    assert not mentions(orjson.loads(first), LOG) and mentions(wire.entries_of(first)[held], content_reference(LOG))
+    assert wire.entries_of(second)[: len(wire.entries_of(first))] == wire.entries_of(first)
+    assert wire.entries_of(second)[-1] == wire.read_result(LOG)
+    assert got.prompt_tokens == sum(wire.upstream_prompt_tokens(format_upstream))
+    if wire is CHAT_COMPLETIONS and not stream:
+        assert isinstance(answer, dict) and isinstance(format_upstream, OpenAIUpstream)
+        assert answer["usage"]["total_tokens"] == sum(usage["total_tokens"] for usage in format_upstream.usages)
+    exposed = await proxy.exposition()
+    assert 'compaction_proxy_offload_reads_total{result="served"} 1.0' in exposed
+    assert "compaction_proxy_offloaded_results_total 1.0" in exposed
+    bytes_held = re.search(r"^compaction_proxy_offload_bytes_held (\S+)$", exposed, re.MULTILINE)
+    assert bytes_held is not None and float(bytes_held.group(1)) >= len(LOG)
+
+
+# ---- chat completions and the Responses API, with the `openai` SDK ---------------------------------------------
 
 
 def conversation(log: str = LOG, question: str = "Which marker does the log end with?") -> list[dict[str, Any]]:
@@ -63,36 +120,6 @@ def chat_bodies(upstream: OpenAIUpstream) -> list[dict[str, Any]]:
 
 def tool_names(body: dict[str, Any]) -> list[str]:
     return [tool.get("name") or tool["function"]["name"] for tool in body.get("tools") or ()]
-
-
-async def test_a_non_streamed_read_is_answered_by_the_proxy(
-    client: openai.AsyncOpenAI, upstream: OpenAIUpstream
-) -> None:
-    raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=conversation(), tools=CLIENT_TOOLS
-    )
-    completion = raw.parse()
-    message = completion.choices[0].message
-    assert message.content == f"found {SECRET}"
-    assert not message.tool_calls
-    assert raw.headers["x-compaction-reads"] == "1"
-    assert raw.headers["x-compaction-offloaded"] == "1"
-    assert "tool_result_offloading" in raw.headers["x-compaction-strategies"]
-    first, second = chat_bodies(upstream)
-    assert [request.headers["Accept-Encoding"] for request in upstream.requests] == ["identity", "identity"]
-    assert tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
-    assert LOG not in orjson.dumps(first).decode() and content_reference(LOG) in first["messages"][3]["content"]
-    assert second["messages"][: len(first["messages"])] == first["messages"]
-    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "read-0", "content": LOG}
-    assert completion.usage is not None
-    assert completion.usage.prompt_tokens == sum(usage["prompt_tokens"] for usage in upstream.usages)
-    assert completion.usage.total_tokens == sum(usage["total_tokens"] for usage in upstream.usages)
-    async with aiohttp.ClientSession() as http, http.get(str(client.base_url).removesuffix("/v1/") + "/metrics") as got:
-        metrics = await got.text()
-    assert 'compaction_proxy_offload_reads_total{result="served"} 1.0' in metrics
-    assert "compaction_proxy_offloaded_results_total 1.0" in metrics
-    held = re.search(r"^compaction_proxy_offload_bytes_held (\S+)$", metrics, re.MULTILINE)
-    assert held is not None and float(held.group(1)) >= len(LOG)
 
 
 async def test_read_rounds_are_bounded(upstream: OpenAIUpstream, start_proxy: StartProxy) -> None:
@@ -138,27 +165,18 @@ async def test_a_read_that_does_not_fit_is_answered_without_it(
     assert refused["messages"][-1]["content"] == LOG
 
 
-@pytest.mark.parametrize("include_usage", [True, False])
-async def test_a_streamed_read_never_reaches_the_client(
-    client: openai.AsyncOpenAI, upstream: OpenAIUpstream, include_usage: bool
+async def test_a_streamed_read_never_reaches_the_client_nor_adds_a_usage_chunk(
+    client: openai.AsyncOpenAI, upstream: OpenAIUpstream
 ) -> None:
     raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=conversation(),
-        tools=CLIENT_TOOLS,
-        stream=True,
-        **({"stream_options": {"include_usage": True}} if include_usage else {}),
+        model=MODEL, messages=conversation(), tools=CLIENT_TOOLS, stream=True
     )
     chunks = [chunk async for chunk in raw.parse()]
     assert "x-compaction-reads" not in raw.headers  # a stream's headers go out before the model decides to read
     deltas = [choice.delta for chunk in chunks for choice in chunk.choices]
     assert not any(delta.tool_calls for delta in deltas)
     assert "".join(delta.content or "" for delta in deltas) == f"found {SECRET}"
-    usages = [chunk.usage for chunk in chunks if chunk.usage is not None]
-    if include_usage:
-        assert [usage.prompt_tokens for usage in usages] == [sum(usage["prompt_tokens"] for usage in upstream.usages)]
-    else:
-        assert usages == []
+    assert [chunk.usage for chunk in chunks if chunk.usage is not None] == []
     assert len(chat_bodies(upstream)) == 2
 
 
@@ -232,35 +250,6 @@ RESPONSES_TOOLS: list[Any] = [
     {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}}
     for name in ("fetch_log", "check_status")
 ]
-
-
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_responses_read_is_answered_by_the_proxy(
-    client: openai.AsyncOpenAI, upstream: OpenAIUpstream, stream: bool
-) -> None:
-    raw = await client.responses.with_raw_response.create(
-        model=MODEL,
-        instructions="You are a build assistant.",
-        input=response_items(),
-        tools=RESPONSES_TOOLS,
-        stream=stream,
-    )
-    assert raw.headers.get("x-compaction-reads") == (None if stream else "1")
-    if stream:
-        events = [event async for event in raw.parse()]
-        assert not any(getattr(getattr(event, "item", None), "type", "") == "function_call" for event in events)
-        (response,) = [event.response for event in events if event.type == "response.completed"]
-    else:
-        response = raw.parse()
-    assert [item.type for item in response.output] == ["message"]
-    assert response.output_text == f"found {SECRET}"
-    assert READ_TOOL not in response.model_dump_json()
-    first, second = upstream.responses_requests
-    assert tool_names(first) == ["fetch_log", "check_status", READ_TOOL]
-    assert second["input"][: len(first["input"])] == first["input"]
-    assert second["input"][-1] == {"type": "function_call_output", "call_id": "read-0", "output": LOG}
-    assert response.usage is not None
-    assert response.usage.input_tokens == sum(usage["input_tokens"] for usage in upstream.responses_usages)
 
 
 def read_call_arguments() -> str:

@@ -17,8 +17,8 @@ import orjson
 from proxy.config import Settings, env_name
 from proxy.settings_flags import SECRET_FIELDS, flag_of
 from tests.e2e.conftest import MODEL, WINDOW, StartProxy
-from tests.e2e.test_controls import history, post
 from tests.e2e.test_one_decision import tool_conversation
+from tests.support.chat_requests import history, post
 from tests.support.openai_upstream import OpenAIUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +32,8 @@ SMALL = hello(MODEL)
 
 NOT_PRODUCED_HERE = {
     ("X-Compaction", "error"): "tests/e2e/test_store_outage.py (a state store that does not answer)",
-    ("X-Compaction", "provider-compaction"): "tests/e2e/test_responses.py (provider_state: compaction)",
-    ("X-Compaction", "provider-truncation"): "tests/e2e/test_responses.py (provider_state: truncation)",
+    ("X-Compaction", "provider-compaction"): "tests/e2e/test_controls.py (provider_state: compaction)",
+    ("X-Compaction", "provider-truncation"): "tests/e2e/test_controls.py (provider_state: truncation)",
     ("X-Compaction-Count", "exact"): "tests/e2e/test_exact_counts.py (an upstream that counts)",
     **{
         ("X-Compaction-Deferred", signal): "tests/e2e/test_client_compaction.py (each signal)"

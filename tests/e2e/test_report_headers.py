@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.e2e.test_controls import history, post
+from tests.support.chat_requests import history, post
 from tests.support.openai_upstream import OpenAIUpstream
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 
 from proxy.server.upstream import PIECES_FROM_BYTES
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.e2e.test_controls import history, post
+from tests.support.chat_requests import history, post
 from tests.support.openai_upstream import OpenAIUpstream, context_length_error
 
 BIG_WINDOW = {MODEL: 1_000_000}

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.conftest import StartProxy
-from tests.e2e.test_controls import history, post
+from tests.support.chat_requests import history, post
 from tests.support.openai_upstream import OpenAIUpstream
 
 REQUESTS = 6

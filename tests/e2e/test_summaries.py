@@ -1,4 +1,8 @@
-"""Summaries in the proxy: written ahead, once per span, from the forwarded prefix; every failure falls back."""
+"""Summaries in the proxy: once per span, from the forwarded prefix, for every format; and for chat completions,
+written ahead, with every failure falling back.
+
+The Messages API's own case (a model that binds thinking to its prefix) is in `tests/e2e/messages/test_summaries.py`.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,23 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
-import openai
+import orjson
 import pytest
 
+from proxy.formats.anthropic.rules import without_cache_control
+from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e.conftest import MODEL, WINDOW
-from tests.e2e.test_long_runs import sdk_agent
-from tests.support.agent_run import TOOLS, agent_responder, messages_array
+from tests.support.format_agents import AGENTS
+from tests.support.format_agents import is_summary_request as is_summary_call
 from tests.support.openai_upstream import OpenAIUpstream, Reply
 from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.wire_formats import FormatCase, Upstream, by_format
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
+CARRIED = ("authorization", "x-api-key", "anthropic-version")
+PER_CALL = {"messages", "input", "tools", "tool_choice", "stream", "stream_options", "include"}
+"""The fields a summary call sets itself (`include` asks for what a summary does not need)."""
 SUMMARY = "## Objective\n- review the handlers\n## Decisions and constraints\n(none)\n## Work done\n- read files\n"
 
 
@@ -51,32 +61,53 @@ async def proxy_for(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any
     await proxies.close()
 
 
-async def test_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
-    upstream: OpenAIUpstream, proxy_for: Callable[..., Any]
+@by_format()
+async def test_a_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
+    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
 ) -> None:
-    upstream.responder = summarizing(agent_responder())
-    proxy = await proxy_for()
-    async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
-        headers = await sdk_agent(client, tasks=4, steps=20)
+    agent = AGENTS[wire]
+    agent.install(format_upstream, SUMMARY)
+    format_upstream.context_window = agent.window
+    strategies = ["summarization", "sliding_window", "middle_out"]
+    proxy = await format_proxies.start(context_windows={wire.model: agent.window}, strategies=strategies)
+    decisions = await agent.run(proxy, 120, lambda turn: turn % 2 == 1)
     await settled(proxy)
 
-    chat = [r for r in upstream.requests if r.path.endswith("/chat/completions")]
-    summaries = [r for r in chat if is_summary_request(r.json)]
-    forwarded = [messages_array(r.body) for r in chat if not is_summary_request(r.json)]
-    assert len(forwarded) == len(headers)
+    raws = wire.forwarded(format_upstream)
+    summaries = [raw for raw in raws if is_summary_call(wire, orjson.loads(raw))]
+    forwarded = [raw for raw in raws if raw not in summaries]
+    assert len(forwarded) == len(decisions) and "compacted" in decisions
     assert summaries, "the run never needed a summary"
     assert proxy.service.metrics.summaries_used._value.get() >= 1
+    assert proxy.service.metrics.summary_fallbacks.labels("upstream_error")._value.get() == 0, "a call was refused"
+    # Every call, the summary calls too, carries the client's credentials and API version.
+    carried = {tuple(sent.get(name) for name in CARRIED) for sent in wire.forwarded_headers(format_upstream)}
+    assert len(carried) == 1 and any(carried.pop()), "a call without the client's credentials or API version"
     covered = []
-    for request in summaries:
-        array = messages_array(request.body)
-        # The summary call is a forwarded prompt, byte for byte, plus one instruction at the end.
-        assert any(array.startswith(sent[:-1] + b",") for sent in forwarded), "not a forwarded prompt plus one"
-        assert request.json["tools"] == TOOLS and request.json["tool_choice"] == "none"
-        messages = request.json["messages"]
-        positions = span_positions(messages[-1]["content"])
-        covered.append(json.dumps([messages[position - 1] for position in positions], sort_keys=True))
+    for raw in summaries:
+        summary = orjson.loads(raw)
+        # The summary call is a forwarded prompt plus one instruction at the end: byte for byte where the client
+        # moves no cache breakpoints, entry for entry (breakpoints aside) where it does.
+        asked = without_cache_control(summary[wire.entries][:-1])
+        extended = [sent for sent in forwarded if without_cache_control(orjson.loads(sent)[wire.entries]) == asked]
+        assert extended, "not a forwarded prompt plus one"
+        if not wire.moving_breakpoints:
+            array = wire.entries_bytes(raw)
+            assert any(array.startswith(wire.entries_bytes(sent)[:-1] + b",") for sent in extended)
+        # The tools of the request it extends (the client's, and the read tool if it was offered), offered to none.
+        tools = orjson.loads(extended[-1])["tools"]
+        assert summary["tools"] == tools and [tool for tool in tools if READ_TOOL not in str(tool)] == agent.tools
+        assert summary["tool_choice"] == wire.no_tools and "stream" not in summary
+        # Everything else as the request it extends had it (model, instructions or system prompt, `store`, ...).
+        same = {key: value for key, value in summary.items() if key not in PER_CALL}
+        assert same == {key: value for key, value in orjson.loads(extended[-1]).items() if key not in PER_CALL}
+        positions = span_positions(summary[wire.entries][-1]["content"])
+        entries = summary[wire.entries]
+        covered.append(json.dumps([entries[position - 1] for position in positions], sort_keys=True))
     # No stretch of the conversation was summarized twice: the rewrite memory replays each summary instead.
     assert len(covered) == len(set(covered))
+    carrying = [raw for raw in forwarded if "review the handlers" in str(orjson.loads(raw)[wire.entries])]
+    assert carrying, "no request carried the summary"
 
 
 def span_positions(instruction: str) -> list[int]:

@@ -19,9 +19,9 @@ import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
-from tests.e2e import test_responses
 from tests.e2e.conftest import MODEL
 from tests.e2e.test_summaries import SUMMARY, settled
+from tests.support import responses_agent
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
 from tests.support.openai_tokens import CACHE_BLOCK_TOKENS, prompt_token_sequence
 from tests.support.openai_upstream import OpenAIUpstream
@@ -150,7 +150,7 @@ async def test_responses_summary_calls_repeat_the_forwarded_input_tools_included
 ) -> None:
     started = LoopbackProxies(
         upstream=responses_upstream.base_url,
-        context_windows={test_responses.MODEL: 9000},
+        context_windows={responses_agent.MODEL: 9000},
         strategies=STRATEGIES,
         # Each compaction rewrites from the instructions on: a summary planned before the conversation grew to the
         # trigger falls short, offloading makes up the rest, and the next summary follows an offloaded result.
@@ -163,7 +163,7 @@ async def test_responses_summary_calls_repeat_the_forwarded_input_tools_included
             settling(proxy) as http,
             openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
         ):
-            await test_responses.run_agent(client, 80, stream=False)
+            await responses_agent.run_agent(client, 80, lambda turn: False)
     finally:
         await started.close()
 

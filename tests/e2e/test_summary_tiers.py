@@ -14,9 +14,8 @@ from typing import Any
 import openai
 
 from tests.e2e.conftest import MODEL
-from tests.e2e.test_long_runs import sdk_agent
 from tests.e2e.test_summary_prefix import settling
-from tests.support.agent_run import agent_responder, is_summary_call
+from tests.support.agent_run import TOOLS, agent_responder, is_summary_call, run_agent
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
@@ -48,7 +47,16 @@ async def _agent(proxy: RunningProxy) -> None:
         settling(proxy) as http,
         openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
     ):
-        await sdk_agent(client, tasks=3, steps=20, result_lines=18)
+
+        async def turn(messages: list[Body]) -> tuple[Body, str]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+            )
+            return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
+
+        await run_agent(turn, tasks=3, steps=20, result_lines=18)
 
 
 def _compacted(turns: list[Body]) -> list[list[Body]]:

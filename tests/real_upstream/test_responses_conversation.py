@@ -7,7 +7,7 @@ server reuses the forwarded prefix from its KV cache.
 
 llama-server's Responses API takes messages and function call items, but emits no reasoning items and keeps no
 stored responses (`previous_response_id`), so those are covered against the strict fake upstream only
-(`tests/e2e/test_responses*.py`).
+(`tests/e2e/test_controls.py`, `test_long_runs.py`, `test_summaries.py`, parametrized by format).
 """
 
 from __future__ import annotations

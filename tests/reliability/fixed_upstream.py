@@ -7,9 +7,11 @@ loop. This server only reads the body (so the proxy's upload completes) and coun
 
 from __future__ import annotations
 
-from typing import Any, Final, Self
+from typing import Any, Final
 
 from aiohttp import web
+
+from tests.support.loopback_server import LoopbackServer
 
 REPLY: Final = "fixed upstream reply"
 """The assistant's content in every answer: a test asserts it to know the upstream's answer reached the client."""
@@ -31,7 +33,7 @@ _COMPLETION: Final[dict[str, Any]] = {
 }
 
 
-class FixedUpstream:
+class FixedUpstream(LoopbackServer):
     """`POST /v1/chat/completions` answers `_COMPLETION` (200) after reading the whole body; on 127.0.0.1.
 
     Observations: `requests` (chat completions answered) and `received_bytes` (their body bytes, in total).
@@ -40,27 +42,11 @@ class FixedUpstream:
     def __init__(self) -> None:
         self.requests = 0
         self.received_bytes = 0
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
-    async def __aenter__(self) -> Self:
+    def make_app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    @property
-    def base_url(self) -> str:
-        """`http://127.0.0.1:<port>`, the proxy's `upstream` setting."""
-        return f"http://127.0.0.1:{self._port}"
+        return app
 
     async def _chat_completions(self, request: web.Request) -> web.Response:
         size = 0

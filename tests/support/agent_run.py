@@ -33,10 +33,13 @@ Turn = Callable[[list[dict[str, Any]]], Awaitable[tuple[dict[str, Any], str]]]
 """One model call: the history so far in, the assistant message and the response's `X-Compaction` header out."""
 
 
-async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6) -> list[str]:
+async def run_agent(
+    turn: Turn, tasks: int, steps: int, *, result_lines: int = 6, turns: int | None = None
+) -> list[str]:
     """Run `tasks` user tasks of `steps` tool rounds each, keeping the whole history client-side.
 
     :param result_lines: How many times each tool result repeats `FILE_TEXT` (6 is about 130 tokens).
+    :param turns: Stop after this many model calls, in the middle of a task if need be.
     :returns: The `X-Compaction` header of every turn, in order.
     """
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a meticulous code reviewer."}]
@@ -46,6 +49,8 @@ async def run_agent(turn: Turn, tasks: int, steps: int, *, result_lines: int = 6
         for step in range(steps + 1):
             message, header = await turn(messages)
             headers.append(header)
+            if len(headers) == turns:
+                return headers
             messages.append(message)
             messages.extend(tool_results(message, final=step == steps - 1, lines=result_lines))
             if not message.get("tool_calls"):
@@ -101,3 +106,29 @@ def messages_array(raw: bytes) -> bytes:
     start = text.index("[", text.index('"messages"'))
     _value, end = json.JSONDecoder().raw_decode(text, start)
     return raw[start:end] if text.isascii() else text[start:end].encode()
+
+
+async def collect_stream(stream: Any) -> dict[str, Any]:
+    """The assistant message a streamed chat completion (the SDK's chunks) holds; checks it carried no usage."""
+    content = ""
+    calls: dict[int, dict[str, Any]] = {}
+    usage_chunks = 0
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage_chunks += 1
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(
+                    call.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                entry["id"] = call.id or entry["id"]
+                if call.function:
+                    entry["function"]["name"] += call.function.name or ""
+                    entry["function"]["arguments"] += call.function.arguments or ""
+    assert usage_chunks == 0, "the client did not ask for usage, so it must not see a usage chunk"
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message

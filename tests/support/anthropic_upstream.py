@@ -23,7 +23,7 @@ import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
 
@@ -42,6 +42,7 @@ from tests.support.anthropic_rules import (
     prefix_bytes,
     prompt_segments,
 )
+from tests.support.loopback_server import LoopbackServer
 
 LOOKBACK_BLOCKS = 20
 MIN_CACHE_TOKENS = 1024
@@ -114,7 +115,7 @@ class PromptCache:
         }
 
 
-class AnthropicUpstream:
+class AnthropicUpstream(LoopbackServer):
     """The fake Messages API server (see the module docstring).
 
     :param context_window: The window of any model not in `context_windows`.
@@ -137,37 +138,25 @@ class AnthropicUpstream:
         self.signer = Signer(secrets.token_bytes(32))
         self.cache = PromptCache()
         self.requests: list[dict[str, Any]] = []
+        self.bodies: list[bytes] = []
+        """Each create request's body, byte for byte (`requests` holds them parsed)."""
         self.headers: list[dict[str, str]] = []
         self.targets: list[str] = []
         """Each create request's path and query."""
         self.rejections: list[dict[str, Any]] = []
         self.refused: list[int] = []
         """The position in `requests` of each create request refused (in `rejections`)."""
+        self.usages: list[dict[str, int]] = []
+        """The usage of each message answered."""
         self.dropped_thinking = 0
         self.stream_error: dict[str, Any] | None = None
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
-    async def __aenter__(self) -> Self:
+    def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._create)
         app.router.add_post("/v1/messages/count_tokens", self._count)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    @property
-    def base_url(self) -> str:
-        """`http://127.0.0.1:port` (the `anthropic` SDK's `base_url`)."""
-        return f"http://127.0.0.1:{self._port}"
+        return app
 
     def window(self, model: str) -> int:
         matches = [prefix for prefix in self.context_windows if model.startswith(prefix)]
@@ -185,6 +174,7 @@ class AnthropicUpstream:
         usage = self.cache.usage(str(body["model"]), segments)
         content = self._signed(body, self.responder(body))
         usage["output_tokens"] = sum(block_tokens(block) for block in content)
+        self.usages.append(usage)
         stop = "tool_use" if any(block["type"] == "tool_use" for block in content) else "end_turn"
         return {
             "id": f"msg_{next(self._ids):08d}",
@@ -208,8 +198,10 @@ class AnthropicUpstream:
         return signed
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
         self.requests.append(body)
+        self.bodies.append(raw)
         self.targets.append(request.path_qs)
         self.headers.append({key.lower(): value for key, value in request.headers.items()})
         try:

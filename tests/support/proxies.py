@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
@@ -25,6 +26,11 @@ class RunningProxy:
     def url(self) -> str:
         """The base URL an OpenAI client is given."""
         return f"http://127.0.0.1:{self.server.port}/v1"
+
+    async def exposition(self) -> str:
+        """What `GET /metrics` serves, fetched over the proxy's socket."""
+        async with aiohttp.ClientSession() as http, http.get(self.url.removesuffix("/v1") + "/metrics") as response:
+            return await response.text()
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of what `/metrics` serves (0 for a labelled counter never counted)."""

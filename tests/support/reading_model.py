@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from proxy.pipeline.offload.tool import READ_TOOL
+from tests.support.anthropic_rules import blocks_of
 from tests.support.openai_upstream import Reply, ToolCall
 from tests.support.responses_api import FunctionCall, ResponsesReply
 
@@ -35,6 +36,17 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
     return ""
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside a value, at any depth."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [text for item in value.values() for text in _texts(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _texts(item)]
+    return []
 
 
 def _references(texts: Iterable[str]) -> list[str]:
@@ -84,3 +96,24 @@ def reading_responses_responder(request: dict[str, Any]) -> ResponsesReply:
         FunctionCall(READ_TOOL, _arguments(ref), call_id=f"{READ_ID_PREFIX}{k}") for k, ref in enumerate(references)
     )
     return ResponsesReply(function_calls=tuple(calls))
+
+
+def reading_messages_responder(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Messages model (see the module docstring): its answer's content blocks."""
+    messages: list[dict[str, Any]] = request["messages"]
+    read = [
+        text
+        for block in blocks_of(messages[-1])
+        if block.get("type") == "tool_result" and str(block.get("tool_use_id")).startswith("toolu_read")
+        for text in _texts(block.get("content"))
+    ]
+    if read:
+        return [{"type": "text", "text": found_answer(read)}]
+    offered = any(tool.get("name") == READ_TOOL for tool in request.get("tools") or ())
+    references = _references(_texts(messages))
+    if not offered or not references:
+        return [{"type": "text", "text": PLAIN_ANSWER}]
+    return [
+        {"type": "tool_use", "id": f"toolu_read{k}", "name": READ_TOOL, "input": {"reference": reference}}
+        for k, reference in enumerate(references)
+    ]

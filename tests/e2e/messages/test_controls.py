@@ -1,5 +1,8 @@
-"""The Messages API's controls through the real proxy: the overflow retry, `X-Compaction: off`, observe mode, the
-report headers, errors passed byte for byte, refusals in the API's shape, and who the caller and conversation are.
+"""The Messages API's own controls through the real proxy: an SDK agent's overflow retried, errors passed byte for
+byte, refusals in the API's shape, and who the caller and conversation are.
+
+The controls every format shares (the off switch, observe mode, windows, the overflow retry, tenants, metrics) are
+tested for this format too, in `tests/e2e/test_controls.py`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pytest
 
 from proxy.config import Settings
 from proxy.server.logging import ACCESS_LOGGER
-from tests.e2e.messages.conftest import NON_BINDING, WINDOW, base_url, sdk
+from tests.e2e.messages.conftest import NON_BINDING, base_url, sdk
 from tests.support.anthropic_agent import SYSTEM, TOOLS, run_agent
 from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies
@@ -55,27 +58,6 @@ async def test_an_overflow_is_compacted_and_retried_once(upstream: AnthropicUpst
     assert [rejection["error"]["message"].split(":")[0] for rejection in upstream.rejections] == ["prompt is too long"]
     retried = run.decisions.index("compacted-after-overflow")
     assert retried > 0 and "error" not in run.decisions
-
-
-async def test_compaction_off_and_observe_mode_forward_the_clients_bytes(
-    upstream: AnthropicUpstream, proxies: LoopbackProxies
-) -> None:
-    body = long_body()
-    enforcing = await proxies.start()
-    status, headers, _ = await post(base_url(enforcing), body)
-    assert status == 200 and headers["X-Compaction"] == "compacted"
-    assert len(upstream.requests[-1]["messages"]) < len(body["messages"])
-    assert int(headers["X-Compaction-Tokens-After"]) < int(headers["X-Compaction-Tokens-Before"])
-    assert headers["X-Compaction-Context-Window"] == str(WINDOW)
-
-    status, headers, _ = await post(base_url(enforcing), body, **{"X-Compaction": "off"})
-    assert status == 200 and headers["X-Compaction"] == "skipped"
-    assert upstream.requests[-1] == body
-
-    observing = await proxies.start(mode="observe")
-    status, headers, _ = await post(base_url(observing), body)
-    assert status == 200 and headers["X-Compaction"] == "would-compact"
-    assert upstream.requests[-1] == body
 
 
 async def test_an_upstream_error_reaches_the_client_byte_for_byte(
