@@ -7,15 +7,11 @@ The Messages API's own long runs (a model that binds thinking to its prefix, thi
 
 from __future__ import annotations
 
-from typing import Any
-
 import openai
 import orjson
 import pytest
 
-from proxy.formats.anthropic.rules import without_cache_control
 from tests.support import responses_agent
-from tests.support.anthropic_rules import blocks_of
 from tests.support.format_agents import AGENTS
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
@@ -23,12 +19,6 @@ from tests.support.responses_api import responses_tool_loop_responder
 from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
 
 TURNS = 200
-
-
-def as_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """A Messages body's messages with their content as blocks (a string is one text block) and no breakpoints."""
-    messages: list[dict[str, Any]] = body["messages"]
-    return [{**message, "content": without_cache_control(blocks_of(message))} for message in messages]
 
 
 @by_format()
@@ -53,7 +43,10 @@ async def test_200_turns_never_overflow_keep_the_prefix_and_the_cache_hitting(
         if header == "compacted":
             continue
         if wire.moving_breakpoints:
-            before, after = as_blocks(orjson.loads(previous)), as_blocks(orjson.loads(current))
+            before, after = (
+                wire.comparable_entries(orjson.loads(previous)[wire.entries]),
+                wire.comparable_entries(orjson.loads(current)[wire.entries]),
+            )
             assert after[: len(before)] == before, "a turn without compaction changed the forwarded prefix"
         else:
             before_bytes, after_bytes = wire.entries_bytes(previous), wire.entries_bytes(current)

@@ -15,7 +15,6 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.formats.anthropic.rules import without_cache_control
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e.conftest import MODEL, WINDOW
@@ -88,8 +87,8 @@ async def test_a_long_run_summarizes_each_span_once_from_the_forwarded_prefix(
         summary = orjson.loads(raw)
         # The summary call is a forwarded prompt plus one instruction at the end: byte for byte where the client
         # moves no cache breakpoints, entry for entry (breakpoints aside) where it does.
-        asked = without_cache_control(summary[wire.entries][:-1])
-        extended = [sent for sent in forwarded if without_cache_control(orjson.loads(sent)[wire.entries]) == asked]
+        asked = wire.comparable_entries(summary[wire.entries][:-1])
+        extended = [sent for sent in forwarded if wire.comparable_entries(orjson.loads(sent)[wire.entries]) == asked]
         assert extended, "not a forwarded prompt plus one"
         if not wire.moving_breakpoints:
             array = wire.entries_bytes(raw)

@@ -66,6 +66,10 @@ class FormatCase:
     def __repr__(self) -> str:
         return self.name
 
+    def comparable_entries(self, entries: Sequence[Any]) -> list[Any]:
+        """Entries as a call that repeats them must repeat them: as they are, where breakpoints do not move."""
+        return list(entries)
+
     def credentials(self, key: str) -> dict[str, str]:
         """The headers a client of this format sends its API key in (and whatever else the API requires)."""
         return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}

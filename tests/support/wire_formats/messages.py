@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final
 
+from proxy.formats.anthropic.rules import without_cache_control
+from tests.support.anthropic_rules import blocks_of
 from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.reading_model import reading_messages_responder
 from tests.support.wire_formats.case import PARAGRAPH, QUESTION, SYSTEM, TOOL, Answer, FormatCase, Upstream, sse_data
@@ -19,6 +21,11 @@ class MessagesCase(FormatCase):
     text_part = "text"
     no_tools: ClassVar[Any] = {"type": "none"}
     moving_breakpoints = True
+
+    def comparable_entries(self, entries: Sequence[Any]) -> list[Any]:
+        """Messages with their content as blocks and no breakpoints: a breakpoint the proxy or client adds turns a
+        string into a text block and marks it, and neither changes what the model reads or the cache serves."""
+        return [{**message, "content": without_cache_control(blocks_of(message))} for message in entries]
 
     def credentials(self, key: str) -> dict[str, str]:
         return {"x-api-key": key, "anthropic-version": "2023-06-01", "content-type": "application/json"}
