@@ -407,7 +407,8 @@ class ChatCompactionService:
         small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
         if thresholds is None or not small or self.exact.may_ask(exchange.tenant):
             return None
-        bound = byte_bound(chat.body, exchange.request.messages, calibration.ratio)
+        request = exchange.request
+        bound = byte_bound(chat.body, request.messages, calibration.ratio, request.added_prompt_tokens)
         if bound is None or bound >= thresholds.trigger_tokens:
             return None
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))

@@ -42,7 +42,9 @@ class Messages:
     read_tool: Mapping[str, Any] = summary.READ_TOOL_DEFINITION
     conversation_headers: tuple[str, ...] = (SESSION_HEADER,)
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
-    sized_by_bytes: bool = False
+    sized_by_bytes: bool = True
+    """Text blocks and tool calls are plain JSON; any other block (thinking, an image, a document) is an engine part
+    `proxy.pipeline.byte_bound` does not bound, and the tool-use system prompt is `added_prompt_tokens`."""
     socket: SocketMode | None = None
 
     reads = staticmethod(read_calls.reads)
