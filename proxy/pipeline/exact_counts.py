@@ -148,9 +148,12 @@ class ExactCounts:
             log_failure(logger, "Exact counting failed; this request is measured with the local count.", error)
         return None
 
-    def may_ask(self, tenant: bytes) -> bool:
-        """Whether the tenant's chat request could be counted exactly now: a method is not waiting out a back-off."""
-        return bool(self.trials.usable(tenant))
+    def may_ask(self, tenant: bytes, request: WireRequest) -> bool:
+        """Whether the tenant's request could be counted exactly now, before the proxy decides on its size.
+
+        Only a chat request is (`count_probes`' methods), while a method is not waiting out a back-off.
+        """
+        return isinstance(request, ChatRequest) and bool(self.trials.usable(tenant))
 
     def record(self, measured: Measured) -> dict[str, str]:
         """Count how far the local estimate was from the exact count; the response headers saying what was used."""

@@ -405,9 +405,9 @@ class ChatCompactionService:
     ) -> ForwardPlan | None:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
         small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
-        if thresholds is None or not small or self.exact.may_ask(exchange.tenant):
-            return None
         request = exchange.request
+        if thresholds is None or not small or self.exact.may_ask(exchange.tenant, request):
+            return None
         bound = byte_bound(chat.body, request.messages, calibration.ratio, request.added_prompt_tokens)
         if bound is None or bound >= thresholds.trigger_tokens:
             return None

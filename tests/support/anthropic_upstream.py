@@ -137,6 +137,8 @@ class AnthropicUpstream:
         self.signer = Signer(secrets.token_bytes(32))
         self.cache = PromptCache()
         self.requests: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []
+        """Each create request's body as it came."""
         self.headers: list[dict[str, str]] = []
         self.targets: list[str] = []
         """Each create request's path and query."""
@@ -206,7 +208,8 @@ class AnthropicUpstream:
         return signed
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        self.raw.append(await request.read())
+        body = json.loads(self.raw[-1])
         self.requests.append(body)
         self.targets.append(request.path_qs)
         self.headers.append({key.lower(): value for key, value in request.headers.items()})

@@ -65,7 +65,7 @@ class Source:
 
 def block_type(block: Any) -> str:
     """The block's `type`, or an empty string."""
-    kind = block.get("type") if isinstance(block, Mapping) else None
+    kind = block.get("type") if type(block) is dict or isinstance(block, Mapping) else None
     return kind if isinstance(kind, str) else ""
 
 
