@@ -124,8 +124,11 @@ class Messages:
         return Overflow(found.window) if found is not None else None
 
     def error_body(self, message: str, kind: str, code: str, param: str | None) -> bytes:
-        """The API's error shape, `{"type": "error", "error": {"type", "message"}}` (it has no code nor param)."""
-        return answers.error_body(message, kind)
+        """The API's error shape, `{"type": "error", "error": {"type", "message"}}` (it has no code nor param).
+
+        The type is the API's documented one for `kind` and `code` (`answers.error_body`).
+        """
+        return answers.error_body(message, kind, code)
 
     def answer_without_tools(self, fields: dict[str, Any]) -> None:
         """`tool_choice: {"type": "none"}`."""
