@@ -27,6 +27,11 @@ from proxy.pipeline.exchange import ChatOutcome, Refusal
 from proxy.pipeline.requests import RequestLimits
 
 
+def bearer_credential(key: str) -> dict[str, str]:
+    """`Authorization: Bearer <key>`: how OpenAI's APIs (and those compatible with them) take a key."""
+    return {"Authorization": f"Bearer {key}"}
+
+
 class WireRequest(Protocol):
     """A request of one wire format, parsed: what the pipeline reads of it."""
 
@@ -278,6 +283,14 @@ class WireFormat(Protocol):
 
     def asked_again(self, fields: dict[str, Any], reads: Reads, results: Sequence[str]) -> None:
         """Append the model's read calls and their results to a forwarded request's fields (edits `fields`)."""
+        ...
+
+    def call_credential(self, key: str) -> Mapping[str, str]:
+        """The headers a call the proxy makes itself (a summary) sends the operator's key (`summary_api_key`) in.
+
+        As the format's API takes a key: OpenAI's `Authorization: Bearer`, Anthropic's `x-api-key`. Without the
+        operator's key a call carries the caller's own credential headers.
+        """
         ...
 
     def answer_without_tools(self, fields: dict[str, Any]) -> None:

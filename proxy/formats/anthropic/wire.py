@@ -130,6 +130,10 @@ class Messages:
         """
         return answers.error_body(message, kind, code)
 
+    def call_credential(self, key: str) -> Mapping[str, str]:
+        """`x-api-key`: the API answers a key sent as `Authorization: Bearer` with a 401 `authentication_error`."""
+        return {"x-api-key": key}
+
     def answer_without_tools(self, fields: dict[str, Any]) -> None:
         """`tool_choice: {"type": "none"}`."""
         fields["tool_choice"] = summary.NO_TOOLS

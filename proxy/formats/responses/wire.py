@@ -12,7 +12,7 @@ from proxy.formats.responses import reads as read_calls
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.socket import ResponsesSocket
 from proxy.pipeline.requests import RequestLimits
-from proxy.pipeline.wire import SocketMode
+from proxy.pipeline.wire import SocketMode, bearer_credential
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/responses/?$")
 """`/v1/responses` (creating a response), with any base-path prefix (`/openai/v1/responses`); not its sub-resources
@@ -50,6 +50,7 @@ class Responses:
     summary_text = staticmethod(summary.summary_text)
     overflow = staticmethod(errors.context_overflow)
     error_body = staticmethod(errors.error_body)
+    call_credential = staticmethod(bearer_credential)
 
     def serves(self, path: str) -> bool:
         """`PATH`."""
