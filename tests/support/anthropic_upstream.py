@@ -138,6 +138,10 @@ class AnthropicUpstream:
     ) -> None:
         self.api_keys = api_keys
         self.auth_tokens = auth_tokens
+        self.count_requests: list[tuple[dict[str, Any], dict[str, str]]] = []
+        """Each `count_tokens` request's body and headers."""
+        self.count_refusals = 0
+        """How many of the next `count_tokens` requests the rate limit refuses (429, `retry-after: 30`)."""
         self.context_window = context_window
         self.context_windows = dict(context_windows or {})
         self.responder = responder or tool_loop_responder()
@@ -245,6 +249,13 @@ class AnthropicUpstream:
     async def _count(self, request: web.Request) -> web.Response:
         body = await request.json()
         headers = {key.lower(): value for key, value in request.headers.items()}
+        self.count_requests.append((body, headers))
+        if self.count_refusals > 0:
+            self.count_refusals -= 1
+            limited = AnthropicError(
+                "Number of request tokens has exceeded your rate limit.", status=429, kind="rate_limit_error"
+            )
+            return web.json_response(limited.body, status=429, headers={"retry-after": "30"})
         try:
             self.authenticate(headers)
             check_shape({"max_tokens": 1, **body}, headers)
