@@ -27,13 +27,11 @@ from typing import Final
 
 from proxy.engine.messages import Message
 from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES
+from proxy.pipeline.requests import text_only
 
 SIZED_BELOW_BYTES: Final = SPLICE_FROM_BYTES
 """Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead (see
 `proxy.formats.chat_completions.splice`), which costs less than the parse this needs."""
-
-TEXT_PARTS: Final = frozenset({"text", "refusal"})
-"""Content part types whose tokens their bytes bound; any other (an image, audio, a file) is measured the full way."""
 
 
 def byte_bound(raw: bytes, messages: list[Message], scale: float, added: int = 0) -> int | None:
@@ -43,12 +41,13 @@ def byte_bound(raw: bytes, messages: list[Message], scale: float, added: int = 0
     :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
     :param added: Tokens the provider adds that no byte of `raw` shows (`WireRequest.added_prompt_tokens`).
     """
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list) and not all(
-            isinstance(part, dict) and part.get("type") in TEXT_PARTS for part in content
-        ):
-            return None
-        if "audio" in message:
-            return None
+    return bytes_bound(raw, scale, added) if text_only(messages) else None
+
+
+def bytes_bound(raw: bytes, scale: float, added: int = 0) -> int:
+    """An upper bound on the tokens the provider counts for the request `raw`, known to hold text only.
+
+    :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
+    :param added: Tokens the provider adds that no byte of `raw` shows (`WireRequest.added_prompt_tokens`).
+    """
     return math.ceil(scale * (len(raw) + added))

@@ -52,7 +52,7 @@ from proxy.formats.chat_completions.splice import SPLICE_FROM_BYTES, Extension, 
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.stateful import ProviderChains
 from proxy.names import shown
-from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
+from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, bytes_bound
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
 from proxy.pipeline.compacting import Compacting, chain_names, report_room
@@ -406,10 +406,10 @@ class ChatCompactionService:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
         small = chat.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
         request = exchange.request
-        if thresholds is None or not small or self.exact.may_ask(exchange.tenant, request):
+        if thresholds is None or not small or self.exact.may_ask(exchange.tenant, request) or not request.text_only:
             return None
-        bound = byte_bound(chat.body, request.messages, calibration.ratio, request.added_prompt_tokens)
-        if bound is None or bound >= thresholds.trigger_tokens:
+        bound = bytes_bound(chat.body, calibration.ratio, request.added_prompt_tokens)
+        if bound >= thresholds.trigger_tokens:
             return None
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)

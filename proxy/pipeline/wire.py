@@ -66,6 +66,15 @@ class WireRequest(Protocol):
         ...
 
     @property
+    def text_only(self) -> bool:
+        """Whether its messages are text whose bytes bound their tokens (`proxy.pipeline.requests.text_only`).
+
+        No image, audio, file, thinking or other block the engine counts otherwise: what lets a small body be sized
+        by its bytes (`proxy.pipeline.byte_bound`).
+        """
+        ...
+
+    @property
     def added_prompt_tokens(self) -> int:
         """Tokens the provider adds to the prompt that no field shows (Anthropic's tool-use system prompt); often 0."""
         ...

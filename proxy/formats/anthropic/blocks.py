@@ -69,6 +69,28 @@ def block_type(block: Any) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def text_blocks(blocks: Sequence[Any], role: Any = None) -> bool:
+    """Whether the blocks of a message of `role` map onto the engine's text and tool calls only.
+
+    Text blocks; an assistant's tool calls; a user's tool results of text: what `proxy.pipeline.requests.text_only`
+    finds in the engine's messages the blocks map to (`Conversation.of`), read without mapping them.
+    """
+    for block in blocks:
+        kind = block_type(block)
+        if _text(block) or (kind == "tool_use" and role == "assistant"):
+            continue
+        if kind == "tool_result" and role == "user":
+            content = block.get("content")
+            if not isinstance(content, list) or all(_text(item) for item in content):
+                continue
+        return False
+    return True
+
+
+def _text(block: Any) -> bool:
+    return block_type(block) == "text" and isinstance(block.get("text"), str)
+
+
 def content_blocks(message: Mapping[str, Any]) -> list[Any]:
     """The message's content blocks when its `content` is a list, else an empty list."""
     content = message.get("content")

@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from proxy.engine.messages import Message, is_checkpoint
-from proxy.formats.anthropic.blocks import Conversation, Mapped
+from proxy.formats.anthropic.blocks import Conversation, Mapped, text_blocks
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
@@ -32,13 +32,28 @@ class MessagesRequest(BodyFields):
     """A parsed Messages API request.
 
     :param body: The whole parsed body; never modified.
-    :param conversation: Its `system` and `messages` as the engine's messages.
     """
 
     body: Mapping[str, Any]
-    conversation: Conversation
     conversation_tools: Any = None
     """The client's own `tools`, as parsed (the body's differ once the read tool is added)."""
+
+    @cached_property
+    def conversation(self) -> Conversation:
+        """Its `system` and `messages` as the engine's messages, mapped on first use.
+
+        A small request sized by its bytes (`text_only`) never needs them.
+        """
+        return Conversation.of(self.body.get("system"), self.body["messages"])
+
+    @cached_property
+    def text_only(self) -> bool:
+        """Whether every block is text or a tool call with text results (`text_blocks`), read from the blocks."""
+        system = self.body.get("system")
+        return (not isinstance(system, list) or text_blocks(system)) and all(
+            not isinstance(content := message.get("content"), list) or text_blocks(content, message.get("role"))
+            for message in self.body["messages"]
+        )
 
     @property
     def messages(self) -> list[Message]:
@@ -105,7 +120,7 @@ class MessagesRequest(BodyFields):
         system = body.get("system")
         if system is not None and not isinstance(system, (str, list)):
             raise InvalidChatRequest("The request's `system` must be a string or a list of text blocks.")
-        return cls(body, Conversation.of(system, messages), body.get("tools"))
+        return cls(body, body.get("tools"))
 
     def mapped(self, engine: Sequence[Message]) -> Mapped:
         """The `system` and `messages` for the engine's messages, with where each came from and went."""

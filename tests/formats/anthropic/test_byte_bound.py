@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from proxy.engine import counter_for_model
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.byte_bound import byte_bound
+from proxy.pipeline.requests import text_only
 from tests.support.anthropic_conversations import TOOLS, Built, conversations
 from tests.support.anthropic_rules import Signer, prompt_segments
 from tests.support.examples import examples
@@ -60,7 +61,10 @@ def text_conversations(draw: st.DrawFn) -> dict[str, Any]:
 def bound_of(body: dict[str, Any], indented: bool = False) -> tuple[int | None, MessagesRequest]:
     raw = orjson.dumps(body, option=orjson.OPT_INDENT_2 if indented else 0)
     request = MessagesRequest.parse(raw)
-    return byte_bound(raw, request.messages, 1.0, request.added_prompt_tokens), request
+    bound = byte_bound(raw, request.messages, 1.0, request.added_prompt_tokens)
+    # What the request reads from its blocks is what the engine's messages they map to say.
+    assert request.text_only == text_only(request.messages) == (bound is not None)
+    return bound, request
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -87,3 +91,39 @@ def test_a_conversation_with_other_blocks_is_never_bounded_by_its_bytes(built: B
     assert bound is None or kinds <= {"text", "tool_use", "tool_result"}
     if bound is not None:
         assert bound >= sum(segment.tokens for segment in prompt_segments(built.body, built.body["messages"]))
+
+
+blocks = st.one_of(
+    text_blocks.map(lambda listed: listed[0]),
+    st.builds(lambda text: {"type": "text", "text": text, "citations": []}, texts),
+    st.just({"type": "text", "text": 3}),
+    st.builds(lambda name: {"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}, names),
+    st.builds(
+        lambda content: {"type": "tool_result", "tool_use_id": "toolu_1", "content": content},
+        st.none() | texts | text_blocks,
+    ),
+    st.just({"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "image", "source": {}}]}),
+    st.just({"type": "thinking", "thinking": "hm", "signature": "s"}),
+    st.just({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}),
+    st.just({"type": "mystery", "payload": 1}),
+    st.just("not a block"),
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    system=st.none() | texts | st.lists(blocks, max_size=2),
+    messages=st.lists(
+        st.builds(
+            lambda role, content: {"role": role, "content": content},
+            st.sampled_from(["user", "assistant", "system", "robot"]),
+            st.none() | texts | st.lists(blocks, max_size=3),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_text_only_reads_from_the_blocks_what_the_engine_messages_say(system: Any, messages: list[Any]) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "messages": messages, **({"system": system} if system is not None else {})}
+    request = MessagesRequest.parse(orjson.dumps(body))
+    assert request.text_only == text_only(request.messages)
