@@ -44,6 +44,8 @@ VERSION_HEADERS: Final = ("anthropic-version", "anthropic-beta")
 """Request headers the count carries as the caller sent them: the API's version and the betas that change the prompt."""
 MAX_COUNTS: Final = 16_384
 """Counts remembered (by tenant and a digest of the counted body; about 100 bytes each)."""
+KEY_PREFIX: Final = PROBE.encode() + b":"
+"""What its keys start with in answers shared with other sources."""
 MAX_TENANTS: Final = 65_536
 """Tenants whose back-off is remembered; the least recently refused are forgotten first."""
 MAX_ANSWER_BYTES: Final = 64 * 1024
@@ -61,7 +63,8 @@ class CountTokens:
 
     :param settings: `count_probes` (off unless it names `anthropic_count_tokens`), `exact_count_timeout`, the
         upstream and its TLS trust.
-    :param answers: The counts in flight and remembered, when shared with other sources; one of its own otherwise.
+    :param answers: The counts in flight and remembered, when shared with other sources (its keys start with
+        `KEY_PREFIX`); one of its own otherwise.
     :param clock: Monotonic seconds, for the back-off.
     """
 
@@ -73,6 +76,7 @@ class CountTokens:
     ) -> None:
         self.settings = settings
         self.enabled = PROBE in probes_for(settings, "count_probes")
+        self._own_answers = answers is None
         self.counts = answers if answers is not None else BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
         self.clock = clock
         self._waiting: BoundedCache[bytes, _Waiting] = BoundedCache(MAX_TENANTS)
@@ -99,7 +103,7 @@ class CountTokens:
         if not self.enabled or not view.messages or not isinstance(model, str):
             return None, None
         body = count_tokens_body(self._fields(request, view))
-        key = tenant + xxh3_128_digest(body)
+        key = KEY_PREFIX + tenant + xxh3_128_digest(body)
         if self.counts.known(key) is None and not self.may_ask(tenant):
             return None, Outcome.FAILED
         sent = {**credentials_of(headers), **{name: headers[name] for name in VERSION_HEADERS if headers.get(name)}}
@@ -112,8 +116,9 @@ class CountTokens:
         return self.enabled and (waiting is None or self.clock() >= waiting.until)
 
     async def aclose(self) -> None:
-        """Stop the counts in flight and close the HTTP client."""
-        await self.counts.aclose()
+        """Stop the counts in flight (when the answers are its own) and close the HTTP client."""
+        if self._own_answers:
+            await self.counts.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
