@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 from xxhash import xxh3_64_hexdigest
@@ -51,8 +51,7 @@ CHARS_PER_OPAQUE_TOKEN: Final = 3
 4 characters a token and code about 3, so this over-counts a little, the safe side."""
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """What one engine message stands for: a message of the request (or `SYSTEM`) and which of its blocks.
 
     :param message: The position in `messages`, or `SYSTEM`.
@@ -127,7 +126,8 @@ class Conversation:
         sources: list[Source] = []
 
         def add(message: dict[str, Any], source: Source) -> None:
-            engine.append({**message, UNIT_KEY: len(engine)})
+            message[UNIT_KEY] = len(engine)  # every message added here is made here: setting it copies nothing
+            engine.append(message)
             sources.append(source)
 
         if system is not None:
@@ -137,24 +137,28 @@ class Conversation:
         for position, message in enumerate(messages):
             first = len(engine)
             blocks = content_blocks(message)
+            kinds = [block_type(block) for block in blocks]
             role = message.get("role")
             if role == "assistant":
                 reply = model_message(message.get("content"))
-                own_thinking = any(block_type(block) in THINKING for block in blocks)
+                own_thinking = not THINKING.isdisjoint(kinds)
                 continues = thought and not own_thinking and "tool_calls" in reply
-                add({**reply, **({CONTINUES_STEP: True} if continues else {})}, Source(position, _all(blocks)))
+                if continues:
+                    reply[CONTINUES_STEP] = True
+                add(reply, Source(position, tuple(range(len(blocks)))))
                 thought = (own_thinking or continues) and "tool_calls" in reply
-            elif role == "user" and any(block_type(block) == "tool_result" for block in blocks):
-                results = [index for index, block in enumerate(blocks) if block_type(block) == "tool_result"]
-                for index in results:
-                    add(_tool_message(blocks[index]), Source(position, (index,)))
-                rest = tuple(index for index, block in enumerate(blocks) if block_type(block) != "tool_result")
+            elif role == "user" and "tool_result" in kinds:
+                for index, kind in enumerate(kinds):
+                    if kind == "tool_result":
+                        add(_tool_message(blocks[index]), Source(position, (index,)))
+                rest = tuple(index for index, kind in enumerate(kinds) if kind != "tool_result")
                 if rest:
                     parts = [_engine_part(blocks[index]) for index in rest]
                     add({"role": "user", "content": parts}, Source(position, rest))
                 thought = thought and not rest
             else:
-                add({"role": role, "content": _engine_content(message.get("content"))}, Source(position, _all(blocks)))
+                content = _engine_content(message.get("content"))
+                add({"role": role, "content": content}, Source(position, tuple(range(len(blocks)))))
                 thought = False
             units.append(range(first, len(engine)))
         return cls(system, messages, engine, sources, units)
@@ -260,10 +264,6 @@ class Mapped:
         self.positions.extend([len(self.messages)] * engine_messages)
         self.messages.append(message)
         self.origins.append(origin)
-
-
-def _all(blocks: Sequence[Any]) -> tuple[int, ...]:
-    return tuple(range(len(blocks)))
 
 
 def model_message(content: Any) -> dict[str, Any]:
