@@ -27,7 +27,7 @@ from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
 from proxy.discovery.budgeted import BudgetedAnswers, Outcome
-from proxy.discovery.client import PROBE_SECONDS, credentials_of
+from proxy.discovery.client import PROBE_SECONDS, credentials_of, read_bounded
 from proxy.discovery.service import RETRY_SECONDS, probes_for
 from proxy.discovery.trials import MAX_BACK_OFF
 from proxy.engine import Anchor
@@ -48,8 +48,6 @@ KEY_PREFIX: Final = PROBE.encode() + b":"
 """What its keys start with in answers shared with other sources."""
 MAX_TENANTS: Final = 65_536
 """Tenants whose back-off is remembered; the least recently refused are forgotten first."""
-MAX_ANSWER_BYTES: Final = 64 * 1024
-"""The largest answer read: `{"input_tokens": N}` is a few bytes."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ class CountTokens:
                 self.settings.upstream + PATH, data=body, headers={**sent, **headers}, allow_redirects=False
             ) as response:
                 if response.status == 200:
-                    tokens = _input_tokens(await _read_bounded(response))
+                    tokens = _input_tokens(await read_bounded(response))
                     if tokens is not None:
                         if self._waiting.get(tenant) is not None:
                             self._waiting.put(tenant, _Waiting(0.0, 0))
@@ -160,18 +158,6 @@ class CountTokens:
         if self._session is None:
             self._session = upstream_session(self.settings, total_seconds=PROBE_SECONDS)
         return self._session
-
-
-async def _read_bounded(response: aiohttp.ClientResponse) -> bytes | None:
-    """The answer's body, or None as soon as it exceeds `MAX_ANSWER_BYTES`."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _input_tokens(payload: bytes | None) -> int | None:
