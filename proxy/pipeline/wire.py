@@ -66,6 +66,15 @@ class WireRequest(Protocol):
         ...
 
     @property
+    def last_message(self) -> Message | None:
+        """The conversation's last message as the engine's message (its role and content), None when it has none.
+
+        What a client's own compaction request is told by (`proxy.pipeline.client_compaction`), without mapping the
+        whole conversation where a format maps it.
+        """
+        ...
+
+    @property
     def text_only(self) -> bool:
         """Whether its messages are text whose bytes bound their tokens (`proxy.pipeline.requests.text_only`).
 

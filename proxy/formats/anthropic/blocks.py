@@ -86,6 +86,23 @@ def text_blocks(blocks: Sequence[Any], role: Any = None) -> bool:
     return True
 
 
+def holds_compaction(blocks: Sequence[Any], role: Any = None) -> bool:
+    """Whether the blocks of a message of `role` hold a `compaction` block the engine's messages mark as a checkpoint.
+
+    A user's tool results are mapped with their content, and so is a compaction in them.
+    """
+    kinds = [block_type(block) for block in blocks]
+    if "compaction" in kinds:
+        return True
+    if role != "user" or "tool_result" not in kinds:
+        return False
+    return any(
+        isinstance(content := block.get("content"), list) and any(block_type(item) == "compaction" for item in content)
+        for block, kind in zip(blocks, kinds, strict=True)
+        if kind == "tool_result"
+    )
+
+
 def _text(block: Any) -> bool:
     return block_type(block) == "text" and isinstance(block.get("text"), str)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from proxy.engine.messages import Message, is_checkpoint
-from proxy.formats.anthropic.blocks import Conversation, Mapped, text_blocks
+from proxy.engine.messages import Message
+from proxy.formats.anthropic.blocks import Conversation, Mapped, holds_compaction, text_blocks
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
@@ -45,6 +45,17 @@ class MessagesRequest(BodyFields):
         A small request sized by its bytes (`text_only`) never needs them.
         """
         return Conversation.of(self.body.get("system"), self.body["messages"])
+
+    @property
+    def last_message(self) -> Message | None:
+        """The last message mapped alone (`Conversation.of`), without mapping the rest.
+
+        Its role and content are what they are in the whole conversation's mapping (its `UNIT_KEY` and
+        `CONTINUES_STEP` are not).
+        """
+        messages = self.body["messages"]
+        last = Conversation.of(None if messages else self.body.get("system"), messages[-1:]).engine
+        return last[-1] if last else None
 
     @cached_property
     def text_only(self) -> bool:
@@ -92,7 +103,12 @@ class MessagesRequest(BodyFields):
 
         None when neither.
         """
-        if any(is_checkpoint(message) for message in self.messages):
+        system = self.body.get("system")
+        if (isinstance(system, list) and holds_compaction(system)) or any(
+            holds_compaction(content, message.get("role"))
+            for message in self.body["messages"]
+            if isinstance(content := message.get("content"), list)
+        ):
             return "compaction-items"
         return "context-management" if self.manages_context else None
 

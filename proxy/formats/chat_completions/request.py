@@ -42,6 +42,11 @@ class ChatRequest(BodyFields):
         """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
         return reserved(self.body, "max_completion_tokens", "max_tokens")
 
+    @property
+    def last_message(self) -> Message | None:
+        """`messages[-1]`, or None."""
+        return self.messages[-1] if self.messages else None
+
     @cached_property
     def text_only(self) -> bool:
         """See `proxy.pipeline.requests.text_only`."""

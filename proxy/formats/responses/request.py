@@ -44,6 +44,11 @@ class ResponsesRequest(BodyFields):
         """The engine's messages: the instructions, then one per unit of `input`."""
         return self.units.messages
 
+    @property
+    def last_message(self) -> Message | None:
+        """`messages[-1]`, or None."""
+        return self.messages[-1] if self.messages else None
+
     @cached_property
     def text_only(self) -> bool:
         """See `proxy.pipeline.requests.text_only`."""

@@ -4,7 +4,9 @@
 no byte shows) is under the trigger. Over random text conversations (any Unicode, tool calls with any input, tool
 results as text or text blocks, system as text or blocks, tools forced or not) the bound is never below what the
 proxy counts for the request nor what the strict fake upstream counts; a conversation with any block that is not
-text or a tool call (thinking, images, documents, server tools, unknown blocks) is never bounded by its bytes.
+text or a tool call (thinking, images, documents, server tools, unknown blocks) is never bounded by its bytes. What
+a small request reads from its blocks without mapping them onto the engine's messages (`text_only`, its compaction
+blocks, its last message) is what the mapping says.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import counter_for_model
+from proxy.engine.messages import CONTINUES_STEP, is_checkpoint
+from proxy.formats.anthropic.blocks import UNIT_KEY
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.byte_bound import byte_bound
 from proxy.pipeline.requests import text_only
@@ -24,6 +28,8 @@ from tests.support.anthropic_rules import Signer, prompt_segments
 from tests.support.examples import examples
 
 SIGNER = Signer(b"k" * 32)
+STANDING = (UNIT_KEY, CONTINUES_STEP)
+"""Engine-message fields that say where a message stands in its conversation."""
 MODEL = "claude-sonnet-4-5"
 
 texts = st.text(max_size=120)
@@ -106,6 +112,8 @@ blocks = st.one_of(
     st.just({"type": "thinking", "thinking": "hm", "signature": "s"}),
     st.just({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}),
     st.just({"type": "mystery", "payload": 1}),
+    st.just({"type": "compaction", "content": "Summary."}),
+    st.just({"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "compaction", "content": "S."}]}),
     st.just("not a block"),
 )
 
@@ -123,7 +131,16 @@ blocks = st.one_of(
         max_size=4,
     ),
 )
-def test_text_only_reads_from_the_blocks_what_the_engine_messages_say(system: Any, messages: list[Any]) -> None:
+def test_what_is_read_without_mapping_is_what_the_mapping_says(system: Any, messages: list[Any]) -> None:
     body = {"model": MODEL, "max_tokens": 8, "messages": messages, **({"system": system} if system is not None else {})}
     request = MessagesRequest.parse(orjson.dumps(body))
     assert request.text_only == text_only(request.messages)
+    assert (request.compaction_signal == "compaction-items") == any(is_checkpoint(m) for m in request.messages)
+    # The last message mapped alone is the whole mapping's last, but for where it stands.
+    last = request.last_message
+    whole = request.messages[-1] if request.messages else None
+    assert (last is None) == (whole is None)
+    if last is not None and whole is not None:
+        assert {k: v for k, v in last.items() if k not in STANDING} == {
+            k: v for k, v in whole.items() if k not in STANDING
+        }
