@@ -110,10 +110,10 @@ def run_cell(
         for target in targets[shift:] + targets[:shift]:
             if round_ == 0 or target.name not in once:
                 runs[target.name].append(run_load(target, payload, load))
-    return [_median_summary(runs[target.name]) for target in targets]
+    return [median_summary(runs[target.name]) for target in targets]
 
 
-def _median_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def median_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     merged = {**summaries[0], "rounds": len(summaries)}
     for name in MEDIAN_FIELDS:
         merged[name] = statistics.median(summary[name] for summary in summaries)

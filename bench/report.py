@@ -19,6 +19,31 @@ def _label(row: dict[str, Any]) -> str:
     return f"{row['payload']} ({row['body_bytes'] / 1024:.0f} KiB){', streamed: time to first byte' * row['stream']}"
 
 
+def latency_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The latency table's lines: its header, then one line per summarized row (`bench.run.summarize_latency`)."""
+    lines = [
+        "| request | concurrency | direct p50 / p99 | bare relay added p50 / p99 | proxy added p50 / p99 "
+        "| proxy compacting added p50 / p99 | req/s direct / relay / proxy / compacting "
+        "| proxy vs relay (p50, req/s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        compacting = (
+            f"{_ms(row['compacting_added_p50_ms'])} / {_ms(row['compacting_added_p99_ms'])}"
+            if "compacting_added_p50_ms" in row
+            else "-"
+        )
+        compacting_rps = f" / {row['compacting_rps']:.0f}" if "compacting_rps" in row else ""
+        lines.append(
+            f"| {_label(row)} | {row['concurrency']} | {_ms(row['direct_p50_ms'])} / {_ms(row['direct_p99_ms'])} "
+            f"| {_ms(row['relay_added_p50_ms'])} / {_ms(row['relay_added_p99_ms'])} "
+            f"| {_ms(row['proxy_added_p50_ms'])} / {_ms(row['proxy_added_p99_ms'])} | {compacting} "
+            f"| {row['direct_rps']:.0f} / {row['relay_rps']:.0f} / {row['proxy_rps']:.0f}{compacting_rps} req/s "
+            f"| {_ratio(row['proxy_vs_relay_p50'])} latency, {_ratio(row['relay_vs_proxy_rps'])} fewer req/s |"
+        )
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     """The markdown report."""
     lines: list[str] = []
@@ -30,26 +55,7 @@ def render(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append("### Added latency over direct calls to an instant loopback upstream")
     lines.append("")
-    lines.append(
-        "| request | concurrency | direct p50 / p99 | bare relay added p50 / p99 | proxy added p50 / p99 "
-        "| proxy compacting added p50 / p99 | req/s direct / relay / proxy / compacting | proxy vs relay (p50, req/s) |"
-    )
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in results["latency"]:
-        label = _label(row)
-        compacting = (
-            f"{_ms(row['compacting_added_p50_ms'])} / {_ms(row['compacting_added_p99_ms'])}"
-            if "compacting_added_p50_ms" in row
-            else "-"
-        )
-        compacting_rps = f" / {row['compacting_rps']:.0f}" if "compacting_rps" in row else ""
-        lines.append(
-            f"| {label} | {row['concurrency']} | {_ms(row['direct_p50_ms'])} / {_ms(row['direct_p99_ms'])} "
-            f"| {_ms(row['relay_added_p50_ms'])} / {_ms(row['relay_added_p99_ms'])} "
-            f"| {_ms(row['proxy_added_p50_ms'])} / {_ms(row['proxy_added_p99_ms'])} | {compacting} "
-            f"| {row['direct_rps']:.0f} / {row['relay_rps']:.0f} / {row['proxy_rps']:.0f}{compacting_rps} req/s "
-            f"| {_ratio(row['proxy_vs_relay_p50'])} latency, {_ratio(row['relay_vs_proxy_rps'])} fewer req/s |"
-        )
+    lines += latency_table(results["latency"])
     problems = [problem for row in results["latency"] for problem in row["problems"]]
     if problems:
         lines.append("")

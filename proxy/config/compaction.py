@@ -15,7 +15,7 @@ DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
 WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
 """Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
 
-COUNT_PROBES: Final = ("llama_cpp_template", "vllm_tokenize", "responses_input_tokens")
+COUNT_PROBES: Final = ("llama_cpp_template", "vllm_tokenize", "responses_input_tokens", "anthropic_count_tokens")
 """Every way the upstream can be asked for a request's exact token count (`proxy.discovery.tokenize`)."""
 DEFAULT_COUNT_PROBES: Final = COUNT_PROBES[:2]
 """The ones asked by default: OpenAI's `responses_input_tokens` is a billed API call, so it is opt-in."""
@@ -129,7 +129,8 @@ class CompactionSettings(BaseModel):
             "Which endpoints of the upstream are asked for a chat request's exact prompt tokens:"
             " `llama_cpp_template` (llama.cpp's `/apply-template` and `/tokenize`), `vllm_tokenize` (vLLM's and"
             " SGLang's `/tokenize` with messages), `responses_input_tokens` (OpenAI's `/v1/responses/input_tokens`,"
-            " for the Responses API; opt-in). `[]` asks nothing. The first that answers is used from then on; one"
+            " for the Responses API; opt-in), `anthropic_count_tokens` (the Messages API's `/v1/messages/count_tokens`;"
+            " opt-in). `[]` asks nothing. The first that answers is used from then on; one"
             " that does not is asked again only after a back-off. Unset, the first two run, except against OpenAI's"
             " own API (`api.openai.com`). From the environment: a JSON list or comma-separated names."
         ),

@@ -17,7 +17,10 @@ class SummarySettings(BaseModel):
     )
     summary_api_key: SecretStr | None = Field(
         default=None,
-        description="Credential for summary calls; the caller's own `Authorization` header when unset. Never logged.",
+        description=(
+            "Credential for summary calls, sent as the request's API takes a key (`Authorization: Bearer` for OpenAI's"
+            " APIs, `x-api-key` for the Messages API); the caller's own credential headers when unset. Never logged."
+        ),
     )
     precompact_at: float | None = Field(
         default=None,

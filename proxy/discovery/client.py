@@ -74,7 +74,7 @@ class ProbeClient:
                     raise CredentialsNeeded
                 if response.status != 200:
                     return None
-                payload = await _read_bounded(response)
+                payload = await read_bounded(response)
         except (aiohttp.ClientError, OSError, TimeoutError):
             return None
         try:
@@ -94,7 +94,7 @@ class ProbeClient:
         return self._session
 
 
-async def _read_bounded(response: aiohttp.ClientResponse) -> bytes | None:
+async def read_bounded(response: aiohttp.ClientResponse) -> bytes | None:
     """The answer's body, or None as soon as it exceeds `MAX_ANSWER_BYTES`."""
     chunks: list[bytes] = []
     size = 0

@@ -12,9 +12,12 @@ Where the upstream counts prompts exactly (`count_probes`), its count is asked f
 is small, and the count tells how close to it the conversation is.
 
 Media do not fit the bound (a 40-byte image URL can cost a thousand tokens), so a request with an image, audio or
-file part is measured the full way. A conversation that was compacted under a lower trigger (a larger
-`max_tokens`, a smaller `X-Context-Window`) and whose next request fits even without its rewrite is forwarded
-whole, as it came.
+file part is measured the full way, and so is one with any part the format maps to something else than text (a
+Messages API `thinking` block, a document, a server tool's result). What the provider adds to the prompt without a
+byte of the body showing it (the Messages API's tool-use system prompt) is added to the bound.
+
+A conversation that was compacted under a lower trigger (a larger `max_tokens`, a smaller `X-Context-Window`) and
+whose next request fits even without its rewrite is forwarded whole, as it came.
 """
 
 from __future__ import annotations
@@ -23,28 +26,28 @@ import math
 from typing import Final
 
 from proxy.engine.messages import Message
+from proxy.pipeline.requests import text_only
 
 SIZED_BELOW_BYTES: Final = 32 * 1024
 """Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead where
 the format can (`ByteSplicing.from_bytes`, this same size for chat completions), which costs less than the parse
 this needs."""
 
-TEXT_PARTS: Final = frozenset({"text", "refusal"})
-"""Content part types whose tokens their bytes bound; any other (an image, audio, a file) is measured the full way."""
 
-
-def byte_bound(raw: bytes, messages: list[Message], scale: float) -> int | None:
+def byte_bound(raw: bytes, messages: list[Message], scale: float, added: int = 0) -> int | None:
     """An upper bound on the tokens the provider counts for the request `raw`, or None when it holds media.
 
     :param messages: The request's messages, parsed from `raw`.
     :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
+    :param added: Tokens the provider adds that no byte of `raw` shows (`WireRequest.added_prompt_tokens`).
     """
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list) and not all(
-            isinstance(part, dict) and part.get("type") in TEXT_PARTS for part in content
-        ):
-            return None
-        if "audio" in message:
-            return None
-    return math.ceil(scale * len(raw))
+    return bytes_bound(raw, scale, added) if text_only(messages) else None
+
+
+def bytes_bound(raw: bytes, scale: float, added: int = 0) -> int:
+    """An upper bound on the tokens the provider counts for the request `raw`, known to hold text only.
+
+    :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
+    :param added: Tokens the provider adds that no byte of `raw` shows (`WireRequest.added_prompt_tokens`).
+    """
+    return math.ceil(scale * (len(raw) + added))

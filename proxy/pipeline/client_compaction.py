@@ -27,7 +27,7 @@ always, the signal `setting` when nothing else is recognized; `ignore`: never), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -109,7 +109,7 @@ def deferral(
 
 def recognized(headers: Mapping[str, str], request: WireRequest) -> str | None:
     """The first signal (see the module docstring) that the request's client compacts itself, or None."""
-    if _is_codex_compaction_request(request.messages):
+    if _is_codex_compaction_request(request.last_message):
         return "compaction-request"
     signal = request.compaction_signal
     if signal is not None:
@@ -122,9 +122,9 @@ def recognized(headers: Mapping[str, str], request: WireRequest) -> str | None:
     return None
 
 
-def _is_codex_compaction_request(messages: Sequence[Message]) -> bool:
+def _is_codex_compaction_request(last: Message | None) -> bool:
     """Whether the last message is a user message opening with Codex's compact prompt."""
-    if not messages or role_of(messages[-1]) != "user":
+    if last is None or role_of(last) != "user":
         return False
-    opening = next(content_texts(messages[-1]), "")[:_OPENING_CHARS]
+    opening = next(content_texts(last), "")[:_OPENING_CHARS]
     return opening.lstrip().startswith(CODEX_COMPACT_PROMPT)

@@ -8,7 +8,7 @@ provider's to judge: the proxy forwards it untouched (`InvalidRequest`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
@@ -179,3 +179,20 @@ class BodyFields:
     def stream(self) -> bool:
         """Whether a streamed (SSE) response was asked for."""
         return self.body.get("stream") is True
+
+
+TEXT_PARTS: Final = frozenset({"text", "refusal"})
+"""Content part types whose tokens their bytes bound; any other (an image, audio, a file) is measured the full way."""
+
+
+def text_only(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the engine's `messages` hold text only: no content part but text, no audio (`WireRequest.text_only`)."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and not all(
+            isinstance(part, dict) and part.get("type") in TEXT_PARTS for part in content
+        ):
+            return False
+        if "audio" in message:
+            return False
+    return True

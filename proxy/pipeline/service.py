@@ -48,7 +48,7 @@ from proxy.engine.encodings import load_shipped
 from proxy.engine.strategies.offload import StagingOffloadStore, held_references
 from proxy.failures import OutageLog
 from proxy.names import shown
-from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, byte_bound
+from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES, bytes_bound
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.capabilities import CountQuestion
 from proxy.pipeline.client_compaction import DEFERRED_HEADER, deferral
@@ -366,10 +366,13 @@ class CompactionPipeline:
     ) -> ForwardPlan | None:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
         small = incoming.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
+        request = exchange.request
         if thresholds is None or not small or self.exact.may_ask(incoming.wire, exchange.tenant):
             return None
-        bound = byte_bound(incoming.body, exchange.request.messages, calibration.ratio)
-        if bound is None or bound >= thresholds.trigger_tokens:
+        if not request.text_only:
+            return None
+        bound = bytes_bound(incoming.body, calibration.ratio, request.added_prompt_tokens)
+        if bound >= thresholds.trigger_tokens:
             return None
         exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
         exchange.estimate = Estimate(bound, bound=True)

@@ -272,7 +272,7 @@ class Summaries:
             if value := context.headers.get(name):
                 headers[name] = value
         if self.settings.summary_api_key is not None:
-            headers["Authorization"] = f"Bearer {self.settings.summary_api_key.get_secret_value()}"
+            headers.update(context.wire.call_credential(self.settings.summary_api_key.get_secret_value()))
             return headers
         for name in CREDENTIAL_HEADERS:
             if value := context.headers.get(name):

@@ -30,6 +30,11 @@ from proxy.pipeline.exchange import Refusal, UpstreamOutcome
 from proxy.pipeline.requests import RequestLimits
 
 
+def bearer_credential(key: str) -> dict[str, str]:
+    """`Authorization: Bearer <key>`: how OpenAI's APIs (and those compatible with them) take a key."""
+    return {"Authorization": f"Bearer {key}"}
+
+
 class WireRequest(Protocol):
     """A request of one wire format, parsed: what the pipeline reads of it."""
 
@@ -61,6 +66,24 @@ class WireRequest(Protocol):
     @property
     def overhead_fields(self) -> Mapping[str, Any]:
         """The fields the engine counts besides the messages (tools), in chat-completion shape."""
+        ...
+
+    @property
+    def last_message(self) -> Message | None:
+        """The conversation's last message as the engine's message (its role and content), None when it has none.
+
+        What a client's own compaction request is told by (`proxy.pipeline.client_compaction`), without mapping the
+        whole conversation where a format maps it.
+        """
+        ...
+
+    @property
+    def text_only(self) -> bool:
+        """Whether its messages are text whose bytes bound their tokens (`proxy.pipeline.requests.text_only`).
+
+        No image, audio, file, thinking or other block the engine counts otherwise: what lets a small body be sized
+        by its bytes (`proxy.pipeline.byte_bound`).
+        """
         ...
 
     @property
@@ -287,6 +310,14 @@ class WireFormat(Protocol):
 
     def asked_again(self, fields: dict[str, Any], reads: Reads, results: Sequence[str]) -> None:
         """Append the model's read calls and their results to a forwarded request's fields (edits `fields`)."""
+        ...
+
+    def call_credential(self, key: str) -> Mapping[str, str]:
+        """The headers a call the proxy makes itself (a summary) sends the operator's key (`summary_api_key`) in.
+
+        As the format's API takes a key: OpenAI's `Authorization: Bearer`, Anthropic's `x-api-key`. Without the
+        operator's key a call carries the caller's own credential headers.
+        """
         ...
 
     def answer_without_tools(self, fields: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from aiohttp.typedefs import Handler
 from proxy.config import Settings
 from proxy.formats import format_of
 from proxy.pipeline.caller import conversation_of
-from proxy.server.errors import internal_error
+from proxy.server.errors import internal_error, shape_of
 from proxy.server.keys import METRICS, RECORD, SETTINGS
 from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
 from proxy.server.record import RequestRecord
@@ -77,7 +77,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
             return web.Response(status=record.status)  # never sent: the connection is already closing
         server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route}})
         record.status = 500
-        return internal_error()
+        return internal_error(shape_of(request))
     finally:
         metrics.in_flight.dec()
         _account(request, record)

@@ -76,10 +76,10 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
     try:
         body = await read_body(request, settings.max_body_bytes, settings.client_body_timeout)
     except ClientBodyTimeout:
-        return errors.client_timeout(settings.client_body_timeout)
+        return errors.client_timeout(settings.client_body_timeout, wire.error_body)
     if body is None:
         record.error = "too_large"
-        return errors.too_large(settings.max_body_bytes)
+        return errors.too_large(settings.max_body_bytes, wire.error_body)
     record.bytes_in = len(body)
     coding = content_encoding(request.headers)
     if coding != "identity":
@@ -88,7 +88,7 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
         except ContentCodingError as refused:
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
-            return refused.response()
+            return refused.response(wire.error_body)
     plan = await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
@@ -102,9 +102,9 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
     except UpstreamError as exc:
         record.error = exc.kind
         failed = (
-            errors.upstream_timeout(str(exc))
+            errors.upstream_timeout(str(exc), wire.error_body)
             if isinstance(exc, UpstreamTimeout)
-            else errors.upstream_unreachable(str(exc))
+            else errors.upstream_unreachable(str(exc), wire.error_body)
         )
         if reply.out is None:
             return failed

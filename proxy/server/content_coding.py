@@ -18,7 +18,8 @@ from typing import Final
 
 from aiohttp import web
 
-from proxy.server.errors import error_response
+from proxy.formats.chat_completions.errors import error_body as openai_error_body
+from proxy.server.errors import ErrorShape, error_response
 
 _GZIP: Final = frozenset({"gzip", "x-gzip"})
 _DEFLATE: Final = frozenset({"deflate"})
@@ -33,9 +34,9 @@ class ContentCodingError(Exception):
     status = 400
     code = "invalid_content_encoding"
 
-    def response(self) -> web.Response:
-        """The OpenAI-style error answer."""
-        return error_response(self.status, str(self), type_="invalid_request_error", code=self.code)
+    def response(self, shape: ErrorShape = openai_error_body) -> web.Response:
+        """The error answer, in `shape` (OpenAI's by default)."""
+        return error_response(self.status, str(self), type_="invalid_request_error", code=self.code, shape=shape)
 
 
 class UnsupportedCoding(ContentCodingError):

@@ -121,6 +121,9 @@ class AnthropicUpstream(LoopbackServer):
     :param context_window: The window of any model not in `context_windows`.
     :param context_windows: Windows by model-name prefix (the longest matching wins).
     :param responder: What the model answers; `tool_loop_responder()` if None. Reassignable.
+    :param api_keys: When set, the keys it accepts in `x-api-key`: a request with another key, none, or a key sent as
+        `Authorization: Bearer` (not in `auth_tokens`) gets the API's 401 `authentication_error`.
+    :param auth_tokens: The tokens it accepts as `Authorization: Bearer` (OAuth tokens), when `api_keys` is set.
     :ivar stream_error: When set, a valid streamed request is answered with `message_start` and `ping`, then this
         error in an `error` event, as the API reports a failure after the stream began (`overloaded_error`).
     """
@@ -131,7 +134,15 @@ class AnthropicUpstream(LoopbackServer):
         context_window: int = 200_000,
         context_windows: Mapping[str, int] | None = None,
         responder: Responder | None = None,
+        api_keys: frozenset[str] | None = None,
+        auth_tokens: frozenset[str] = frozenset(),
     ) -> None:
+        self.api_keys = api_keys
+        self.auth_tokens = auth_tokens
+        self.count_requests: list[tuple[dict[str, Any], dict[str, str]]] = []
+        """Each `count_tokens` request's body and headers."""
+        self.count_refusals = 0
+        """How many of the next `count_tokens` requests the rate limit refuses (429, `retry-after: 30`)."""
         self.context_window = context_window
         self.context_windows = dict(context_windows or {})
         self.responder = responder or tool_loop_responder()
@@ -187,6 +198,18 @@ class AnthropicUpstream(LoopbackServer):
             "usage": usage,
         }
 
+    def authenticate(self, headers: Mapping[str, str]) -> None:
+        """Refuse a request as the API does when it carries no credential it accepts (only when `api_keys` is set)."""
+        if self.api_keys is None:
+            return
+        key, authorization = headers.get("x-api-key"), headers.get("authorization", "")
+        if key is None and authorization.removeprefix("Bearer ") in self.auth_tokens:
+            return
+        if key is None and not authorization:
+            raise AnthropicError("x-api-key header is required", status=401, kind="authentication_error")
+        if key not in self.api_keys:
+            raise AnthropicError("invalid x-api-key", status=401, kind="authentication_error")
+
     def _signed(self, body: Mapping[str, Any], content: list[dict[str, Any]]) -> list[dict[str, Any]]:
         signed: list[dict[str, Any]] = []
         for block in content:
@@ -205,6 +228,7 @@ class AnthropicUpstream(LoopbackServer):
         self.targets.append(request.path_qs)
         self.headers.append({key.lower(): value for key, value in request.headers.items()})
         try:
+            self.authenticate(self.headers[-1])
             message = self.answer(body, self.headers[-1])
         except AnthropicError as error:
             self.rejections.append(error.body)
@@ -216,8 +240,17 @@ class AnthropicUpstream(LoopbackServer):
 
     async def _count(self, request: web.Request) -> web.Response:
         body = await request.json()
+        headers = {key.lower(): value for key, value in request.headers.items()}
+        self.count_requests.append((body, headers))
+        if self.count_refusals > 0:
+            self.count_refusals -= 1
+            limited = AnthropicError(
+                "Number of request tokens has exceeded your rate limit.", status=429, kind="rate_limit_error"
+            )
+            return web.json_response(limited.body, status=429, headers={"retry-after": "30"})
         try:
-            check_shape({"max_tokens": 1, **body}, {key.lower(): value for key, value in request.headers.items()})
+            self.authenticate(headers)
+            check_shape({"max_tokens": 1, **body}, headers)
         except AnthropicError as error:
             return web.json_response(error.body, status=error.status)
         segments = prompt_segments(body, body["messages"])

@@ -167,6 +167,39 @@ def overflow(status: int, error_body: Any) -> Overflow | None:
     return None
 
 
-def error_body(message: str, kind: str = "invalid_request_error") -> bytes:
-    """An error body in the API's shape, for what the proxy itself answers in a Messages request's place."""
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+ERROR_TYPES: Final = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "billing_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "timeout_error",
+        "overloaded_error",
+    }
+)
+"""The error types the API documents (its errors page): what its SDKs and Claude Code tell apart."""
+
+TYPE_OF_CODE: Final = {
+    "request_too_large": "request_too_large",
+    "upstream_timeout": "timeout_error",
+    "upstream_unreachable": "api_error",
+    "internal_error": "api_error",
+}
+"""The API's error type for the proxy's own errors, by their stable code: a body over the size limit is the API's
+413 `request_too_large`, an upstream that timed out its 504 `timeout_error`, an upstream out of reach or a failure
+of the proxy itself its 5xx `api_error`."""
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> bytes:
+    """An error body in the API's shape, for what the proxy itself answers in a Messages request's place.
+
+    :param kind: The error family, the API's own type or the proxy's (`upstream_error`, `proxy_error`: `api_error`).
+    :param code: The proxy's stable code, which picks the API's type where one fits better (`TYPE_OF_CODE`).
+    """
+    found = TYPE_OF_CODE.get(code or "") or (kind if kind in ERROR_TYPES else None)
+    error_type = found or ("invalid_request_error" if kind.endswith("request_error") else "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})

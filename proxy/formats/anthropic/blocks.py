@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 from xxhash import xxh3_64_hexdigest
@@ -51,8 +51,7 @@ CHARS_PER_OPAQUE_TOKEN: Final = 3
 4 characters a token and code about 3, so this over-counts a little, the safe side."""
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """What one engine message stands for: a message of the request (or `SYSTEM`) and which of its blocks.
 
     :param message: The position in `messages`, or `SYSTEM`.
@@ -65,8 +64,47 @@ class Source:
 
 def block_type(block: Any) -> str:
     """The block's `type`, or an empty string."""
-    kind = block.get("type") if isinstance(block, Mapping) else None
+    kind = block.get("type") if type(block) is dict or isinstance(block, Mapping) else None
     return kind if isinstance(kind, str) else ""
+
+
+def text_blocks(blocks: Sequence[Any], role: Any = None) -> bool:
+    """Whether the blocks of a message of `role` map onto the engine's text and tool calls only.
+
+    Text blocks; an assistant's tool calls; a user's tool results of text: what `proxy.pipeline.requests.text_only`
+    finds in the engine's messages the blocks map to (`Conversation.of`), read without mapping them.
+    """
+    for block in blocks:
+        kind = block_type(block)
+        if _text(block) or (kind == "tool_use" and role == "assistant"):
+            continue
+        if kind == "tool_result" and role == "user":
+            content = block.get("content")
+            if not isinstance(content, list) or all(_text(item) for item in content):
+                continue
+        return False
+    return True
+
+
+def holds_compaction(blocks: Sequence[Any], role: Any = None) -> bool:
+    """Whether the blocks of a message of `role` hold a `compaction` block the engine's messages mark as a checkpoint.
+
+    A user's tool results are mapped with their content, and so is a compaction in them.
+    """
+    kinds = [block_type(block) for block in blocks]
+    if "compaction" in kinds:
+        return True
+    if role != "user" or "tool_result" not in kinds:
+        return False
+    return any(
+        isinstance(content := block.get("content"), list) and any(block_type(item) == "compaction" for item in content)
+        for block, kind in zip(blocks, kinds, strict=True)
+        if kind == "tool_result"
+    )
+
+
+def _text(block: Any) -> bool:
+    return block_type(block) == "text" and isinstance(block.get("text"), str)
 
 
 def content_blocks(message: Mapping[str, Any]) -> list[Any]:
@@ -105,7 +143,8 @@ class Conversation:
         sources: list[Source] = []
 
         def add(message: dict[str, Any], source: Source) -> None:
-            engine.append({**message, UNIT_KEY: len(engine)})
+            message[UNIT_KEY] = len(engine)  # every message added here is made here: setting it copies nothing
+            engine.append(message)
             sources.append(source)
 
         if system is not None:
@@ -115,24 +154,28 @@ class Conversation:
         for position, message in enumerate(messages):
             first = len(engine)
             blocks = content_blocks(message)
+            kinds = [block_type(block) for block in blocks]
             role = message.get("role")
             if role == "assistant":
                 reply = model_message(message.get("content"))
-                own_thinking = any(block_type(block) in THINKING for block in blocks)
+                own_thinking = not THINKING.isdisjoint(kinds)
                 continues = thought and not own_thinking and "tool_calls" in reply
-                add({**reply, **({CONTINUES_STEP: True} if continues else {})}, Source(position, _all(blocks)))
+                if continues:
+                    reply[CONTINUES_STEP] = True
+                add(reply, Source(position, tuple(range(len(blocks)))))
                 thought = (own_thinking or continues) and "tool_calls" in reply
-            elif role == "user" and any(block_type(block) == "tool_result" for block in blocks):
-                results = [index for index, block in enumerate(blocks) if block_type(block) == "tool_result"]
-                for index in results:
-                    add(_tool_message(blocks[index]), Source(position, (index,)))
-                rest = tuple(index for index, block in enumerate(blocks) if block_type(block) != "tool_result")
+            elif role == "user" and "tool_result" in kinds:
+                for index, kind in enumerate(kinds):
+                    if kind == "tool_result":
+                        add(_tool_message(blocks[index]), Source(position, (index,)))
+                rest = tuple(index for index, kind in enumerate(kinds) if kind != "tool_result")
                 if rest:
                     parts = [_engine_part(blocks[index]) for index in rest]
                     add({"role": "user", "content": parts}, Source(position, rest))
                 thought = thought and not rest
             else:
-                add({"role": role, "content": _engine_content(message.get("content"))}, Source(position, _all(blocks)))
+                content = _engine_content(message.get("content"))
+                add({"role": role, "content": content}, Source(position, tuple(range(len(blocks)))))
                 thought = False
             units.append(range(first, len(engine)))
         return cls(system, messages, engine, sources, units)
@@ -238,10 +281,6 @@ class Mapped:
         self.positions.extend([len(self.messages)] * engine_messages)
         self.messages.append(message)
         self.origins.append(origin)
-
-
-def _all(blocks: Sequence[Any]) -> tuple[int, ...]:
-    return tuple(range(len(blocks)))
 
 
 def model_message(content: Any) -> dict[str, Any]:

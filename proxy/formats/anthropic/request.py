@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from proxy.engine.messages import Message, is_checkpoint
-from proxy.formats.anthropic.blocks import Conversation, Mapped
+from proxy.engine.messages import Message
+from proxy.formats.anthropic.blocks import Conversation, Mapped, holds_compaction, text_blocks
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
@@ -32,13 +32,39 @@ class MessagesRequest(BodyFields):
     """A parsed Messages API request.
 
     :param body: The whole parsed body; never modified.
-    :param conversation: Its `system` and `messages` as the engine's messages.
     """
 
     body: Mapping[str, Any]
-    conversation: Conversation
     conversation_tools: Any = None
     """The client's own `tools`, as parsed (the body's differ once the read tool is added)."""
+
+    @cached_property
+    def conversation(self) -> Conversation:
+        """Its `system` and `messages` as the engine's messages, mapped on first use.
+
+        A small request sized by its bytes (`text_only`) never needs them.
+        """
+        return Conversation.of(self.body.get("system"), self.body["messages"])
+
+    @property
+    def last_message(self) -> Message | None:
+        """The last message mapped alone (`Conversation.of`), without mapping the rest.
+
+        Its role and content are what they are in the whole conversation's mapping (its `UNIT_KEY` and
+        `CONTINUES_STEP` are not).
+        """
+        messages = self.body["messages"]
+        last = Conversation.of(None if messages else self.body.get("system"), messages[-1:]).engine
+        return last[-1] if last else None
+
+    @cached_property
+    def text_only(self) -> bool:
+        """Whether every block is text or a tool call with text results (`text_blocks`), read from the blocks."""
+        system = self.body.get("system")
+        return (not isinstance(system, list) or text_blocks(system)) and all(
+            not isinstance(content := message.get("content"), list) or text_blocks(content, message.get("role"))
+            for message in self.body["messages"]
+        )
 
     @property
     def messages(self) -> list[Message]:
@@ -77,7 +103,12 @@ class MessagesRequest(BodyFields):
 
         None when neither.
         """
-        if any(is_checkpoint(message) for message in self.messages):
+        system = self.body.get("system")
+        if (isinstance(system, list) and holds_compaction(system)) or any(
+            holds_compaction(content, message.get("role"))
+            for message in self.body["messages"]
+            if isinstance(content := message.get("content"), list)
+        ):
             return "compaction-items"
         return "context-management" if self.manages_context else None
 
@@ -105,7 +136,7 @@ class MessagesRequest(BodyFields):
         system = body.get("system")
         if system is not None and not isinstance(system, (str, list)):
             raise InvalidRequest("The request's `system` must be a string or a list of text blocks.")
-        return cls(body, Conversation.of(system, messages), body.get("tools"))
+        return cls(body, body.get("tools"))
 
     def mapped(self, engine: Sequence[Message]) -> Mapped:
         """The `system` and `messages` for the engine's messages, with where each came from and went."""

@@ -20,12 +20,13 @@ import base64
 import binascii
 import math
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any, Final
 
 import orjson
 
 from proxy.engine.images import data_url_image_size
-from proxy.windows import table_window
+from proxy.windows import MAX_CACHED_NAME, table_window
 
 TOKEN_PIXELS: Final = 750
 """Pixels per token of an image, by Anthropic's formula `tokens = width * height / 750`."""
@@ -163,6 +164,14 @@ def betas(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[s
 def window_for(model: str | None, headers: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> int | None:
     """A Claude model's window for a request with these headers: 1M with the context beta where it applies."""
     name = (model or "").lower().rsplit("/", 1)[-1]
-    if CONTEXT_1M_BETA in betas(headers) and name.startswith(ONE_MILLION_BETA_MODELS):
+    if name.startswith(ONE_MILLION_BETA_MODELS) and CONTEXT_1M_BETA in betas(headers):
         return ONE_MILLION
+    if model is None or len(model) > MAX_CACHED_NAME:
+        return table_window(model)
+    return _table_window(model)
+
+
+@lru_cache(maxsize=1024)
+def _table_window(model: str) -> int | None:
+    """`table_window`, walked once per model name rather than on every request."""
     return table_window(model)

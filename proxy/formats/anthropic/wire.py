@@ -43,7 +43,9 @@ class Messages:
     read_tool: Mapping[str, Any] = summary.READ_TOOL_DEFINITION
     conversation_headers: tuple[str, ...] = (SESSION_HEADER,)
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
-    sized_by_bytes: bool = False
+    sized_by_bytes: bool = True
+    """Text blocks and tool calls are plain JSON; any other block (thinking, an image, a document) is an engine part
+    `proxy.pipeline.byte_bound` does not bound, and the tool-use system prompt is `added_prompt_tokens`."""
     socket: SocketMode | None = None
     splicing: ByteSplicing | None = None
     provider_history: ProviderHistory | None = None
@@ -127,8 +129,15 @@ class Messages:
         return Overflow(found.window) if found is not None else None
 
     def error_body(self, message: str, kind: str, code: str, param: str | None) -> bytes:
-        """The API's error shape, `{"type": "error", "error": {"type", "message"}}` (it has no code nor param)."""
-        return answers.error_body(message, kind)
+        """The API's error shape, `{"type": "error", "error": {"type", "message"}}` (it has no code nor param).
+
+        The type is the API's documented one for `kind` and `code` (`answers.error_body`).
+        """
+        return answers.error_body(message, kind, code)
+
+    def call_credential(self, key: str) -> Mapping[str, str]:
+        """`x-api-key`: the API answers a key sent as `Authorization: Bearer` with a 401 `authentication_error`."""
+        return {"x-api-key": key}
 
     def answer_without_tools(self, fields: dict[str, Any]) -> None:
         """`tool_choice: {"type": "none"}`."""

@@ -14,7 +14,7 @@ from proxy.formats.chat_completions.request import ChatRequest, deployment_name
 from proxy.formats.chat_completions.splice import ChatSplicing
 from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
-from proxy.pipeline.wire import SocketMode
+from proxy.pipeline.wire import SocketMode, bearer_credential
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/chat/completions/?$")
 """`/v1/chat/completions`, with any base-path prefix (`/openai/v1/...`, `/api/v1/...`) or the Azure form
@@ -52,6 +52,7 @@ class ChatCompletions:
     summary_text = staticmethod(summary.summary_text)
     overflow = staticmethod(errors.context_overflow)
     error_body = staticmethod(errors.error_body)
+    call_credential = staticmethod(bearer_credential)
 
     def serves(self, path: str) -> bool:
         """`PATH`."""

@@ -15,7 +15,7 @@ from proxy.formats.responses.socket import ResponsesSocket
 from proxy.formats.responses.stateful import ResponsesHistory
 from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
-from proxy.pipeline.wire import SocketMode
+from proxy.pipeline.wire import SocketMode, bearer_credential
 
 PATH: Final = re.compile(r"^(?:/[^/]+)*/responses/?$")
 """`/v1/responses` (creating a response), with any base-path prefix (`/openai/v1/responses`); not its sub-resources
@@ -56,6 +56,7 @@ class Responses:
     summary_text = staticmethod(summary.summary_text)
     overflow = staticmethod(errors.context_overflow)
     error_body = staticmethod(errors.error_body)
+    call_credential = staticmethod(bearer_credential)
 
     def serves(self, path: str) -> bool:
         """`PATH`."""

@@ -1,0 +1,181 @@
+"""The Messages API's exact counts: `POST /v1/messages/count_tokens` for what a request forwards.
+
+The endpoint takes a request's prompt fields (`model`, `system`, `tools`, `tool_choice`, `thinking`, `messages`:
+`tokens.count_tokens_body`) and answers `{"input_tokens": N}`, what the same request would report as its prompt. It
+counts the whole prompt each time, so answers are remembered by the counted body: a request sent again asks
+nothing. It is free but rate-limited per organization, and asked with the caller's own credential and version
+headers, so it runs only when `count_probes` names `anthropic_count_tokens` (opt-in), within `exact_count_timeout`
+like every exact count.
+
+A refusal backs the tenant off as the chat count methods' failures do (`proxy.discovery.trials`: a minute, doubling
+to an hour), a 429 for at least as long as its `retry-after` says: one tenant's rate limit delays no other tenant's
+counts, and a rate-limited tenant asks nothing until the limit has passed. A request the endpoint found invalid (a
+400: the same request will be refused upstream too) backs nothing off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from xxhash import xxh3_128_digest
+
+from proxy.config import Settings
+from proxy.discovery.budgeted import BudgetedAnswers, Outcome
+from proxy.discovery.client import PROBE_SECONDS, credentials_of, read_bounded
+from proxy.discovery.service import RETRY_SECONDS, probes_for
+from proxy.discovery.trials import MAX_BACK_OFF
+from proxy.engine import Anchor
+from proxy.engine.bounded import BoundedCache
+from proxy.formats.anthropic.request import MessagesRequest
+from proxy.formats.anthropic.tokens import count_tokens_body
+from proxy.pipeline.rewrites import View
+from proxy.upstream_session import upstream_session
+
+PATH: Final = "/v1/messages/count_tokens"
+PROBE: Final = "anthropic_count_tokens"
+"""Its name in `count_probes`."""
+VERSION_HEADERS: Final = ("anthropic-version", "anthropic-beta")
+"""Request headers the count carries as the caller sent them: the API's version and the betas that change the prompt."""
+MAX_COUNTS: Final = 16_384
+"""Counts remembered (by tenant and a digest of the counted body; about 100 bytes each)."""
+KEY_PREFIX: Final = PROBE.encode() + b":"
+"""What its keys start with in answers shared with other sources."""
+MAX_TENANTS: Final = 65_536
+"""Tenants whose back-off is remembered; the least recently refused are forgotten first."""
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    until: float
+    failures: int
+
+
+class CountTokens:
+    """Counts what a Messages request forwards with the API's `count_tokens` (an exact-count source).
+
+    :param settings: `count_probes` (off unless it names `anthropic_count_tokens`), `exact_count_timeout`, the
+        upstream and its TLS trust.
+    :param answers: The counts in flight and remembered, when shared with other sources (its keys start with
+        `KEY_PREFIX`); one of its own otherwise.
+    :param clock: Monotonic seconds, for the back-off.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        answers: BudgetedAnswers[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.enabled = PROBE in probes_for(settings, "count_probes")
+        self._own_answers = answers is None
+        self.counts = answers if answers is not None else BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
+        self.clock = clock
+        self._waiting: BoundedCache[bytes, _Waiting] = BoundedCache(MAX_TENANTS)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def count(
+        self,
+        model: str | None,
+        request: MessagesRequest,
+        view: View,
+        tenant: bytes,
+        headers: Mapping[str, str],
+        *,
+        size: int,
+        usage: Anchor | None,
+    ) -> tuple[Anchor | None, Outcome | None]:
+        """The count of the whole view (what the request forwards before any new compaction), and how asking went.
+
+        :param headers: The caller's headers (lower-cased names): its credential and version headers go with it.
+        :param size: The request body's size in bytes (unused: the endpoint takes what the API takes).
+        :param usage: The usage report anchoring a prefix of the view (unused: the count covers the whole view).
+        :returns: The anchor (None when there is none), and the outcome for the metrics (None when nothing was asked).
+        """
+        if not self.enabled or not view.messages or not isinstance(model, str):
+            return None, None
+        body = count_tokens_body(self._fields(request, view))
+        key = KEY_PREFIX + tenant + xxh3_128_digest(body)
+        if self.counts.known(key) is None and not self.may_ask(tenant):
+            return None, Outcome.FAILED
+        sent = {**credentials_of(headers), **{name: headers[name] for name in VERSION_HEADERS if headers.get(name)}}
+        tokens, outcome = await self.counts.ask(key, lambda: self._ask(body, tenant, sent))
+        return (Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None), outcome
+
+    def may_ask(self, tenant: bytes) -> bool:
+        """Whether counting is on and the tenant is not waiting out a back-off."""
+        waiting = self._waiting.get(tenant)
+        return self.enabled and (waiting is None or self.clock() >= waiting.until)
+
+    async def aclose(self) -> None:
+        """Stop the counts in flight (when the answers are its own) and close the HTTP client."""
+        if self._own_answers:
+            await self.counts.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @staticmethod
+    def _fields(request: MessagesRequest, view: View) -> Mapping[str, Any]:
+        """The request's fields with the view's `system` and `messages` (its own when the view is the client's)."""
+        if not view.changed:
+            return request.body
+        mapped = request.mapped(view.messages)
+        return request.fields_with(mapped.system, mapped.messages)
+
+    async def _ask(self, body: bytes, tenant: bytes, headers: Mapping[str, str]) -> int | None:
+        """Ask the endpoint; back the tenant off when it refuses (see the module docstring)."""
+        sent = {"Accept": "application/json", "Accept-Encoding": "identity", "Content-Type": "application/json"}
+        try:
+            async with self._client().post(
+                self.settings.upstream + PATH, data=body, headers={**sent, **headers}, allow_redirects=False
+            ) as response:
+                if response.status == 200:
+                    tokens = _input_tokens(await read_bounded(response))
+                    if tokens is not None:
+                        if self._waiting.get(tenant) is not None:
+                            self._waiting.put(tenant, _Waiting(0.0, 0))
+                        return tokens
+                elif response.status == 400:
+                    return None
+                self._back_off(tenant, _retry_after(response.headers) if response.status == 429 else 0.0)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            self._back_off(tenant, 0.0)
+        return None
+
+    def _back_off(self, tenant: bytes, at_least: float) -> None:
+        failures = 1 + (waiting.failures if (waiting := self._waiting.get(tenant)) else 0)
+        wait = max(at_least, min(RETRY_SECONDS * 2 ** min(failures - 1, 16), MAX_BACK_OFF))
+        self._waiting.put(tenant, _Waiting(self.clock() + wait, failures))
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = upstream_session(self.settings, total_seconds=PROBE_SECONDS)
+        return self._session
+
+
+def _input_tokens(payload: bytes | None) -> int | None:
+    """`input_tokens` of an answer, when it is a positive integer in a JSON object."""
+    if payload is None:
+        return None
+    try:
+        answer = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    tokens = answer.get("input_tokens") if isinstance(answer, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float:
+    """The seconds a 429's `retry-after` asks to wait (0 when it says nothing readable), at most `MAX_BACK_OFF`."""
+    try:
+        seconds = float(headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0
+    return min(max(seconds, 0.0), MAX_BACK_OFF) if math.isfinite(seconds) else 0.0
