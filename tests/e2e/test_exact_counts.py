@@ -36,7 +36,7 @@ from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_respon
 from tests.support.counting_upstream import CountingUpstream
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
-from tests.support.wire_formats import CHAT_COMPLETIONS, MESSAGES, RESPONSES, FormatCase, by_format
+from tests.support.wire_formats import CHAT_COMPLETIONS, RESPONSES, FormatCase, by_format
 
 MODEL = "acme-local-model"
 COUNTING = {"count_probes": list(DEFAULT_COUNT_PROBES), "exact_count_timeout": 5.0, "context_windows": {MODEL: 8192}}
@@ -85,12 +85,12 @@ async def counting_upstream(wire: FormatCase) -> AsyncIterator[tuple[str, list[s
     elif wire is RESPONSES:
         async with OpenAIUpstream() as openai_fake:
             yield openai_fake.base_url, ["responses_input_tokens"]
-    else:  # no count probe asks the Messages API's `count_tokens` yet
+    else:
         async with AnthropicUpstream(responder=tool_loop_responder(tool=None)) as anthropic_fake:
-            yield anthropic_fake.base_url, []
+            yield anthropic_fake.base_url, ["anthropic_count_tokens"]
 
 
-@by_format(xfail={MESSAGES: "the proxy has no count source for the Messages API (its `count_tokens`) yet"})
+@by_format()
 async def test_the_first_request_is_decided_on_the_upstreams_count(wire: FormatCase, proxies: LoopbackProxies) -> None:
     body = wire.conversation(3, paragraphs=40)
     async with counting_upstream(wire) as (url, probes):

@@ -5,7 +5,9 @@ The endpoint takes a request's prompt fields (`model`, `system`, `tools`, `tool_
 counts the whole prompt each time, so answers are remembered by the counted body: a request sent again asks
 nothing. It is free but rate-limited per organization, and asked with the caller's own credential and version
 headers, so it runs only when `count_probes` names `anthropic_count_tokens` (opt-in), within `exact_count_timeout`
-like every exact count.
+like every exact count, and only where it matters: not when the usage report covers all but a small tail of the
+conversation (`proxy.pipeline.exact_counts.reported`). It is the format's `WireFormat.exact_counting`
+(`CountTokensCounting`).
 
 A refusal backs the tenant off as the chat count methods' failures do (`proxy.discovery.trials`: a minute, doubling
 to an hour), a 429 for at least as long as its `retry-after` says: one tenant's rate limit delays no other tenant's
@@ -34,6 +36,8 @@ from proxy.engine import Anchor
 from proxy.engine.bounded import BoundedCache
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.tokens import count_tokens_body
+from proxy.pipeline.capabilities import CountContext, Counted, CountQuestion
+from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES, reported
 from proxy.pipeline.rewrites import View
 from proxy.upstream_session import upstream_session
 
@@ -80,33 +84,26 @@ class CountTokens:
         self._waiting: BoundedCache[bytes, _Waiting] = BoundedCache(MAX_TENANTS)
         self._session: aiohttp.ClientSession | None = None
 
-    async def count(
-        self,
-        model: str | None,
-        request: MessagesRequest,
-        view: View,
-        tenant: bytes,
-        headers: Mapping[str, str],
-        *,
-        size: int,
-        usage: Anchor | None,
-    ) -> tuple[Anchor | None, Outcome | None]:
+    async def count(self, question: CountQuestion) -> Counted:
         """The count of the whole view (what the request forwards before any new compaction), and how asking went.
 
-        :param headers: The caller's headers (lower-cased names): its credential and version headers go with it.
-        :param size: The request body's size in bytes (unused: the endpoint takes what the API takes).
-        :param usage: The usage report anchoring a prefix of the view (unused: the count covers the whole view).
-        :returns: The anchor (None when there is none), and the outcome for the metrics (None when nothing was asked).
+        Nothing is asked when the provider's usage report covers the view but for a small tail (`reported`), nor for
+        a body over `MAX_COUNTED_BYTES`. The caller's credential and version headers go with the count.
         """
-        if not self.enabled or not view.messages or not isinstance(model, str):
-            return None, None
+        request: MessagesRequest = question.request
+        model, view, tenant = question.model, question.view, question.tenant
+        if not self.enabled or not view.messages or not model or question.size > MAX_COUNTED_BYTES:
+            return Counted()
+        if reported(model, question.usage, view):
+            return Counted(outcome="reported")
         body = count_tokens_body(self._fields(request, view))
         key = KEY_PREFIX + tenant + xxh3_128_digest(body)
         if self.counts.known(key) is None and not self.may_ask(tenant):
-            return None, Outcome.FAILED
+            return Counted(outcome=Outcome.FAILED)
+        headers = question.headers
         sent = {**credentials_of(headers), **{name: headers[name] for name in VERSION_HEADERS if headers.get(name)}}
         tokens, outcome = await self.counts.ask(key, lambda: self._ask(body, tenant, sent))
-        return (Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None), outcome
+        return Counted(Anchor(tokens=tokens, covered=len(view.messages)) if tokens else None, outcome)
 
     def may_ask(self, tenant: bytes) -> bool:
         """Whether counting is on and the tenant is not waiting out a back-off."""
@@ -158,6 +155,14 @@ class CountTokens:
         if self._session is None:
             self._session = upstream_session(self.settings, total_seconds=PROBE_SECONDS)
         return self._session
+
+
+class CountTokensCounting:
+    """The Messages API's `ExactCounting`: `CountTokens`, sharing the pipeline's remembered counts."""
+
+    def source(self, context: CountContext) -> CountTokens:
+        """A `CountTokens` for this context (asking nothing unless `count_probes` names `PROBE`)."""
+        return CountTokens(context.settings, context.answers)
 
 
 def _input_tokens(payload: bytes | None) -> int | None:

@@ -16,6 +16,7 @@ import orjson
 from proxy.engine.messages import Message
 from proxy.formats.anthropic import answers, summary
 from proxy.formats.anthropic import reads as read_calls
+from proxy.formats.anthropic.count_tokens import CountTokensCounting
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.tokens import window_for
 from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
@@ -49,8 +50,8 @@ class Messages:
     socket: SocketMode | None = None
     splicing: ByteSplicing | None = None
     provider_history: ProviderHistory | None = None
-    exact_counting: ExactCounting | None = None
-    """The slot for `count_tokens`: none yet, so its requests are measured with the local count."""
+    exact_counting: ExactCounting | None = CountTokensCounting()
+    """`count_tokens` (`proxy.formats.anthropic.count_tokens`), asked only when `count_probes` names it."""
 
     reads = staticmethod(read_calls.reads)
     stream_reads = staticmethod(read_calls.stream_reads)

@@ -20,6 +20,8 @@ from proxy.engine import Anchor
 from proxy.engine.plan import EditPlan
 from proxy.formats.anthropic.count_tokens import PROBE, CountTokens
 from proxy.formats.anthropic.request import MessagesRequest
+from proxy.pipeline.capabilities import CountQuestion
+from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES
 from proxy.pipeline.rewrites import View
 from tests.support.anthropic_agent import SYSTEM, TOOLS
 from tests.support.anthropic_rules import prompt_segments
@@ -67,10 +69,18 @@ def source(upstream: AnthropicUpstream, clock: Clock | None = None, **settings: 
 
 
 async def count(
-    counts: CountTokens, request: MessagesRequest, view: View, tenant: bytes = b"alice", key: str | None = None
-) -> tuple[Anchor | None, Outcome | None]:
+    counts: CountTokens,
+    request: MessagesRequest,
+    view: View,
+    tenant: bytes = b"alice",
+    key: str | None = None,
+    *,
+    size: int = 0,
+    usage: Anchor | None = None,
+) -> tuple[Anchor | None, Outcome | str | None]:
     headers = {**HEADERS, "x-api-key": key} if key else HEADERS
-    return await counts.count(MODEL, request, view, tenant, headers, size=0, usage=None)
+    counted = await counts.count(CountQuestion(MODEL, request, view, tenant, headers, size=size, usage=usage))
+    return counted.anchor, counted.outcome
 
 
 async def test_the_count_is_what_the_messages_endpoint_counts(upstream: AnthropicUpstream) -> None:
@@ -149,3 +159,19 @@ async def test_a_wrong_credential_backs_off_and_counting_is_opt_in(upstream: Ant
         await counts.aclose()
         await off.aclose()
     assert len(upstream.count_requests) == 1
+
+
+async def test_nothing_is_asked_where_the_usage_report_covers_the_conversation(upstream: AnthropicUpstream) -> None:
+    """A report of all but the last short message is as good as a count: the rate-limited endpoint is spared."""
+    request = MessagesRequest.parse(orjson.dumps(body()))
+    view = unchanged(request)
+    counts = source(upstream)
+    try:
+        covering = Anchor(tokens=2000, covered=len(view.messages) - 1)
+        assert await count(counts, request, view, usage=covering) == (None, "reported")
+        assert await count(counts, request, view, size=MAX_COUNTED_BYTES + 1) == (None, None)
+        assert upstream.count_requests == []
+        _, outcome = await count(counts, request, view, usage=Anchor(tokens=2000, covered=1))
+    finally:
+        await counts.aclose()
+    assert outcome == Outcome.COUNTED and len(upstream.count_requests) == 1
