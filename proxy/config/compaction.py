@@ -126,7 +126,7 @@ class CompactionSettings(BaseModel):
     count_probes: list[str] = Field(
         default_factory=lambda: list(DEFAULT_COUNT_PROBES),
         description=(
-            "Which endpoints of the upstream are asked for a chat request's exact prompt tokens:"
+            "Which endpoints of the upstream are asked for a request's exact prompt tokens:"
             " `llama_cpp_template` (llama.cpp's `/apply-template` and `/tokenize`), `vllm_tokenize` (vLLM's and"
             " SGLang's `/tokenize` with messages), `responses_input_tokens` (OpenAI's `/v1/responses/input_tokens`,"
             " for the Responses API; opt-in), `anthropic_count_tokens` (the Messages API's `/v1/messages/count_tokens`;"

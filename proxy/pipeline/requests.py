@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import orjson
+
+from proxy.engine.messages import Message
 
 
 class InvalidRequest(ValueError):
@@ -179,6 +182,29 @@ class BodyFields:
     def stream(self) -> bool:
         """Whether a streamed (SSE) response was asked for."""
         return self.body.get("stream") is True
+
+
+class MappedMessages:
+    """The last message and the text-only test, read from the engine's messages a request is mapped onto whole.
+
+    A format that decides these from its body without mapping it implements them itself.
+    """
+
+    if TYPE_CHECKING:
+
+        @property
+        def messages(self) -> list[Message]:
+            """The request's messages mapped onto the engine's."""
+
+    @property
+    def last_message(self) -> Message | None:
+        """`messages[-1]`, or None."""
+        return self.messages[-1] if self.messages else None
+
+    @cached_property
+    def text_only(self) -> bool:
+        """See `text_only`."""
+        return text_only(self.messages)
 
 
 TEXT_PARTS: Final = frozenset({"text", "refusal"})

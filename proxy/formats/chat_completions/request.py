@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import orjson
@@ -17,17 +16,17 @@ from proxy.engine.messages import Message
 from proxy.pipeline.requests import (
     BodyFields,
     InvalidRequest,
+    MappedMessages,
     RequestLimits,
     checked_objects,
     json_object,
     reserved,
-    text_only,
 )
 from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class ChatRequest(BodyFields):
+class ChatRequest(BodyFields, MappedMessages):
     """A parsed chat-completion request.
 
     :param body: The whole parsed body; never modified.
@@ -41,16 +40,6 @@ class ChatRequest(BodyFields):
     def reserved_tokens(self) -> int:
         """The tokens the request reserves for its reply: `max_completion_tokens`, or the older `max_tokens`."""
         return reserved(self.body, "max_completion_tokens", "max_tokens")
-
-    @property
-    def last_message(self) -> Message | None:
-        """`messages[-1]`, or None."""
-        return self.messages[-1] if self.messages else None
-
-    @cached_property
-    def text_only(self) -> bool:
-        """See `proxy.pipeline.requests.text_only`."""
-        return text_only(self.messages)
 
     @property
     def added_prompt_tokens(self) -> int:

@@ -19,17 +19,17 @@ from proxy.formats.responses.items import Item, Units
 from proxy.pipeline.requests import (
     BodyFields,
     InvalidRequest,
+    MappedMessages,
     RequestLimits,
     checked_objects,
     json_object,
     reserved,
-    text_only,
 )
 from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class ResponsesRequest(BodyFields):
+class ResponsesRequest(BodyFields, MappedMessages):
     """A parsed Responses API request.
 
     :param body: The whole parsed body; never modified.
@@ -43,16 +43,6 @@ class ResponsesRequest(BodyFields):
     def messages(self) -> list[Message]:
         """The engine's messages: the instructions, then one per unit of `input`."""
         return self.units.messages
-
-    @property
-    def last_message(self) -> Message | None:
-        """`messages[-1]`, or None."""
-        return self.messages[-1] if self.messages else None
-
-    @cached_property
-    def text_only(self) -> bool:
-        """See `proxy.pipeline.requests.text_only`."""
-        return text_only(self.messages)
 
     @property
     def stateful(self) -> bool:
