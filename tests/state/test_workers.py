@@ -13,8 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -29,6 +29,7 @@ start_process_proxy = process_proxy.start_process_proxy
 
 TENANT_KEY = "shared-tenant-key-for-workers"
 WORKERS = 2
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -170,24 +171,44 @@ async def scrape(url: str) -> str:
         return await response.text()
 
 
+async def until_every_worker(
+    proxy: process_proxy.ProcessProxy,
+    answered: Callable[[dict[str, Any]], bool],
+    act: Callable[[int], Awaitable[T]],
+    least: int,
+) -> list[T]:
+    """`act(0)`, `act(1)`, ... over connections of their own: at least `least` times, and until an access line of
+    each worker satisfies `answered`. The kernel spreads connections by a hash and a worker writes its access line
+    after it answers, so a fixed number of them may not show every worker yet."""
+    results: list[T] = []
+    while True:
+        served = {
+            record["worker"]
+            for record in proxy.records()
+            if record.get("logger") == "compaction_proxy.access" and answered(record)
+        }
+        if len(results) >= least and served == set(range(WORKERS)):
+            return results
+        assert len(results) < least + 100, f"{len(results)} connections met only worker(s) {served}"
+        results.append(await act(len(results)))
+
+
 async def test_every_scrape_reports_the_whole_pod(
     start_process_proxy: process_proxy.StartProcessProxy, upstream: OpenAIUpstream, state_url: str
 ) -> None:
     # At debug, the access lines of /metrics are logged too: they name the worker that answered each scrape.
     proxy = await start_workers(start_process_proxy, upstream, state_url, log_level="debug")
-    requests = 12
-    for turn in range(requests):
-        await turn_on_a_new_connection(proxy.url, [{"role": "user", "content": f"question {turn}"}])
-    access = [record for record in proxy.records() if record.get("logger") == "compaction_proxy.access"]
-    assert {record["worker"] for record in access if record["route"] == "chat_completions"} == set(range(WORKERS))
+    turns = await until_every_worker(
+        proxy,
+        lambda record: record.get("route") == "chat_completions",
+        lambda turn: turn_on_a_new_connection(proxy.url, [{"role": "user", "content": f"question {turn}"}]),
+        least=12,
+    )
+    requests = len(turns)
 
-    scrapes = [await scrape(proxy.url) for _ in range(8)]
-    scraped_by = [
-        record["worker"]
-        for record in proxy.records()
-        if record.get("logger") == "compaction_proxy.access" and record.get("path") == "/metrics"
-    ]
-    assert set(scraped_by) == set(range(WORKERS)), f"every scrape met worker {scraped_by[0]}: nothing was shown"
+    scrapes = await until_every_worker(
+        proxy, lambda record: record.get("path") == "/metrics", lambda _: scrape(proxy.url), least=8
+    )
     for exposition in scrapes:
         assert metric(exposition, 'compaction_proxy_requests_total{route="chat_completions",status="200"}') == requests
         decided = 'compaction_proxy_outcomes_total{api="chat_completions",outcome="unchanged"}'
