@@ -97,11 +97,8 @@ async def proxies(upstream: OpenAIUpstream) -> AsyncIterator[Callable[..., Any]]
     await started.close()
 
 
-async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
-    upstream: OpenAIUpstream, proxies: Callable[..., Any]
-) -> None:
-    upstream.responder = agent_responder()
-    proxy = await proxies(context_windows={MODEL: 4096})
+async def settled_chat_agent(proxy: RunningProxy, tasks: int, result_lines: int) -> None:
+    """The chat agent through the official SDK, `tasks` tasks of 20 steps, each turn sent once the proxy is settled."""
     async with (
         settling(proxy) as http,
         openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
@@ -115,7 +112,15 @@ async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
             )
             return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
 
-        await run_agent(turn, tasks=4, steps=20, result_lines=18)
+        await run_agent(turn, tasks=tasks, steps=20, result_lines=result_lines)
+
+
+async def test_chat_summary_calls_repeat_the_forwarded_prompt_tools_included(
+    upstream: OpenAIUpstream, proxies: Callable[..., Any]
+) -> None:
+    upstream.responder = agent_responder()
+    proxy = await proxies(context_windows={MODEL: 4096})
+    await settled_chat_agent(proxy, tasks=4, result_lines=18)
 
     bodies = [request.json for request in upstream.requests if request.path.endswith("/chat/completions")]
     assert check_summary_prefixes(bodies, "messages", ("model", "tools")) >= 2

@@ -11,13 +11,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import openai
-
 from tests.e2e.conftest import MODEL
-from tests.e2e.test_summary_prefix import settling
-from tests.support.agent_run import TOOLS, agent_responder, is_summary_call, run_agent
+from tests.e2e.test_summary_prefix import settled_chat_agent
+from tests.support.agent_run import agent_responder, is_summary_call
 from tests.support.openai_upstream import OpenAIUpstream
-from tests.support.proxies import LoopbackProxies, RunningProxy
+from tests.support.proxies import LoopbackProxies
 
 WINDOW = 16_384
 SUMMARY_OPENING = "<conversation_summary>"
@@ -36,27 +34,10 @@ async def _run(head_share: float | None) -> list[tuple[Body, dict[str, Any]]]:
         )
         try:
             proxy = await proxies.start(**settings)
-            await _agent(proxy)
+            await settled_chat_agent(proxy, tasks=3, result_lines=18)
         finally:
             await proxies.close()
         return list(zip((request.json for request in upstream.requests), upstream.usages, strict=True))
-
-
-async def _agent(proxy: RunningProxy) -> None:
-    async with (
-        settling(proxy) as http,
-        openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=http) as client,
-    ):
-
-        async def turn(messages: list[Body]) -> tuple[Body, str]:
-            raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL,
-                messages=messages,  # type: ignore[arg-type]
-                tools=TOOLS,  # type: ignore[arg-type]
-            )
-            return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers.get("x-compaction", "")
-
-        await run_agent(turn, tasks=3, steps=20, result_lines=18)
 
 
 def _compacted(turns: list[Body]) -> list[list[Body]]:
