@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from functools import partial
 
@@ -139,16 +138,12 @@ def _send(
     with_list_values(headers, header_values or {})
     if plain:
         headers["Accept-Encoding"] = "identity"
-    return request.app[UPSTREAM].request(request.method, target, headers, body)
+    return request.app[UPSTREAM].request(request.method, target, headers, body, record=request[RECORD])
 
 
 async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> web.StreamResponse:
     """Forward the client's body and relay the answer, with no compaction involved (fail open)."""
-    record = request[RECORD]
-    sent = time.perf_counter()
     async with _send(request, target, body) as response:
-        record.upstream_latency = time.perf_counter() - sent
-        record.upstream_status = response.status
         out = await start_response(request, response)
         if await pump(request, out, response):
             await finish(request, out)
@@ -163,13 +158,9 @@ async def _forward_planned(
     A refusal is a non-2xx answer, or a stream refused after it began (see `proxy.server.held_stream`), with or
     without the read tool offered.
     """
-    record = request[RECORD]
-    sent = time.perf_counter()
     async with _send(
         request, target, plan.body, plain=plan.reads is not None, header_values=plan.header_values
     ) as response:
-        record.upstream_latency = time.perf_counter() - sent
-        record.upstream_status = response.status
         if 200 <= response.status < 300:
             held = await _hold(request, response, plan, reply)
             refused = held.refusal is not None
@@ -183,15 +174,13 @@ async def _forward_planned(
             retry = await complete(request, plan, outcome)
             if retry is None:
                 return await _relay_buffered(request, response, plan, error)
+    record = request[RECORD]
     record.retried = True
     record.decided(retry.response_headers)
     request.app[METRICS].retries.inc()
-    sent = time.perf_counter()
     async with _send(
         request, target, retry.body, plain=retry.reads is not None, header_values=retry.header_values
     ) as response:
-        record.upstream_latency = time.perf_counter() - sent
-        record.upstream_status = response.status
         held = await _hold(request, response, retry, reply)
         return await _relay_answer(request, target, response, retry, held=held, reply=reply)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -72,13 +71,10 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
         record.error = "too_large"
         return errors.too_large(limit)
     body = _client_body(request, limit, settings.client_body_timeout, record) if request.body_exists else None
-    sent = time.perf_counter()
     try:
         async with upstream.request(
-            request.method, target, upstream_request_headers(request.headers), body
+            request.method, target, upstream_request_headers(request.headers), body, record=record
         ) as response:
-            record.upstream_latency = time.perf_counter() - sent
-            record.upstream_status = response.status
             if record.error == CLIENT_TIMEOUT:
                 return errors.client_timeout(settings.client_body_timeout)
             if record.bytes_in > limit:

@@ -28,6 +28,7 @@ from yarl import URL
 
 from proxy.config import Settings
 from proxy.server.logging import SERVER_LOGGER
+from proxy.server.record import RequestRecord
 from proxy.upstream_session import upstream_session
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -165,15 +166,24 @@ class Upstream:
 
     @asynccontextmanager
     async def request(
-        self, method: str, url: URL, headers: CIMultiDict[str], data: Any = None
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        data: Any = None,
+        *,
+        record: RequestRecord | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Send one request and yield the response once its headers arrived; the response is closed on exit.
 
+        :param record: The client request's record: the upstream's latency to the answer's headers and its status are
+            written on it (the one place they are taken, a retry's overwriting the first exchange's).
         :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
         :raises UpstreamTimeout: Connecting or the response headers took too long.
         """
         if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
             data = _in_pieces(data)
+        sent = time.perf_counter()
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self.session.request(
@@ -185,6 +195,9 @@ class Upstream:
             raise UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise _unreachable(exc) from exc
+        if record is not None:
+            record.upstream_latency = time.perf_counter() - sent
+            record.upstream_status = response.status
         try:
             yield response
         finally:
