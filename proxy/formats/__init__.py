@@ -6,6 +6,7 @@ and one entry here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import orjson
@@ -22,6 +23,18 @@ FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 BODY_ORDER: Final[tuple[WireFormat, ...]] = (MESSAGES, RESPONSES, CHAT_COMPLETIONS)
 """The order a body with no path to tell is recognized in: the most specific format first; chat completions, which
 any body with `messages` could be, last, and the default."""
+
+
+def api_of(method: str, path: str, headers: Mapping[str, str]) -> WireFormat | None:
+    """The wire format whose API a request speaks, for the shape of the proxy's own errors.
+
+    That is the format it is of, else the one whose `api_headers` it carries (another endpoint of that API, passed
+    through), else None.
+    """
+    wire = format_of(method, path)
+    if wire is not None:
+        return wire
+    return next((wire for wire in FORMATS if any(name in headers for name in wire.api_headers)), None)
 
 
 def format_of_body(raw: bytes) -> WireFormat:

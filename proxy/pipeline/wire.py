@@ -199,6 +199,9 @@ class WireFormat(Protocol):
     read_tool: Mapping[str, Any]
     conversation_headers: tuple[str, ...]
     call_headers: tuple[str, ...]
+    api_headers: tuple[str, ...]
+    """Request headers only this format's API is called with (`anthropic-version`), lower case: a request it does not
+    compact (another endpoint of the API, passed through) still gets the proxy's own errors in its shape."""
     sized_by_bytes: bool
     """Whether a small body's bytes bound its tokens (`proxy.pipeline.byte_bound`): plain JSON messages, no items."""
     socket: SocketMode | None

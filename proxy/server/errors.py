@@ -1,7 +1,8 @@
 """Errors the proxy answers itself, in the shape of the API the request was for, as every SDK surfaces them.
 
-A request of a wire format gets that format's error body (`WireFormat.error_body`: the Messages API's
-`{"type": "error", "error": {...}}`), any other OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+A request of a wire format, or to another endpoint of its API (`WireFormat.api_headers`), gets that format's error
+body (`WireFormat.error_body`: the Messages API's `{"type": "error", "error": {...}}`); any other OpenAI's
+`{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from proxy.formats import format_of
+from proxy.formats import api_of
 from proxy.formats.chat_completions.errors import error_body as openai_error_body
 
 ErrorShape = Callable[[str, str, str, str | None], bytes]
@@ -18,8 +19,8 @@ ErrorShape = Callable[[str, str, str, str | None], bytes]
 
 
 def shape_of(request: web.Request) -> ErrorShape:
-    """The error shape of the API `request` is for: its wire format's, else OpenAI's."""
-    wire = format_of(request.method, request.path)
+    """The error shape of the API `request` is for: its wire format's (`api_of`), else OpenAI's."""
+    wire = api_of(request.method, request.path, request.headers)
     return wire.error_body if wire is not None else openai_error_body
 
 
@@ -45,13 +46,14 @@ def error_response(
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-def bad_path() -> web.Response:
+def bad_path(shape: ErrorShape = openai_error_body) -> web.Response:
     """400 for a path the proxy refuses to forward (dot segments, not origin-form)."""
     return error_response(
         400,
         "The request path is not allowed (dot segments or not an absolute path).",
         type_="invalid_request_error",
         code="invalid_path",
+        shape=shape,
     )
 
 

@@ -36,11 +36,11 @@ async def _client_body(
 
 
 def upstream_error_response(request: web.Request, exc: UpstreamError) -> web.Response:
-    """Record a transport failure before any response was sent, and answer 502 or 504 OpenAI-style."""
+    """Record a transport failure before any response was sent, and answer 502 or 504 in the API's error shape."""
     request[RECORD].error = exc.kind
     if isinstance(exc, UpstreamTimeout):
-        return errors.upstream_timeout(str(exc))
-    return errors.upstream_unreachable(str(exc))
+        return errors.upstream_timeout(str(exc), errors.shape_of(request))
+    return errors.upstream_unreachable(str(exc), errors.shape_of(request))
 
 
 async def proxy_request(request: web.Request) -> web.StreamResponse:
@@ -48,7 +48,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     raw_path = safe_raw_path(request.rel_url.raw_path)
     if raw_path is None:
         request[RECORD].error = "bad_path"
-        return errors.bad_path()
+        return errors.bad_path(errors.shape_of(request))
     target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
     if is_websocket_upgrade(request.method, request.headers.get("Upgrade")):
         try:
@@ -67,27 +67,28 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
     upstream = request.app[UPSTREAM]
     record = request[RECORD]
     limit = settings.max_body_bytes
+    shape = errors.shape_of(request)
     if request.content_length is not None and request.content_length > limit:
         record.error = "too_large"
-        return errors.too_large(limit)
+        return errors.too_large(limit, shape)
     body = _client_body(request, limit, settings.client_body_timeout, record) if request.body_exists else None
     try:
         async with upstream.request(
             request.method, target, upstream_request_headers(request.headers), body, record=record
         ) as response:
             if record.error == CLIENT_TIMEOUT:
-                return errors.client_timeout(settings.client_body_timeout)
+                return errors.client_timeout(settings.client_body_timeout, shape)
             if record.bytes_in > limit:
                 record.error = "too_large"
-                return errors.too_large(limit)
+                return errors.too_large(limit, shape)
             out = await start_response(request, response)
             if await pump(request, out, response):
                 await finish(request, out)
             return out
     except UpstreamError as exc:
         if record.error == CLIENT_TIMEOUT:
-            return errors.client_timeout(settings.client_body_timeout)
+            return errors.client_timeout(settings.client_body_timeout, shape)
         if record.bytes_in > limit:
             record.error = "too_large"
-            return errors.too_large(limit)
+            return errors.too_large(limit, shape)
         return upstream_error_response(request, exc)

@@ -44,6 +44,8 @@ class Messages:
     read_tool: Mapping[str, Any] = summary.READ_TOOL_DEFINITION
     conversation_headers: tuple[str, ...] = (SESSION_HEADER,)
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    api_headers: tuple[str, ...] = ("anthropic-version",)
+    """Every call of the API carries it (its SDKs and Claude Code send it on `count_tokens`, batches, models)."""
     sized_by_bytes: bool = True
     """Text blocks and tool calls are plain JSON; any other block (thinking, an image, a document) is an engine part
     `proxy.pipeline.byte_bound` does not bound, and the tool-use system prompt is `added_prompt_tokens`."""

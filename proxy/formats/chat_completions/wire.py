@@ -31,6 +31,7 @@ class ChatCompletions:
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
     call_headers: tuple[str, ...] = ()
+    api_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = True
     socket: SocketMode | None = None
     splicing: ByteSplicing | None = ChatSplicing()

@@ -32,6 +32,7 @@ class Responses:
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
     call_headers: tuple[str, ...] = ()
+    api_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = False
     socket: SocketMode | None = ResponsesSocket()
     splicing: ByteSplicing | None = None

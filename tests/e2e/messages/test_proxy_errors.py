@@ -151,3 +151,19 @@ async def test_a_chat_request_keeps_openais_shape(proxies: LoopbackProxies) -> N
             await client.chat.completions.create(model="gpt-4o-mini", messages=QUESTION)  # type: ignore[arg-type]
     body = raised.value.body
     assert isinstance(body, dict) and body["type"] == "upstream_error" and body["code"] == "upstream_unreachable"
+
+
+async def test_another_endpoint_of_the_api_passed_through_gets_its_shape(proxies: LoopbackProxies) -> None:
+    # count_tokens is not compacted but forwarded as it came: the SDK's `anthropic-version` header tells its API.
+    proxy = await proxies.start(upstream=f"http://127.0.0.1:{closed_port()}")
+    async with sdk(proxy) as client:
+        with pytest.raises(anthropic.InternalServerError) as raised:
+            await client.messages.count_tokens(model=NON_BINDING, messages=QUESTION)  # type: ignore[arg-type]
+    assert raised.value.status_code == 502
+    assert anthropic_error(raised.value)["type"] == "api_error"
+    url = f"http://127.0.0.1:{proxy.server.port}/v1"
+    async with openai.AsyncOpenAI(base_url=url, api_key="sk-test", max_retries=0) as openai_client:
+        with pytest.raises(openai.InternalServerError) as openai_raised:
+            await openai_client.models.list()
+    body = openai_raised.value.body
+    assert isinstance(body, dict) and body["code"] == "upstream_unreachable", body
