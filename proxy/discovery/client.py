@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
@@ -42,6 +43,18 @@ class CredentialsNeeded(Exception):
     """The upstream answered 401 or 403: it describes its models only to callers it knows."""
 
 
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What the upstream answered a probe: its status and headers, and its body.
+
+    The body is read only for a 200: None for any other status, or for a body over `MAX_ANSWER_BYTES`.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    payload: bytes | None
+
+
 class ProbeClient:
     """Sends the probes' requests to the upstream over a session of its own, created on first use.
 
@@ -61,25 +74,34 @@ class ProbeClient:
         :param credentials: The caller's credential headers to send (none for an anonymous probe).
         :raises CredentialsNeeded: The upstream answered 401 or 403.
         """
-        headers = {"Accept": "application/json", "Accept-Encoding": "identity", **credentials}
-        try:
-            async with self._client().request(
-                method,
-                self.upstream + path,
-                data=orjson.dumps(body) if body is not None else None,
-                headers={**headers, "Content-Type": "application/json"} if body is not None else headers,
-                allow_redirects=False,
-            ) as response:
-                if response.status in _REFUSALS:
-                    raise CredentialsNeeded
-                if response.status != 200:
-                    return None
-                payload = await read_bounded(response)
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        answer = await self.send(method, path, orjson.dumps(body) if body is not None else None, credentials)
+        if answer is not None and answer.status in _REFUSALS:
+            raise CredentialsNeeded
+        if answer is None or answer.payload is None:
             return None
         try:
-            return orjson.loads(payload) if payload is not None else None
+            return orjson.loads(answer.payload)
         except orjson.JSONDecodeError:
+            return None
+
+    async def send(self, method: str, path: str, data: bytes | None, headers: Mapping[str, str]) -> ProbeAnswer | None:
+        """Send `method path` with a JSON body already serialized (or none), and what the upstream answered.
+
+        None when the upstream could not be reached, broke off or took longer than `PROBE_SECONDS`.
+
+        :param headers: What the probe carries besides asking for an uncompressed JSON answer (the caller's credential
+            headers, and whatever else its API requires).
+        """
+        sent = {"Accept": "application/json", "Accept-Encoding": "identity", **headers}
+        if data is not None:
+            sent["Content-Type"] = "application/json"
+        try:
+            async with self._client().request(
+                method, self.upstream + path, data=data, headers=sent, allow_redirects=False
+            ) as response:
+                payload = await read_bounded(response) if response.status == 200 else None
+                return ProbeAnswer(response.status, response.headers, payload)
+        except (aiohttp.ClientError, OSError, TimeoutError):
             return None
 
     async def aclose(self) -> None:

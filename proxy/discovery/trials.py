@@ -23,6 +23,11 @@ MAX_BACK_OFF: Final = 3600.0
 """The longest wait before a method that never answered is tried again for a tenant."""
 
 
+def back_off_seconds(failures: int) -> float:
+    """How long to wait after `failures` refusals in a row: `RETRY_SECONDS`, doubling, at most `MAX_BACK_OFF`."""
+    return min(RETRY_SECONDS * 2.0 ** min(failures - 1, 16), MAX_BACK_OFF)
+
+
 @dataclass
 class _Waiting:
     """A method that has not answered a tenant: when it may be tried again, and how often it failed in a row."""
@@ -75,5 +80,4 @@ class Trials:
             waiting = {}
             self._waiting.put(tenant, waiting)
         failures = waiting[name].failures + 1 if name in waiting else 1
-        back_off = min(RETRY_SECONDS * 2 ** min(failures - 1, 16), MAX_BACK_OFF)
-        waiting[name] = _Waiting(time.monotonic() + back_off, failures)
+        waiting[name] = _Waiting(time.monotonic() + back_off_seconds(failures), failures)

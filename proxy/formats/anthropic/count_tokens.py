@@ -23,15 +23,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import aiohttp
 import orjson
 from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
 from proxy.discovery.budgeted import BudgetedAnswers, Outcome
-from proxy.discovery.client import PROBE_SECONDS, credentials_of, read_bounded
-from proxy.discovery.service import RETRY_SECONDS, probes_for
-from proxy.discovery.trials import MAX_BACK_OFF
+from proxy.discovery.client import ProbeClient, credentials_of
+from proxy.discovery.service import probes_for
+from proxy.discovery.trials import MAX_BACK_OFF, back_off_seconds
 from proxy.engine import Anchor
 from proxy.engine.bounded import BoundedCache
 from proxy.formats.anthropic.request import MessagesRequest
@@ -39,7 +38,6 @@ from proxy.formats.anthropic.tokens import count_tokens_body
 from proxy.pipeline.capabilities import CountContext, Counted, CountQuestion
 from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES, reported
 from proxy.pipeline.rewrites import View
-from proxy.upstream_session import upstream_session
 
 PATH: Final = "/v1/messages/count_tokens"
 PROBE: Final = "anthropic_count_tokens"
@@ -82,7 +80,7 @@ class CountTokens:
         self.counts = answers if answers is not None else BudgetedAnswers(settings.exact_count_timeout, MAX_COUNTS)
         self.clock = clock
         self._waiting: BoundedCache[bytes, _Waiting] = BoundedCache(MAX_TENANTS)
-        self._session: aiohttp.ClientSession | None = None
+        self.client = ProbeClient(settings)
 
     async def count(self, question: CountQuestion) -> Counted:
         """The count of the whole view (what the request forwards before any new compaction), and how asking went.
@@ -114,9 +112,7 @@ class CountTokens:
         """Stop the counts in flight (when the answers are its own) and close the HTTP client."""
         if self._own_answers:
             await self.counts.aclose()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.aclose()
 
     @staticmethod
     def _fields(request: MessagesRequest, view: View) -> Mapping[str, Any]:
@@ -128,33 +124,20 @@ class CountTokens:
 
     async def _ask(self, body: bytes, tenant: bytes, headers: Mapping[str, str]) -> int | None:
         """Ask the endpoint; back the tenant off when it refuses (see the module docstring)."""
-        sent = {"Accept": "application/json", "Accept-Encoding": "identity", "Content-Type": "application/json"}
-        try:
-            async with self._client().post(
-                self.settings.upstream + PATH, data=body, headers={**sent, **headers}, allow_redirects=False
-            ) as response:
-                if response.status == 200:
-                    tokens = _input_tokens(await read_bounded(response))
-                    if tokens is not None:
-                        if self._waiting.get(tenant) is not None:
-                            self._waiting.put(tenant, _Waiting(0.0, 0))
-                        return tokens
-                elif response.status == 400:
-                    return None
-                self._back_off(tenant, _retry_after(response.headers) if response.status == 429 else 0.0)
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            self._back_off(tenant, 0.0)
+        answer = await self.client.send("POST", PATH, body, headers)
+        status = answer.status if answer is not None else None
+        tokens = _input_tokens(answer.payload) if answer is not None else None
+        if tokens is not None:
+            if self._waiting.get(tenant) is not None:
+                self._waiting.put(tenant, _Waiting(0.0, 0))
+            return tokens
+        if status != 400:
+            self._back_off(tenant, _retry_after(answer.headers) if answer is not None and status == 429 else 0.0)
         return None
 
     def _back_off(self, tenant: bytes, at_least: float) -> None:
         failures = 1 + (waiting.failures if (waiting := self._waiting.get(tenant)) else 0)
-        wait = max(at_least, min(RETRY_SECONDS * 2 ** min(failures - 1, 16), MAX_BACK_OFF))
-        self._waiting.put(tenant, _Waiting(self.clock() + wait, failures))
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = upstream_session(self.settings, total_seconds=PROBE_SECONDS)
-        return self._session
+        self._waiting.put(tenant, _Waiting(self.clock() + max(at_least, back_off_seconds(failures)), failures))
 
 
 class CountTokensCounting:
