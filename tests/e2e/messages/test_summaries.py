@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from proxy.formats.anthropic.rules import without_cache_control
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
 from tests.e2e.messages.conftest import BINDING, NON_BINDING, WINDOW, base_url, sdk
 from tests.e2e.messages.test_controls import long_body
+from tests.e2e.test_summaries import settled
 from tests.support.anthropic_agent import TOOLS, run_agent
 from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.support.proxies import LoopbackProxies
@@ -29,6 +29,16 @@ def is_summary_request(body: Mapping[str, Any]) -> bool:
     return isinstance(content, str) and content.startswith(SUMMARY_MARK)
 
 
+def summarizing(upstream: AnthropicUpstream, **settings: Any) -> LoopbackProxies:
+    """Proxies in front of `upstream` that summarize, for conversations that fill `WINDOW`."""
+    return LoopbackProxies(
+        upstream=upstream.base_url,
+        context_windows={"claude": WINDOW},
+        strategies=["summarization", "sliding_window", "middle_out"],
+        **settings,
+    )
+
+
 async def test_summaries_on_a_model_that_binds_thinking_drop_it_and_replace_their_span(
     upstream: AnthropicUpstream,
 ) -> None:
@@ -36,17 +46,12 @@ async def test_summaries_on_a_model_that_binds_thinking_drop_it_and_replace_thei
     model = BINDING
     agent = tool_loop_responder("search", steps=2, words=60)
     upstream.responder = lambda body: [{"type": "text", "text": SUMMARY}] if is_summary_request(body) else agent(body)
-    proxies = LoopbackProxies(
-        upstream=upstream.base_url,
-        context_windows={"claude": WINDOW},
-        strategies=["summarization", "sliding_window", "middle_out"],
-    )
+    proxies = summarizing(upstream)
     try:
         proxy = await proxies.start()
         async with sdk(proxy) as client:
             run = await run_agent(client, model, 120, lambda turn: turn % 2 == 1)
-        pending = proxy.service.summaries.pending() if proxy.service.summaries else []
-        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=30)
+        await settled(proxy)
         used = proxy.service.metrics.summaries_used._value.get()
     finally:
         await proxies.close()
@@ -82,12 +87,7 @@ async def summary_headers(settings: dict[str, Any], headers: dict[str, str]) -> 
         auth_tokens=frozenset({CALLER_TOKEN}),
     ) as upstream:
         upstream.responder = lambda body: [{"type": "text", "text": SUMMARY if is_summary_request(body) else "Done."}]
-        proxies = LoopbackProxies(
-            upstream=upstream.base_url,
-            context_windows={"claude": WINDOW},
-            strategies=["summarization", "sliding_window", "middle_out"],
-            **settings,
-        )
+        proxies = summarizing(upstream, **settings)
         try:
             proxy = await proxies.start()
             async with (
@@ -95,8 +95,7 @@ async def summary_headers(settings: dict[str, Any], headers: dict[str, str]) -> 
                 http.post(f"{base_url(proxy)}/v1/messages", data=orjson.dumps(long_body()), headers=headers) as answer,
             ):
                 assert answer.status == 200, await answer.read()
-            pending = proxy.service.summaries.pending() if proxy.service.summaries else []
-            await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=30)
+            await settled(proxy)
         finally:
             await proxies.close()
         assert upstream.rejections == []
