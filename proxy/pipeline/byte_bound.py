@@ -25,23 +25,10 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from proxy.engine.messages import Message
-from proxy.pipeline.requests import text_only
-
 SIZED_BELOW_BYTES: Final = 32 * 1024
 """Bodies under this size are sized by their bytes first: larger ones are recognized from their bytes instead where
 the format can (`ByteSplicing.from_bytes`, this same size for chat completions), which costs less than the parse
 this needs."""
-
-
-def byte_bound(raw: bytes, messages: list[Message], scale: float, added: int = 0) -> int | None:
-    """An upper bound on the tokens the provider counts for the request `raw`, or None when it holds media.
-
-    :param messages: The request's messages, parsed from `raw`.
-    :param scale: Provider tokens per local token (the calibration the engine's bounds are multiplied by).
-    :param added: Tokens the provider adds that no byte of `raw` shows (`WireRequest.added_prompt_tokens`).
-    """
-    return bytes_bound(raw, scale, added) if text_only(messages) else None
 
 
 def bytes_bound(raw: bytes, scale: float, added: int = 0) -> int:

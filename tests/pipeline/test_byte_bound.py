@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import TiktokenCounter
-from proxy.pipeline.byte_bound import byte_bound
+from proxy.pipeline.byte_bound import bytes_bound
+from proxy.pipeline.requests import text_only
 from tests.support.examples import examples
 
 COUNTERS = [TiktokenCounter("o200k_base"), TiktokenCounter("cl100k_base")]
@@ -78,7 +79,8 @@ def test_a_text_request_counts_no_more_tokens_than_it_has_bytes(
 ) -> None:
     body: dict[str, Any] = {"model": "gpt-4o", "messages": messages, **({"tools": tools} if tools else {})}
     raw = orjson.dumps(body, option=orjson.OPT_INDENT_2 if indented else 0)
-    bound = byte_bound(raw, messages, 1.0)
+    assert text_only(messages)
+    bound = bytes_bound(raw, 1.0)
     assert bound == len(raw)
     for counter in COUNTERS:
         assert bound >= counter.messages_tokens(messages) + counter.overhead_tokens(body)
@@ -95,15 +97,15 @@ def test_a_text_request_counts_no_more_tokens_than_it_has_bytes(
 )
 def test_a_request_with_media_has_no_byte_bound(part: dict[str, Any]) -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "Look."}, part]}]
-    assert byte_bound(orjson.dumps({"model": "gpt-4o", "messages": messages}), messages, 1.0) is None
+    assert not text_only(messages)  # so the request is measured the full way, not by its bytes
 
 
 def test_an_assistant_audio_reply_has_no_byte_bound() -> None:
     messages = [{"role": "assistant", "content": None, "audio": {"id": "audio_abc"}}, {"role": "user", "content": "?"}]
-    assert byte_bound(orjson.dumps({"model": "gpt-4o-audio-preview", "messages": messages}), messages, 1.0) is None
+    assert not text_only(messages)
 
 
 def test_the_bound_follows_the_calibration() -> None:
     messages = [{"role": "user", "content": "hello"}]
     raw = orjson.dumps({"model": "gpt-4o", "messages": messages})
-    assert byte_bound(raw, messages, 1.3) == -(-len(raw) * 13 // 10)
+    assert bytes_bound(raw, 1.3) == -(-len(raw) * 13 // 10)

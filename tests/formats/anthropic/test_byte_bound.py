@@ -21,7 +21,7 @@ from proxy.engine import counter_for_model
 from proxy.engine.messages import CONTINUES_STEP, is_checkpoint
 from proxy.formats.anthropic.blocks import UNIT_KEY
 from proxy.formats.anthropic.request import MessagesRequest
-from proxy.pipeline.byte_bound import byte_bound
+from proxy.pipeline.byte_bound import bytes_bound
 from proxy.pipeline.requests import text_only
 from tests.support.anthropic_conversations import TOOLS, Built, conversations
 from tests.support.anthropic_rules import Signer, prompt_segments
@@ -67,7 +67,7 @@ def text_conversations(draw: st.DrawFn) -> dict[str, Any]:
 def bound_of(body: dict[str, Any], indented: bool = False) -> tuple[int | None, MessagesRequest]:
     raw = orjson.dumps(body, option=orjson.OPT_INDENT_2 if indented else 0)
     request = MessagesRequest.parse(raw)
-    bound = byte_bound(raw, request.messages, 1.0, request.added_prompt_tokens)
+    bound = bytes_bound(raw, 1.0, request.added_prompt_tokens) if request.text_only else None
     # What the request reads from its blocks is what the engine's messages they map to say.
     assert request.text_only == text_only(request.messages) == (bound is not None)
     return bound, request
