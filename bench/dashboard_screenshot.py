@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from proxy.server.metric_ring import STEP_SECONDS
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.dashboard_traffic import exercise
 from tests.support.chromium import screenshot
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 TASKS = (1, 3, 2, 4, 1, 2, 3, 2)

@@ -1,7 +1,7 @@
 """A long tool-using agent run through the proxy, with rewrite memory on and off: how stable is what the provider sees?
 
 The agent keeps its full history client-side (as SDK users do) and reads files until a tool result says FINAL, task
-after task, through a proxy process in front of the OpenAI-like fake upstream (`tests.support.openai_upstream`,
+after task, through a proxy process in front of the OpenAI-like fake upstream (`proxy.simulator.openai_upstream`,
 in this process, so every forwarded body is recorded). For each forwarded prompt we take the share of its
 `messages` bytes that are byte-identical to the previous prompt's (the common prefix), and add up the prompt
 tokens the upstream counted, and how many of them its simulated prompt cache served, for the summary calls (with
@@ -33,8 +33,8 @@ import aiohttp
 from bench import billing
 from bench.processes import Server
 from proxy.engine.strategies.summarization import SUMMARY_OPENING
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.agent_run import FILE_TEXT, TOOLS, agent_responder, is_summary_call, messages_array, run_agent
-from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
 WINDOW = 4096

@@ -17,9 +17,9 @@ from typing import Final
 import aiohttp
 import pytest
 
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import load_profile
-from tests.support.openai_upstream import OpenAIUpstream
 
 load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 

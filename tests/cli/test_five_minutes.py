@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.process_proxy import ProcessProxy
 
 ROOT = Path(__file__).resolve().parents[2]

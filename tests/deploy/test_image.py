@@ -13,8 +13,8 @@ import aiohttp
 import openai
 
 from proxy.engine.encodings import get_encoding
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.deploy.conftest import LIMITS, Container, podman
-from tests.support.openai_upstream import OpenAIUpstream
 
 CLIENT_KEY = "sk-image-test-client-key"
 SAMPLE = "Compaction keeps long agent runs inside the window: ünïcödé, code `x = f(y)`, 12345."

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import FormatCase, Upstream
 

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.codex_client import CODEX_HEADERS, CodexShapedClient, compacting_responder
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4.1"

@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.agent_cli import installed_cli, run_cli
-from tests.support.openai_upstream import OpenAIUpstream
-from tests.support.proxies import LoopbackProxies
-from tests.support.responses_api import (
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from proxy.simulator.responses_api import (
     FunctionCall,
     ResponsesReply,
     ResponsesResponder,
     responses_tool_loop_responder,
 )
-from tests.support.responses_items import item_type
+from proxy.simulator.responses_items import item_type
+from tests.support.agent_cli import installed_cli, run_cli
+from tests.support.proxies import LoopbackProxies
 
 CODEX_VERSION = "0.171.0"
 MODEL = "gpt-4.1"

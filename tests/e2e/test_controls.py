@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from proxy.pipeline.prepared import RELEASE_FROM_BYTES
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from proxy.simulator.responses_api import responses_tool_loop_responder
 from tests.support.proxies import LoopbackProxies
-from tests.support.responses_api import responses_tool_loop_responder
 from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
 
 WINDOW = 4096

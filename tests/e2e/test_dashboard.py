@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 import openai
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import CLIENT_TOOLS, conversation
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
 from tests.support.chromium import chromium_or_skip, dump_dom
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.reading_model import reading_chat_responder
 
 

@@ -31,10 +31,10 @@ from proxy.discovery.input_tokens import ResponsesInputTokens
 from proxy.discovery.service import probes_for
 from proxy.engine import counter_for_model
 from proxy.pipeline.exact_counts import COUNT_HEADER
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import wait_for
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.support.counting_upstream import CountingUpstream
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 from tests.support.wire_formats import CHAT_COMPLETIONS, RESPONSES, FormatCase, by_format
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import StartProxy
 from tests.e2e.dashboard_traffic import exercise
 from tests.support.exported_metrics import declared_names, sampled_names
-from tests.support.openai_upstream import OpenAIUpstream
 
 BOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "compaction-proxy.json"
 METRIC = re.compile(r"\bcompaction_proxy_[a-z_]+\b")

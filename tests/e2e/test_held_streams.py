@@ -19,6 +19,8 @@ from aiohttp import web
 
 from proxy.pipeline.offload.reads import TOO_LARGE
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply
+from proxy.simulator.responses_api import ResponsesReply
 from tests.e2e.conftest import MODEL, WINDOW, StartProxy
 from tests.e2e.test_offload_reads import (
     CLIENT_TOOLS,
@@ -29,7 +31,6 @@ from tests.e2e.test_offload_reads import (
     response_items,
     tool_names,
 )
-from tests.support.openai_upstream import OpenAIUpstream, Reply
 from tests.support.proxies import LoopbackProxies
 from tests.support.reading_model import (
     PLAIN_ANSWER,
@@ -37,7 +38,6 @@ from tests.support.reading_model import (
     reading_chat_responder,
     reading_responses_responder,
 )
-from tests.support.responses_api import ResponsesReply
 
 PREVIEW_ANSWER = "answered from the preview"
 

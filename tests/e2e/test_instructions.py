@@ -21,11 +21,11 @@ import aiohttp
 import openai
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream, RecordedRequest, tool_loop_responder
+from proxy.simulator.responses_api import responses_tool_loop_responder
 from tests.support.agent_run import TOOLS as CHAT_TOOLS
 from tests.support.chat_requests import post
-from tests.support.openai_upstream import OpenAIUpstream, RecordedRequest, tool_loop_responder
 from tests.support.proxies import LoopbackProxies
-from tests.support.responses_api import responses_tool_loop_responder
 
 MODEL = "gpt-4.1"
 WINDOW = 16_000

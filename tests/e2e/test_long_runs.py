@@ -11,11 +11,11 @@ import openai
 import orjson
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from proxy.simulator.responses_api import responses_tool_loop_responder
 from tests.support import responses_agent
 from tests.support.format_agents import AGENTS
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
-from tests.support.responses_api import responses_tool_loop_responder
 from tests.support.wire_formats import RESPONSES, FormatCase, Upstream, by_format
 
 TURNS = 200

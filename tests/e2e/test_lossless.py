@@ -7,8 +7,8 @@ from typing import Any
 
 import openai
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.openai_upstream import OpenAIUpstream
 
 FILE = "def handler(event):\n    return {'status': 200, 'body': event['body']}\n" * 18
 LISTING = json.dumps(

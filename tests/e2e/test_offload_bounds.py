@@ -15,10 +15,10 @@ import orjson
 import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from proxy.simulator.responses_api import FunctionCall, ResponsesReply
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import CLIENT_TOOLS, RESPONSES_TOOLS, chat_bodies
-from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
-from tests.support.responses_api import FunctionCall, ResponsesReply
 
 WINDOW = 128_000
 MAX_BODY = 1024 * 1024

@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from proxy.config import ConfigError, load_settings
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import StartProxy
 from tests.e2e.test_one_decision import tool_conversation
 from tests.support.chat_requests import post
-from tests.support.openai_upstream import OpenAIUpstream
 
 WINDOW = 8192
 

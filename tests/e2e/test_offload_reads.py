@@ -19,11 +19,11 @@ import pytest
 from proxy.engine.strategies.offload import content_reference
 from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from proxy.simulator.responses_api import FunctionCall, ResponsesReply
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
 from tests.support.proxies import LoopbackProxies
 from tests.support.reading_model import PLAIN_ANSWER, reading_chat_responder, reading_responses_responder
-from tests.support.responses_api import FunctionCall, ResponsesReply
 from tests.support.wire_formats import CHAT_COMPLETIONS, FormatCase, Upstream, by_format
 
 SECRET = "SECRET-7731"

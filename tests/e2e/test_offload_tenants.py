@@ -16,9 +16,9 @@ import aiohttp
 import openai
 
 from proxy.engine.strategies.offload import content_reference
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import CLIENT_TOOLS, LOG, SECRET, conversation
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.reading_model import reading_chat_responder
 
 RESULTS_HELD = 4

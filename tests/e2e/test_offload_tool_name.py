@@ -15,6 +15,9 @@ import orjson
 import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_common import MAX_TOOLS
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply, ToolCall
+from proxy.simulator.responses_api import FunctionCall, ResponsesReply
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import (
     CLIENT_TOOLS,
@@ -25,9 +28,6 @@ from tests.e2e.test_offload_reads import (
     response_items,
     tool_names,
 )
-from tests.support.openai_common import MAX_TOOLS
-from tests.support.openai_upstream import OpenAIUpstream, Reply, ToolCall
-from tests.support.responses_api import FunctionCall, ResponsesReply
 
 OWN_ARGUMENTS = '{"query": "the client\'s own"}'
 OWN_PARAMETERS = {"type": "object", "properties": {"query": {"type": "string"}}}

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.e2e.test_offload_reads import CLIENT_TOOLS, conversation
 from tests.support.chat_requests import history, post
-from tests.support.openai_upstream import OpenAIUpstream
 
 DECISION_HEADERS = ("X-Compaction-Tokens-Before", "X-Compaction-Tokens-After", "X-Compaction-Strategies")
 

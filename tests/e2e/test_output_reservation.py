@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4o-mini"

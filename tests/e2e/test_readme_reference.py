@@ -16,10 +16,10 @@ import orjson
 
 from proxy.config import Settings, env_name
 from proxy.settings_flags import SECRET_FIELDS, flag_of
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, WINDOW, StartProxy
 from tests.e2e.test_one_decision import tool_conversation
 from tests.support.chat_requests import history, post
-from tests.support.openai_upstream import OpenAIUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
 

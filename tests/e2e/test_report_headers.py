@@ -9,9 +9,9 @@ from pathlib import Path
 
 import orjson
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.chat_requests import history, post
-from tests.support.openai_upstream import OpenAIUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.formats.responses.socket import create_message, refusal_event
 from proxy.pipeline.exchange import Refusal
 from proxy.server.logging import ACCESS_LOGGER
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.codex_client import CodexShapedClient, compacting_responder
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4.1"

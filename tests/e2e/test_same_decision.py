@@ -29,9 +29,9 @@ from hooks.compaction import (
 from proxy.config import Settings
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.hooks.conftest import SEARCH, stepping_responder
-from tests.support.openai_upstream import OpenAIUpstream
 
 API_KEY_VAR = "SAME_DECISION_TEST_OPENAI_KEY"
 STEPS = 30

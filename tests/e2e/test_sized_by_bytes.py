@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from proxy.server.upstream import PIECES_FROM_BYTES
+from proxy.simulator.openai_upstream import OpenAIUpstream, context_length_error
 from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.chat_requests import history, post
-from tests.support.openai_upstream import OpenAIUpstream, context_length_error
 
 BIG_WINDOW = {MODEL: 1_000_000}
 

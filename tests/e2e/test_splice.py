@@ -18,10 +18,10 @@ from haystack.dataclasses import ChatMessage, StreamingChunk
 from proxy.config import Settings
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_same_decision import API_KEY_VAR, STEPS, TASK, agent_at
 from tests.hooks.conftest import stepping_responder
-from tests.support.openai_upstream import OpenAIUpstream
 
 
 @pytest.fixture(autouse=True)

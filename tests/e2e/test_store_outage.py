@@ -8,9 +8,9 @@ import socket
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import StartProxy
 from tests.support.chat_requests import history, post
-from tests.support.openai_upstream import OpenAIUpstream
 
 REQUESTS = 6
 

@@ -17,10 +17,10 @@ import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.support.format_agents import AGENTS
 from tests.support.format_agents import is_summary_request as is_summary_call
-from tests.support.openai_upstream import OpenAIUpstream, Reply
 from tests.support.proxies import LoopbackProxies, RunningProxy
 from tests.support.wire_formats import FormatCase, Upstream, by_format
 

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply
 from tests.e2e.conftest import MODEL, WINDOW
 from tests.e2e.test_summaries import SUMMARY, is_summary_request, settled, summarizing
-from tests.support.openai_upstream import OpenAIUpstream, Reply
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
 OTHER_SUMMARY = "## Objective\n- written by a host the proxy was never configured to talk to\n"

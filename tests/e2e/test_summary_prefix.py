@@ -19,14 +19,14 @@ import pytest
 
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.simulator.openai_tokens import CACHE_BLOCK_TOKENS, prompt_token_sequence
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from proxy.simulator.responses_api import ResponsesReply, responses_tool_loop_responder
 from tests.e2e.conftest import MODEL
 from tests.e2e.test_summaries import SUMMARY, settled
 from tests.support import responses_agent
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
-from tests.support.openai_tokens import CACHE_BLOCK_TOKENS, prompt_token_sequence
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
-from tests.support.responses_api import ResponsesReply, responses_tool_loop_responder
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]
 STRATEGIES = ["summarization", "sliding_window", "middle_out"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL
 from tests.e2e.test_summary_prefix import settled_chat_agent
 from tests.support.agent_run import agent_responder, is_summary_call
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 WINDOW = 16_384

@@ -21,7 +21,7 @@ from haystack.hooks.protocol import Hook
 from haystack.tools import Tool
 from haystack.utils import Secret
 
-from tests.support.openai_upstream import OpenAIUpstream, Reply, Responder, ToolCall, tool_call_id
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply, Responder, ToolCall, tool_call_id
 
 MODEL = "gpt-4o-mini"
 API_KEY_VAR = "COMPACTION_HOOK_TEST_OPENAI_KEY"

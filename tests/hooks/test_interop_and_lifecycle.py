@@ -25,6 +25,7 @@ from hooks.compaction import (
     ToolResultPruningCompactor,
 )
 from proxy.engine import COMPACTION_META_KEY
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.hooks.conftest import (
     FakeSummaryGenerator,
     RecordingCounter,
@@ -34,7 +35,6 @@ from tests.hooks.conftest import (
     state_with,
 )
 from tests.hooks.test_long_run import STEPS, check_run
-from tests.support.openai_upstream import OpenAIUpstream
 
 TASK = [ChatMessage.from_user("Research alpha thoroughly.")]
 

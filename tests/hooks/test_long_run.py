@@ -16,8 +16,8 @@ from hooks.compaction import (
     TiktokenTokenCounter,
     ToolResultPruningCompactor,
 )
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.hooks.conftest import agent_for
-from tests.support.openai_upstream import OpenAIUpstream
 
 STEPS = 60
 

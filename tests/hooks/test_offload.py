@@ -25,8 +25,8 @@ from hooks.compaction import (
 )
 from hooks.compaction.offload import ToolResultStoreAdapter
 from proxy.engine import COMPACTION_META_KEY, ApproximateCounter, ToolResultOffload, Transcript
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.hooks.conftest import agent_for, long_conversation, search_result, state_with
-from tests.support.openai_upstream import OpenAIUpstream
 
 pytestmark = pytest.mark.filterwarnings("ignore::haystack.utils.experimental.ExperimentalWarning")
 

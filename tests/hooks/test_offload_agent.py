@@ -27,9 +27,9 @@ from hooks.compaction import (
     ToolResultOffloadCompactor,
     ToolResultPruningCompactor,
 )
+from proxy.simulator.openai_upstream import Reply, ToolCall, tool_call_id
 from tests.hooks.conftest import generator_for, running_upstream, search_result
 from tests.hooks.test_long_run import assert_pairs_intact
-from tests.support.openai_upstream import Reply, ToolCall, tool_call_id
 
 NEEDLE = "the vault code is 7781"
 STEPS = 10

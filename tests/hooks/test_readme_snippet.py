@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from tests.support.openai_upstream import OpenAIUpstream, tool_loop_responder
+from proxy.simulator.openai_upstream import OpenAIUpstream, tool_loop_responder
 
 ROOT = Path(__file__).resolve().parents[2]
 

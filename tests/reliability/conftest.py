@@ -21,7 +21,7 @@ from proxy.pipeline.exchange import Compaction
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.keys import METRICS
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
 MESSAGES: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]

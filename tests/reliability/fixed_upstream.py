@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from tests.support.loopback_server import LoopbackServer
+from proxy.simulator.loopback_server import LoopbackServer
 
 REPLY: Final = "fixed upstream reply"
 """The assistant's content in every answer: a test asserts it to know the upstream's answer reached the client."""

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from proxy.server.logging import CONNECTION_LOGGER
+from proxy.simulator.openai_upstream import OpenAIUpstream, default_responder, fixed_responder
 from tests.reliability.conftest import MakeProxy, Proxy, assert_serving, chat_body, openai_error, wait_for
-from tests.support.openai_upstream import OpenAIUpstream, default_responder, fixed_responder
 
 LONG_REPLY = " ".join(f"word{i}" for i in range(400))
 

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream, fixed_responder
 from tests.reliability.conftest import MakeProxy, chat_body
 from tests.support import process_proxy
-from tests.support.openai_upstream import OpenAIUpstream, fixed_responder
 
 start_process_proxy = process_proxy.start_process_proxy
 

@@ -18,8 +18,8 @@ from proxy.config import Settings
 from proxy.engine import CompactionChain, SlidingWindow, Strategy, Transcript
 from proxy.engine.plan import EditPlan
 from proxy.pipeline.service import CompactionPipeline
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, post_chat, wait_for
-from tests.support.openai_upstream import OpenAIUpstream
 
 PARAGRAPH = "The deploy failed because the migration locked the orders table for eleven minutes. "
 

@@ -31,8 +31,8 @@ from proxy.pipeline.requests import InvalidRequest
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.logging import JsonFormatter
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import examples
-from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4o-mini"
 WINDOW = 2048

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
 from tests.reliability.fixed_upstream import FixedUpstream
-from tests.support.openai_upstream import OpenAIUpstream
 
 QUICKLY = 20
 """A request over a limit is refused within this many times the test's own `json.loads` of it: the check comes

@@ -30,8 +30,8 @@ from proxy.engine.plan import EditPlan
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server.auth import key_matches
 from proxy.server.logging import ACCESS_LOGGER, JsonFormatter, TextFormatter, logfmt_value
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
-from tests.support.openai_upstream import OpenAIUpstream
 
 PARAGRAPH = "The deploy failed because the migration locked the orders table for eleven minutes. "
 

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from proxy.simulator.openai_upstream import OpenAIUpstream, context_length_error
 from tests.reliability.conftest import MESSAGES, MODEL, MakeProxy, Proxy, chat_body, post_chat
-from tests.support.openai_upstream import OpenAIUpstream, context_length_error
 
 MODEL_WINDOW = "128000"
 """The shipped window of `MODEL` (gpt-4o-mini): what `X-Compaction-Context-Window` says when nothing overrides it."""

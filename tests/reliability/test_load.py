@@ -88,7 +88,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pro
                 [
                     sys.executable,
                     "-m",
-                    "tests.support.openai_upstream",
+                    "proxy.simulator.openai_upstream",
                     "--port",
                     "0",
                     "--stream-digests",

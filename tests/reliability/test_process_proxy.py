@@ -7,8 +7,8 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MESSAGES, MODEL
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.process_proxy import ProcessProxy
 
 

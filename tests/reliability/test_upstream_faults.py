@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream, default_responder, fixed_responder
 from tests.reliability.conftest import (
     MakeProxy,
     Proxy,
@@ -28,7 +29,6 @@ from tests.reliability.conftest import (
     post_chat,
     wait_for,
 )
-from tests.support.openai_upstream import OpenAIUpstream, default_responder, fixed_responder
 
 UPSTREAM_DELAY = 5.0
 """Seconds a slow upstream waits before its first byte: far past the proxy's first-byte timeout."""

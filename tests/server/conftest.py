@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 from proxy.config import Settings
 from proxy.pipeline.exchange import Compaction
 from proxy.server import create_app
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import MakeProxy, Proxy
-from tests.support.openai_upstream import OpenAIUpstream
 
 
 @pytest.fixture

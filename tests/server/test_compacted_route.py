@@ -19,8 +19,8 @@ from openai import AsyncOpenAI, OpenAI
 
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.server.keys import METRICS
+from proxy.simulator.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder
 from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
-from tests.support.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder
 
 MESSAGES: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
 

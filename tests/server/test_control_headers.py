@@ -15,8 +15,8 @@ from proxy.pipeline.client_compaction import POLICY_HEADER
 from proxy.pipeline.offload.offloading import OFFLOAD_HEADER
 from proxy.pipeline.service import COMPACTION_HEADER, CompactionPipeline
 from proxy.server.headers import CONTROL_HEADERS, HOP_BY_HOP, REQUEST_ONLY_DROPS, upstream_request_headers
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import MakeProxy
-from tests.support.openai_upstream import OpenAIUpstream
 
 CONTROLS = {
     "X-Compaction": "off",

@@ -13,9 +13,9 @@ from proxy.config import Settings
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server.dashboard import ASSETS, DATA_PATH
 from proxy.server.routes import DASHBOARD_PATHS
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import MakeProxy
 from tests.support.exported_metrics import declared_names
-from tests.support.openai_upstream import OpenAIUpstream
 
 KEY = "dashboard-key-0123456789"
 MODEL = "gpt-4o-mini"

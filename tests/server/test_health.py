@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from proxy.pipeline.exchange import PassThrough
 from proxy.server.keys import READINESS
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import MakeProxy, Proxy
 from tests.server.test_config import cli_command
-from tests.support.openai_upstream import OpenAIUpstream
 
 
 async def test_healthz_readyz_metrics(upstream: OpenAIUpstream, proxy: Proxy) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.process_proxy import ProcessProxy
 
 MODEL = "gpt-4o-mini"

@@ -14,8 +14,8 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.server.headers import client_response_headers, upstream_request_headers
+from proxy.simulator.openai_upstream import OpenAIUpstream, deterministic_bytes
 from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
-from tests.support.openai_upstream import OpenAIUpstream, deterministic_bytes
 
 END_TO_END = ("Content-Type", "Content-Length", "Content-Encoding", "X-Body-Sha256")
 

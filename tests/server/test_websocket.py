@@ -17,9 +17,9 @@ from proxy.config import Settings
 from proxy.server import create_app
 from proxy.server.logging import ACCESS_LOGGER
 from proxy.server.websocket import offered_protocols, sendable
+from proxy.simulator.openai_upstream import OpenAIUpstream, deterministic_bytes
+from proxy.simulator.responses_socket import ECHO_PROTOCOL
 from tests.server.helpers import MakeProxy, Proxy, raw_request
-from tests.support.openai_upstream import OpenAIUpstream, deterministic_bytes
-from tests.support.responses_socket import ECHO_PROTOCOL
 
 KEY = "proxy-key-for-sockets"
 

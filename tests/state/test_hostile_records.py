@@ -22,8 +22,8 @@ import pytest
 
 from proxy.engine.messages import chain_keys, message_key
 from proxy.pipeline.caller import Caller
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from proxy.state.redis import RedisStore
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
 MODEL = "gpt-4o-mini"

@@ -22,11 +22,11 @@ from proxy.engine.strategies.offload import content_reference
 from proxy.pipeline.caller import Caller
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from proxy.state import MemoryStore, StateStore
 from proxy.state.memory import RECORD_OVERHEAD
 from proxy.state.redis import RedisStore
 from tests.e2e.test_offload_reads import CLIENT_TOOLS, LOG, SECRET, conversation
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 from tests.support.reading_model import reading_chat_responder
 

@@ -22,9 +22,9 @@ import pytest
 import redis.exceptions
 
 from proxy.pipeline.service import CompactionPipeline
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from proxy.state.redis import RedisStore
 from tests.support.agent_run import TOOLS, agent_responder, messages_array, run_agent
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 
 MODEL = "gpt-4o-mini"

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from proxy.state.redis import RedisStore
 from tests.state.test_replicas import MODEL, WINDOW, forwarded_prompts
 from tests.support import process_proxy
 from tests.support.agent_run import TOOLS, agent_responder, run_agent
-from tests.support.openai_upstream import OpenAIUpstream
 
 start_process_proxy = process_proxy.start_process_proxy
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
-from tests.support.openai_upstream import Reply, ToolCall
+from proxy.simulator.openai_upstream import Reply, ToolCall
 
 TOOLS = [
     {

@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.anthropic_rules import Signer, binds, prefix_bytes
+from proxy.simulator.anthropic_rules import Signer, binds, prefix_bytes
 
 MODELS = ("claude-sonnet-4-5", "claude-fable-5-1")
 TOOLS: list[dict[str, Any]] = [

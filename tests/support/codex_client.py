@@ -23,8 +23,8 @@ from typing import Any, Final
 
 import aiohttp
 
-from tests.support.responses_api import ResponsesReply, ResponsesResponder, responses_tool_loop_responder
-from tests.support.responses_items import item_type
+from proxy.simulator.responses_api import ResponsesReply, ResponsesResponder, responses_tool_loop_responder
+from proxy.simulator.responses_items import item_type
 
 COMPACT_PROMPT: Final = (
     "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary for another LLM that will resume"

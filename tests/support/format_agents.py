@@ -16,11 +16,11 @@ import openai
 from anthropic import AsyncAnthropic
 
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.openai_upstream import OpenAIUpstream, Reply
+from proxy.simulator.responses_api import ResponsesReply, responses_tool_loop_responder
 from tests.support import agent_run, anthropic_agent, responses_agent
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
-from tests.support.openai_upstream import OpenAIUpstream, Reply
 from tests.support.proxies import RunningProxy
-from tests.support.responses_api import ResponsesReply, responses_tool_loop_responder
 from tests.support.wire_formats import CHAT_COMPLETIONS, MESSAGES, RESPONSES, FormatCase, Upstream
 
 Streamed = Callable[[int], bool]

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from proxy.pipeline.offload.tool import READ_TOOL
-from tests.support.anthropic_rules import blocks_of
-from tests.support.openai_upstream import Reply, ToolCall
-from tests.support.responses_api import FunctionCall, ResponsesReply
+from proxy.simulator.anthropic_rules import blocks_of
+from proxy.simulator.openai_upstream import Reply, ToolCall
+from proxy.simulator.responses_api import FunctionCall, ResponsesReply
 
 PLAIN_ANSWER: Final = "plain answer"
 READ_ID_PREFIX: Final = "read-"

@@ -9,7 +9,7 @@ import anthropic
 import pytest
 from anthropic import AsyncAnthropic
 
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 
 MODEL = "claude-sonnet-4-5"
 BINDING = "claude-fable-5-1"

@@ -20,7 +20,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.support.openai_tokens import (
+from proxy.simulator.openai_tokens import (
     PromptCache,
     count_message_tokens,
     count_prompt_tokens,
@@ -29,7 +29,7 @@ from tests.support.openai_tokens import (
     image_tokens,
     tools_json,
 )
-from tests.support.openai_upstream import (
+from proxy.simulator.openai_upstream import (
     OpenAIUpstream,
     Reply,
     ToolCall,
@@ -603,7 +603,7 @@ async def test_runs_as_a_process(http: aiohttp.ClientSession) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.support.openai_upstream",
+        "proxy.simulator.openai_upstream",
         "--port",
         "0",
         "--context-window",

@@ -20,16 +20,16 @@ from openai.types.responses import (
     ResponseReasoningItem,
 )
 
-from tests.support.examples import examples
-from tests.support.openai_upstream import OpenAIUpstream
-from tests.support.responses_api import (
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from proxy.simulator.responses_api import (
     FunctionCall,
     ResponsesReply,
     default_responses_responder,
     responses_tool_loop_responder,
 )
-from tests.support.responses_items import check_pairing
-from tests.support.responses_tokens import prompt_sequence, truncate_to_fit
+from proxy.simulator.responses_items import check_pairing
+from proxy.simulator.responses_tokens import prompt_sequence, truncate_to_fit
+from tests.support.examples import examples
 
 MODEL = "gpt-4.1"
 TOOLS: list[Any] = [

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from anthropic import AsyncAnthropic
 
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
 WINDOW = 32_000

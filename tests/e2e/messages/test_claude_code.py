@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
+from proxy.simulator.anthropic_rules import prompt_segments
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, thinks
 from tests.support.agent_cli import installed_cli, run_cli
-from tests.support.anthropic_rules import prompt_segments
-from tests.support.anthropic_upstream import AnthropicUpstream, thinks
 from tests.support.proxies import LoopbackProxies
 
 CLAUDE_CODE_VERSION = "2.1.332"

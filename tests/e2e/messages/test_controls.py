@@ -17,9 +17,9 @@ import pytest
 
 from proxy.config import Settings
 from proxy.server.logging import ACCESS_LOGGER
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.e2e.messages.conftest import NON_BINDING, base_url, sdk
 from tests.support.anthropic_agent import SYSTEM, TOOLS, run_agent
-from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies
 
 HEADERS = {"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01", "content-type": "application/json"}

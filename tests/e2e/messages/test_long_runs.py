@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.e2e.messages.conftest import BINDING, NON_BINDING, WINDOW, sdk
 from tests.support.anthropic_agent import run_agent
-from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies
 
 TURNS = 200

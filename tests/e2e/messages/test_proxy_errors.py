@@ -19,9 +19,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.e2e.messages.conftest import NON_BINDING, sdk
 from tests.reliability.test_client_faults import body_of, raw_exchange, status_of
-from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
 QUESTION = [{"role": "user", "content": "Say hello."}]

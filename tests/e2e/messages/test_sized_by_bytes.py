@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.simulator.anthropic_rules import prompt_segments
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.e2e.messages.conftest import NON_BINDING, base_url
 from tests.e2e.messages.test_controls import post
 from tests.support.anthropic_agent import SYSTEM, TOOLS
 from tests.support.anthropic_conversations import png
-from tests.support.anthropic_rules import prompt_segments
-from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.proxies import LoopbackProxies, RunningProxy
 
 TOOL_PROMPT_TOKENS = 346

@@ -13,11 +13,11 @@ from anthropic import AsyncAnthropic
 
 from proxy.formats.anthropic.rules import without_cache_control
 from proxy.pipeline.summary_text import IN_CONTEXT_PREAMBLE
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.e2e.messages.conftest import BINDING, NON_BINDING, WINDOW, base_url, sdk
 from tests.e2e.messages.test_controls import long_body
 from tests.e2e.test_summaries import settled
 from tests.support.anthropic_agent import TOOLS, run_agent
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from tests.support.proxies import LoopbackProxies
 
 SUMMARY_MARK = IN_CONTEXT_PREAMBLE.split(":", 1)[0]

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from proxy.formats.anthropic.answers import StreamAnswer, answer_of, chat_usage, error_body, overflow
-from tests.support.anthropic_rules import AnthropicError
-from tests.support.anthropic_upstream import AnthropicUpstream, stream_events, tool_loop_responder
+from proxy.simulator.anthropic_rules import AnthropicError
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, stream_events, tool_loop_responder
 
 BODY: dict[str, Any] = {
     "model": "claude-sonnet-4-5",

@@ -23,8 +23,8 @@ from proxy.formats.anthropic.blocks import UNIT_KEY
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.byte_bound import bytes_bound
 from proxy.pipeline.requests import text_only
+from proxy.simulator.anthropic_rules import Signer, prompt_segments
 from tests.support.anthropic_conversations import TOOLS, Built, conversations
-from tests.support.anthropic_rules import Signer, prompt_segments
 from tests.support.examples import examples
 
 SIGNER = Signer(b"k" * 32)

@@ -23,9 +23,9 @@ from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.capabilities import CountQuestion
 from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES
 from proxy.pipeline.rewrites import View
+from proxy.simulator.anthropic_rules import prompt_segments
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.support.anthropic_agent import SYSTEM, TOOLS
-from tests.support.anthropic_rules import prompt_segments
-from tests.support.anthropic_upstream import AnthropicUpstream
 
 HEADERS = {"x-api-key": "sk-ant-alice", "anthropic-version": "2023-06-01", "anthropic-beta": "a-beta"}
 MODEL = "claude-sonnet-4-5"

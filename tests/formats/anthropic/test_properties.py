@@ -25,8 +25,7 @@ from proxy.formats.anthropic.blocks import UNIT_KEY
 from proxy.formats.anthropic.forwarding import forward, forwarding
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.rules import breakpoints, continued_turn
-from tests.support.anthropic_conversations import Built, conversations, is_continued
-from tests.support.anthropic_rules import (
+from proxy.simulator.anthropic_rules import (
     AnthropicError,
     Signer,
     binds,
@@ -34,6 +33,7 @@ from tests.support.anthropic_rules import (
     check_pairing,
     check_thinking,
 )
+from tests.support.anthropic_conversations import Built, conversations, is_continued
 
 SIGNER = Signer(secrets.token_bytes(32))
 COUNTER = ApproximateCounter()

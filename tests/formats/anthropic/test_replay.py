@@ -20,7 +20,7 @@ from proxy.engine.plan import EditPlan
 from proxy.formats.anthropic.forwarding import forward
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.rules import continued_turn
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 
 WINDOW = 6000
 COUNTER = ApproximateCounter()

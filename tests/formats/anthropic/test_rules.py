@@ -18,8 +18,8 @@ from proxy.formats.anthropic.rules import (
     with_breakpoint,
     with_drop_block,
 )
-from tests.support.anthropic_rules import AnthropicError
-from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_rules import AnthropicError
+from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 
 BINDING = "claude-fable-5-1"
 TOOLS: list[Any] = [{"name": "search", "description": "Search.", "input_schema": {"type": "object", "properties": {}}}]

@@ -22,8 +22,8 @@ from proxy.formats.anthropic.tokens import (
     tool_prompt_tokens,
     window_for,
 )
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.support.anthropic_conversations import png
-from tests.support.anthropic_upstream import AnthropicUpstream
 
 
 def image(width: int, height: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from proxy.formats.anthropic.answers import error_body
 from proxy.formats.anthropic.wire import MESSAGES
 from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.pipeline.wire import Overflow, StreamReport
-from tests.support.anthropic_upstream import stream_events
+from proxy.simulator.anthropic_upstream import stream_events
 
 PROPERTIES = settings(max_examples=100, deadline=None)
 WORDS = st.text(alphabet="abc xyz", max_size=40)

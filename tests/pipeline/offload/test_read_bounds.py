@@ -21,9 +21,9 @@ from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import NOT_HELD, REPEATED, TOO_LARGE, ReadBack, ReadLimits
 from proxy.pipeline.offload.rounds import without_tools
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_tokens import count_message_tokens
 from proxy.state.memory import MemoryStore
 from tests.support.examples import examples
-from tests.support.openai_tokens import count_message_tokens
 
 TENANT = b"t"
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Which run failed?"}]})

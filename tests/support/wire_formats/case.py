@@ -10,8 +10,8 @@ from typing import Any, ClassVar, Final
 import aiohttp
 import orjson
 
-from tests.support.anthropic_upstream import AnthropicUpstream
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.proxies import RunningProxy
 
 Upstream = OpenAIUpstream | AnthropicUpstream

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from tests.support.openai_upstream import OpenAIUpstream
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.reading_model import reading_chat_responder
 from tests.support.wire_formats.case import PARAGRAPH, QUESTION, SYSTEM, TOOL, Answer, FormatCase, Upstream, sse_data
 

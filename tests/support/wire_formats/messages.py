@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final
 
 from proxy.formats.anthropic.rules import without_cache_control
-from tests.support.anthropic_rules import blocks_of
-from tests.support.anthropic_upstream import AnthropicUpstream
+from proxy.simulator.anthropic_rules import blocks_of
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.support.reading_model import reading_messages_responder
 from tests.support.wire_formats.case import PARAGRAPH, QUESTION, SYSTEM, TOOL, Answer, FormatCase, Upstream, sse_data
 

@@ -1,6 +1,6 @@
 """A fake Anthropic Messages API on loopback, as strict as the real one on what the proxy could get wrong.
 
-`POST /v1/messages` checks a request by the rules in `tests.support.anthropic_rules` (with the API's error bodies),
+`POST /v1/messages` checks a request by the rules in `proxy.simulator.anthropic_rules` (with the API's error bodies),
 counts its tokens, refuses a prompt over the model's window with the API's overflow texts, and answers from the
 responder: as one JSON message, or streamed as the API streams (`message_start`, then for each block
 `content_block_start`, its deltas and `content_block_stop`, a `ping`, `message_delta` with the cumulative usage,
@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.support.anthropic_rules import (
+from proxy.simulator.anthropic_rules import (
     AnthropicError,
     Segment,
     Signer,
@@ -42,7 +42,7 @@ from tests.support.anthropic_rules import (
     prefix_bytes,
     prompt_segments,
 )
-from tests.support.loopback_server import LoopbackServer
+from proxy.simulator.loopback_server import LoopbackServer
 
 LOOKBACK_BLOCKS = 20
 MIN_CACHE_TOKENS = 1024

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tests.support.openai_common import split_into_token_pieces
+from proxy.simulator.openai_common import split_into_token_pieces
 
 __all__ = ["error_events", "response_events", "sse_frame"]
 

@@ -1,10 +1,10 @@
 """What the fake upstream's Responses API answers: replies, responders, and the `response` objects built from them.
 
 A `ResponsesResponder` maps the request (its body, with `input` replaced by the list of items the model sees,
-see `tests.support.responses_tokens.visible_items`) to a `ResponsesReply`: optional reasoning, optional text,
+see `proxy.simulator.responses_tokens.visible_items`) to a `ResponsesReply`: optional reasoning, optional text,
 and function calls. `build_output` turns the reply into output items with OpenAI-looking ids (`rs_...`,
 `msg_...`, `fc_...`, `cmp_...`) and says, for each, what the reasoning rules must remember about it
-(`tests.support.responses_items.ItemOrigin`). `response_object` wraps them into the `response` object with usage.
+(`proxy.simulator.responses_items.ItemOrigin`). `response_object` wraps them into the `response` object with usage.
 
 `max_output_tokens` cuts the text (never the reasoning or the calls) so the output fits, and then the response is
 "incomplete" with reason "max_output_tokens", as OpenAI reports a cut answer.
@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.engine.encodings import get_encoding
-from tests.support.openai_common import tool_call_id
-from tests.support.openai_tokens import count_text, encode
-from tests.support.responses_items import ItemOrigin, item_shape, item_type
-from tests.support.responses_tokens import compaction_blob, opaque_blob
+from proxy.simulator.openai_common import tool_call_id
+from proxy.simulator.openai_tokens import count_text, encode
+from proxy.simulator.responses_items import ItemOrigin, item_shape, item_type
+from proxy.simulator.responses_tokens import compaction_blob, opaque_blob
 
 __all__ = [
     "FunctionCall",

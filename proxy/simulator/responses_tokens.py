@@ -1,6 +1,6 @@
 """Token accounting for the fake upstream's Responses API: what a request costs, what the model sees, what is cut.
 
-Built on `tests.support.openai_tokens` (tiktoken encodings, tools as compact JSON, image tile costs, and the
+Built on `proxy.simulator.openai_tokens` (tiktoken encodings, tools as compact JSON, image tile costs, and the
 `PromptCache` prefix rule) and, like it, independent of `proxy.engine`.
 
 Counting rules (the chat rules carried over item by item; OpenAI publishes none for this API):
@@ -47,8 +47,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tests.support.openai_tokens import encode, image_marker_tokens, tools_json
-from tests.support.responses_items import CALL_OUTPUT_TYPES, item_type
+from proxy.simulator.openai_tokens import encode, image_marker_tokens, tools_json
+from proxy.simulator.responses_items import CALL_OUTPUT_TYPES, item_type
 
 __all__ = [
     "COMPACTION_KEEPS_USER_MESSAGES",

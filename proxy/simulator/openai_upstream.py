@@ -2,7 +2,7 @@
 
 `OpenAIUpstream` is a real aiohttp server on 127.0.0.1 that answers like OpenAI's API: it validates requests with
 OpenAI's error bodies (including the tool-call pairing rules and `context_length_exceeded`), counts prompt tokens
-itself with tiktoken (see `tests.support.openai_tokens`), simulates prompt caching, streams Server-Sent Events the
+itself with tiktoken (see `proxy.simulator.openai_tokens`), simulates prompt caching, streams Server-Sent Events the
 way OpenAI does, and records every request it receives so tests can assert exactly what the proxy forwarded.
 
 Use it in-process::
@@ -14,7 +14,7 @@ Use it in-process::
 
 or as its own process (for benchmarks)::
 
-    python -m tests.support.openai_upstream --port 0 --context-window 8192
+    python -m proxy.simulator.openai_upstream --port 0 --context-window 8192
 
 which prints the base URL on stdout once it is listening.
 """
@@ -41,7 +41,7 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 from proxy.engine.encodings import get_encoding
-from tests.support.openai_common import (
+from proxy.simulator.openai_common import (
     OpenAIError,
     check_tool_count,
     invalid_type,
@@ -52,7 +52,7 @@ from tests.support.openai_common import (
     split_into_token_pieces,
     tool_call_id,
 )
-from tests.support.openai_tokens import (
+from proxy.simulator.openai_tokens import (
     PromptCache,
     count_completion_tokens,
     count_text,
@@ -60,10 +60,10 @@ from tests.support.openai_tokens import (
     encoding_name_for_model,
     prompt_token_sequence,
 )
-from tests.support.responses_api import ResponsesResponder, response_object, responses_tool_loop_responder
-from tests.support.responses_server import ResponsesService
-from tests.support.responses_socket import echo_socket, is_upgrade, recorded_fields, responses_socket
-from tests.support.responses_stream import error_events, response_events, sse_frame
+from proxy.simulator.responses_api import ResponsesResponder, response_object, responses_tool_loop_responder
+from proxy.simulator.responses_server import ResponsesService
+from proxy.simulator.responses_socket import echo_socket, is_upgrade, recorded_fields, responses_socket
+from proxy.simulator.responses_stream import error_events, response_events, sse_frame
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -537,7 +537,7 @@ class OpenAIUpstream:
 
     The Responses API (`POST /v1/responses`, `/v1/responses/compact`, `/v1/responses/input_tokens` and
     `/v1/conversations`) is served
-    by `responses_service` (see `tests.support.responses_server` for its rules); `responses_requests` lists its
+    by `responses_service` (see `proxy.simulator.responses_server` for its rules); `responses_requests` lists its
     parsed create bodies and `responses_usages` the usage of each response or compaction it answered. `fail_next`
     and `misreport_usage_next` apply to it too.
 
@@ -889,7 +889,7 @@ class OpenAIUpstream:
         )
 
     async def _responses_socket(self, request: web.Request) -> web.StreamResponse:
-        """The Responses API's WebSocket mode (`tests.support.responses_socket`)."""
+        """The Responses API's WebSocket mode (`proxy.simulator.responses_socket`)."""
         if not is_upgrade(request):
             return await self._unknown_route(request)
         return await responses_socket(
@@ -970,7 +970,7 @@ class OpenAIUpstream:
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         """Describe the request received, or send a large deterministic body; optionally gzip it or chunk it.
 
-        A WebSocket upgrade is answered by an echo socket instead (`tests.support.responses_socket.echo_socket`).
+        A WebSocket upgrade is answered by an echo socket instead (`proxy.simulator.responses_socket.echo_socket`).
 
         Query knobs: `size=N` answers N bytes of `deterministic_bytes(N)` instead of the JSON description;
         `gzip=1` gzips the body and sets `Content-Encoding: gzip`; `chunked=1` streams it in 64 KiB writes
@@ -1053,7 +1053,7 @@ def _encode_vector(vector: list[float], as_base64: bool) -> list[float] | str:
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.support.openai_upstream", description="Serve the fake OpenAI upstream until stopped."
+        prog="python -m proxy.simulator.openai_upstream", description="Serve the fake OpenAI upstream until stopped."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")

@@ -9,7 +9,7 @@ Wording, params, codes and their order follow OpenAI's answers as recorded by di
 3. Unknown keys: "Unknown parameter: 'x'." (code `unknown_parameter`), with "Did you mean 'store'?" when a known key
    not in the body is within 2 edits (nearest first, then alphabetical). `messages` gets OpenAI's hint to use `input`.
 4. `input`: "Invalid type for 'input': expected one of a string or array of input items, but got ... instead.";
-   then its items (`tests.support.responses_items`).
+   then its items (`proxy.simulator.responses_items`).
 5. The other fields, each in OpenAI's order: `include` values, `tools` (each a typed object; function tools named),
    `metadata`, `text`, `parallel_tool_calls`, `stream`, `stream_options` (only `include_obfuscation`: a Chat
    Completions `include_usage` is an unknown parameter here), `background`, `max_output_tokens` (an integer >= 16),
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, check_tool_count, invalid_type, invalid_value, missing_parameter
+from proxy.simulator.openai_common import OpenAIError, check_tool_count, invalid_type, invalid_value, missing_parameter
 
 __all__ = ["INCLUDABLE", "KNOWN_PARAMETERS", "check_not_empty", "validate_create_request"]
 

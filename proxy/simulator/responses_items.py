@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
+from proxy.simulator.openai_common import OpenAIError, invalid_type, invalid_value, missing_parameter
 
 __all__ = [
     "CALL_OUTPUT_TYPES",

@@ -1,7 +1,7 @@
 """What every route of the fake OpenAI upstream shares: OpenAI's error bodies, JSON bodies, ids and token pieces.
 
-Split out of `tests.support.openai_upstream` so the chat-completions route and the Responses API modules
-(`tests.support.responses_api` and its neighbours) use one implementation of each without importing each other.
+Split out of `proxy.simulator.openai_upstream` so the chat-completions route and the Responses API modules
+(`proxy.simulator.responses_api` and its neighbours) use one implementation of each without importing each other.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.engine.encodings import get_encoding
-from tests.support.openai_tokens import encode
+from proxy.simulator.openai_tokens import encode
 
 __all__ = [
     "OpenAIError",

@@ -6,7 +6,7 @@ WebSocket mode as OpenAI documents it (the "WebSocket mode" guide and the `webso
   WebSocket-only `stream_id` (a lane, echoed on every event of its responses) and `generate` (`false` prepares the
   request's state: a response with no output, which the next request continues with `previous_response_id`).
   `stream` is implicit (accepted and ignored); `background` is not supported over WebSocket.
-- The server answers with the events a streamed response sends (`tests.support.responses_stream`), one JSON text
+- The server answers with the events a streamed response sends (`proxy.simulator.responses_stream`), one JSON text
   message each, in order, one response at a time; a refused request gets one `error` event,
   `{"type": "error", "status": 400, "error": {...}}` with the error body HTTP would send, and the socket stays open.
 - `previous_response_id` may name the socket's most recent response even with `store: false` (its
@@ -30,10 +30,10 @@ from typing import Any, Final
 from aiohttp import WSMsgType, web
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
-from tests.support.openai_common import OpenAIError
-from tests.support.openai_tokens import encoding_name_for_model
-from tests.support.responses_server import ResponsesService
-from tests.support.responses_stream import response_events
+from proxy.simulator.openai_common import OpenAIError
+from proxy.simulator.openai_tokens import encoding_name_for_model
+from proxy.simulator.responses_server import ResponsesService
+from proxy.simulator.responses_stream import response_events
 
 __all__ = ["ECHO_PROTOCOL", "SocketRecord", "echo_socket", "is_upgrade", "recorded_fields", "responses_socket"]
 

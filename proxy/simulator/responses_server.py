@@ -1,19 +1,19 @@
 """The fake upstream's Responses API: `POST /v1/responses` and `POST /v1/responses/compact`, without the HTTP.
 
 `ResponsesService` takes parsed bodies and returns `response` objects (or raises `OpenAIError`); `OpenAIUpstream`
-routes requests to it, records them and streams the answers (`tests.support.responses_stream`). A create request:
+routes requests to it, records them and streams the answers (`proxy.simulator.responses_stream`). A create request:
 
-1. is validated (`tests.support.responses_items`: shape, unique ids, pairing and reasoning rules, with OpenAI's
+1. is validated (`proxy.simulator.responses_items`: shape, unique ids, pairing and reasoning rules, with OpenAI's
    error bodies), and every `encrypted_content` must be one this fake issued, unaltered: "The encrypted content for
    item {id} could not be verified. Reason: Encrypted content could not be decrypted or parsed." (param null, code
    `invalid_encrypted_content`);
-   Request-level checks come first (`tests.support.responses_request`);
+   Request-level checks come first (`proxy.simulator.responses_request`);
 2. continues a stored response when it names `previous_response_id`: that response's seen input and output come
    first ("Previous response with id '{id}' not found." with code `previous_response_not_found` otherwise); or a
    conversation (`POST /v1/conversations`) when it names `conversation`: its items come first, and the input and
    output are added to it ("Conversation with id '{id}' not found.", status 404, otherwise);
    `item_reference` items are replaced by the stored item they name ("Item with id '{id}' not found.", 404);
-3. is counted over the items the model sees (`tests.support.responses_tokens`); over the window (less
+3. is counted over the items the model sees (`proxy.simulator.responses_tokens`); over the window (less
    `max_output_tokens`) it is refused with OpenAI's overflow body ("Your input exceeds the context window of this
    model. Please adjust your input and try again.", param `input`, code `context_length_exceeded`), unless
    `truncation: "auto"` drops the oldest items until it fits;
@@ -39,9 +39,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tests.support.openai_common import OpenAIError, invalid_type, missing_parameter
-from tests.support.openai_tokens import PromptCache, encoding_name_for_model
-from tests.support.responses_api import (
+from proxy.simulator.openai_common import OpenAIError, invalid_type, missing_parameter
+from proxy.simulator.openai_tokens import PromptCache, encoding_name_for_model
+from proxy.simulator.responses_api import (
     ResponsesReply,
     ResponsesResponder,
     build_output,
@@ -52,7 +52,7 @@ from tests.support.responses_api import (
     response_object,
     responses_usage,
 )
-from tests.support.responses_items import (
+from proxy.simulator.responses_items import (
     ItemOrigin,
     check_pairing,
     check_reasoning,
@@ -60,8 +60,8 @@ from tests.support.responses_items import (
     item_type,
     normalize_input,
 )
-from tests.support.responses_request import check_not_empty, validate_create_request
-from tests.support.responses_tokens import opaque_header, prompt_sequence, truncate_to_fit, visible_items
+from proxy.simulator.responses_request import check_not_empty, validate_create_request
+from proxy.simulator.responses_tokens import opaque_header, prompt_sequence, truncate_to_fit, visible_items
 
 __all__ = ["COMPACTION_RATIO", "ResponsesService", "context_window_error"]
 
