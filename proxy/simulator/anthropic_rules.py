@@ -141,12 +141,12 @@ class Signer:
 
 
 def binds(model: str) -> bool:
+    """Whether `model` binds its thinking blocks to their prefix (`BINDING_MODELS`)."""
     return model.startswith(BINDING_MODELS)
 
 
 def prefix_bytes(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], blocks: Sequence[Any]) -> bytes:
-    """What a thinking block is bound to: tools, system, the messages before it (every field) and the blocks before
-    it in its own message."""
+    """What a thinking block is bound to: tools, system, earlier messages (every field), blocks before it."""
     system = body.get("system")
     head = [body.get("tools") or [], [{"type": "text", "text": system}] if isinstance(system, str) else system or []]
     earlier = [{**message, "content": blocks_of(message)} for message in messages]
@@ -154,6 +154,7 @@ def prefix_bytes(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]],
 
 
 def check_shape(body: Mapping[str, Any], headers: Mapping[str, str]) -> None:
+    """Refuse a request missing `model`, `max_tokens` or `messages`, or malformed, with the API's error."""
     for field in ("model", "max_tokens", "messages"):
         if field not in body:
             raise AnthropicError(f"{field}: Field required")
@@ -175,6 +176,7 @@ def check_shape(body: Mapping[str, Any], headers: Mapping[str, str]) -> None:
 
 
 def check_breakpoints(body: Mapping[str, Any]) -> None:
+    """Refuse more than `MAX_BREAKPOINTS` `cache_control` blocks over tools, system and messages."""
     found = [tool for tool in body.get("tools") or () if isinstance(tool, Mapping)]
     system = body.get("system")
     found.extend(block for block in system if isinstance(block, Mapping)) if isinstance(system, list) else None
@@ -191,6 +193,7 @@ def check_breakpoints(body: Mapping[str, Any]) -> None:
 
 
 def check_pairing(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a `tool_use` not answered first thing in the next message, or a `tool_result` answering none."""
     for position, message in enumerate(messages):
         blocks = blocks_of(message)
         uses = [block.get("id") for block in blocks if _type(block) == "tool_use"]
@@ -233,6 +236,7 @@ class Checked:
 
 
 def check_thinking(body: Mapping[str, Any], signer: Signer) -> Checked:
+    """Check every thinking block's signature and place (the module docstring's rules); say what was dropped."""
     model = str(body["model"])
     thinking = body.get("thinking")
     binding = thinking.get("block_binding") if isinstance(thinking, Mapping) else None
@@ -302,10 +306,12 @@ class Segment:
 
 
 def text_tokens(text: str) -> int:
+    """The tokens of `text` (cl100k_base, special-token strings as text)."""
     return len(get_encoding("cl100k_base").encode(text, disallowed_special=()))
 
 
 def block_tokens(block: Any) -> int:
+    """The tokens of one content block: its text, thinking, call or result; an image by its size."""
     kind = _type(block)
     if kind == "text":
         return text_tokens(str(block.get("text", "")))
@@ -331,7 +337,7 @@ def image_tokens(block: Mapping[str, Any]) -> int:
     head = base64.b64decode(data[:64]) if isinstance(data, str) else b""
     if head.startswith(b"\x89PNG") and len(head) >= 24:
         width, height = struct.unpack(">II", head[16:24])
-        return max(1, width * height // 750)
+        return max(1, int(width) * int(height) // 750)
     return 1600
 
 
@@ -357,6 +363,7 @@ def prompt_segments(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any
 
 
 def check_window(body: Mapping[str, Any], prompt: int, window: int) -> None:
+    """Refuse a `prompt` of so many tokens over `window` with the model's own overflow text."""
     if str(body["model"]).startswith(LEGACY_LIMIT_MODELS):
         reply = int(body["max_tokens"])
         if prompt + reply > window:

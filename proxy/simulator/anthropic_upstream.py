@@ -52,12 +52,21 @@ Responder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
 
 
 def thinks(body: Mapping[str, Any]) -> bool:
+    """Whether the request turns thinking on."""
     thinking = body.get("thinking")
     return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
 
 
-def tool_loop_responder(tool: str | None = "search", steps: int = 1, words: int = 20) -> Responder:
-    """A model that thinks when asked to, calls `tool` `steps` times per user turn, then answers in text."""
+def tool_loop_responder(
+    tool: str | None = "search",
+    steps: int = 1,
+    words: int = 20,
+    arguments: Callable[[int, int], Mapping[str, Any]] | None = None,
+) -> Responder:
+    """A model that thinks when asked to, calls `tool` `steps` times per user turn, then answers in text.
+
+    A call's input is `arguments(turn, step)`, `{"q": turn}` by default.
+    """
 
     def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         messages = body["messages"]
@@ -70,7 +79,8 @@ def tool_loop_responder(tool: str | None = "search", steps: int = 1, words: int 
         blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"Turn {turn}, step {done}."}]
         blocks = blocks if thinks(body) else []
         if tool is not None and body.get("tools") and done < steps:
-            call = {"type": "tool_use", "id": f"toolu_{secrets.token_hex(8)}", "name": tool, "input": {"q": turn}}
+            given = dict(arguments(turn, done)) if arguments else {"q": turn}
+            call = {"type": "tool_use", "id": f"toolu_{secrets.token_hex(8)}", "name": tool, "input": given}
             return [*blocks, call]
         return [*blocks, {"type": "text", "text": f"Answer {turn}: " + "word " * words}]
 
@@ -89,6 +99,7 @@ class PromptCache:
     written: set[bytes] = field(default_factory=set)
 
     def usage(self, model: str, segments: Sequence[Segment]) -> dict[str, int]:
+        """The usage of a prompt of `segments`: tokens read from the cache, written to it, and the rest."""
         digest, digests, totals, running = model.encode(), [], [], 0
         for segment in segments:
             digest = hashlib.sha256(digest + segment.data).digest()
@@ -164,12 +175,18 @@ class AnthropicUpstream(LoopbackServer):
         self._ids = itertools.count(1)
 
     def make_app(self) -> web.Application:
+        """An application serving the Messages API alone."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/messages", self._create)
-        app.router.add_post("/v1/messages/count_tokens", self._count)
+        self.add_routes(app)
         return app
 
+    def add_routes(self, app: web.Application) -> None:
+        """The Messages API's two routes, on `app` (alone, or beside the OpenAI routes of `Simulator`)."""
+        app.router.add_post("/v1/messages", self._create)
+        app.router.add_post("/v1/messages/count_tokens", self._count)
+
     def window(self, model: str) -> int:
+        """The context window of `model`."""
         matches = [prefix for prefix in self.context_windows if model.startswith(prefix)]
         return self.context_windows[max(matches, key=len)] if matches else self.context_window
 
@@ -285,8 +302,13 @@ def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]
 
 def _block_events(index: int, block: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     kind = block["type"]
-    empty = {"text": {"text": ""}, "thinking": {"thinking": "", "signature": ""}, "tool_use": {"input": {}}}
-    opening = {**{key: value for key, value in block.items() if key in ("type", "id", "name")}, **empty[kind]}
+    empty: dict[str, dict[str, Any]] = {
+        "text": {"text": ""},
+        "thinking": {"thinking": "", "signature": ""},
+        "tool_use": {"input": {}},
+    }
+    opening: dict[str, Any] = {key: value for key, value in block.items() if key in ("type", "id", "name")}
+    opening.update(empty[kind])
     deltas: list[dict[str, Any]] = []
     if kind == "text":
         text = block["text"]

@@ -1,4 +1,4 @@
-"""The request-level checks the fake upstream's Responses API makes before it looks at the conversation.
+r"""The request-level checks the fake upstream's Responses API makes before it looks at the conversation.
 
 Wording, params, codes and their order follow OpenAI's answers as recorded by direct probes of the live API
 (status 400 unless said otherwise):

@@ -177,7 +177,7 @@ class ResponsesService:
             self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
         if socket is not None:
             socket.clear()
-            socket[response_id] = [*seen, *output]
+            socket[response_id] = [*map(dict, seen), *output]
         conversation = _conversation_id(body)
         if conversation is not None:
             self._conversations[conversation] += [*normalize_input(body["input"]), *output]
@@ -231,8 +231,10 @@ class ResponsesService:
     def _conversation(
         self, body: Mapping[str, Any], socket: Mapping[str, list[dict[str, Any]]] | None = None
     ) -> list[dict[str, Any]]:
-        """The stored prefix (previous response, in the store or the socket's cache, or conversation) and the input,
-        references resolved, rules checked."""
+        """The stored prefix (previous response, from store or socket, or conversation) and the input, checked.
+
+        References are resolved and the pairing, reasoning and encrypted-content rules checked.
+        """
         items = [self._resolve(item) for item in normalize_input(body.get("input", []))]
         conversation = _conversation_id(body)
         if conversation is not None:

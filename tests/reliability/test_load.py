@@ -88,7 +88,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pro
                 [
                     sys.executable,
                     "-m",
-                    "proxy.simulator.openai_upstream",
+                    "tests.support.upstream_process",
                     "--port",
                     "0",
                     "--stream-digests",

@@ -603,7 +603,7 @@ async def test_runs_as_a_process(http: aiohttp.ClientSession) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "proxy.simulator.openai_upstream",
+        "tests.support.upstream_process",
         "--port",
         "0",
         "--context-window",
