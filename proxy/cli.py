@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy import __version__
 from proxy.config import ConfigError, Settings
-from proxy.demo.commands import add_simulate
+from proxy.demo.commands import add_demo, add_simulate
 from proxy.request_commands import add_compact, add_count
 from proxy.settings_flags import add_settings_flags, settings_from_args
 
@@ -87,7 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [add_serve, add_count, add_compact, add_simulate]
+SUBCOMMANDS: list[Callable[[Any], None]] = [add_serve, add_count, add_compact, add_simulate, add_demo]
 """Each entry adds one subcommand to the parser; append new ones here."""
 
 

@@ -1,4 +1,4 @@
-"""`compaction-proxy simulate`: argparse wiring for the simulated model.
+"""`compaction-proxy simulate` and `compaction-proxy demo`: argparse wiring for the simulated model and the demo.
 
 Both follow `proxy.cli`'s pattern: `add_<name>` registers the subcommand with `handler=run_<name>`, which returns
 the exit status (0 done, 1 could not run, 2 usage or configuration error).
@@ -10,8 +10,15 @@ import argparse
 import asyncio
 from typing import Any, Final
 
+from proxy.config import ConfigError
+from proxy.demo.conversations import FORMATS
+from proxy.demo.session import DemoError, Plan, run
+from proxy.settings_flags import settings_from_args
 from proxy.simulator.model import DEFAULT_STEPS, DEFAULT_WINDOW, Simulator
 from proxy.simulator.serving import cannot_listen, serve_until_signalled
+
+DEFAULT_TURNS: Final = 40
+"""Turns of the demo's agent: enough to pass the default window's trigger a few times."""
 
 SIMULATE_PORT: Final = 8001
 
@@ -88,4 +95,46 @@ def run_simulate(args: argparse.Namespace) -> int:
         asyncio.run(serve_until_signalled(simulator, announce))
     except OSError as exc:
         return fail(cannot_listen(args.host, args.port, exc), status=1)
+    return 0
+
+
+def add_demo(subparsers: Any) -> None:
+    """Register `demo`: the proxy in front of the simulated model, with an agent driving it."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="see the proxy work in a minute: an agent outgrows a simulated model's window through it",
+        description=(
+            "Start the simulated model and the proxy in front of it on loopback, drive a long tool-using agent"
+            " through the proxy showing each turn (tokens sent against the window, compactions, the cached share,"
+            " and the turn at which going direct would overflow), then keep the proxy and its dashboard running"
+            " for your own client until Ctrl-C. The proxy reads the same COMPACTION_PROXY_* environment and"
+            " --config file as serve."
+        ),
+    )
+    parser.add_argument(
+        "--turns", type=_positive, default=DEFAULT_TURNS, help=f"agent turns (default: {DEFAULT_TURNS})"
+    )
+    parser.add_argument(
+        "--format", choices=tuple(FORMATS), default="chat", dest="wire_format", help="wire format (default: chat)"
+    )
+    parser.add_argument("--no-wait", action="store_true", help="exit after the run instead of serving until Ctrl-C")
+    parser.add_argument("--port", type=_port, help="the proxy's port, 0 for a free one (default: 8080)")
+    parser.add_argument("--config", metavar="PATH", help="YAML or JSON config file of the proxy's settings")
+    _add_window(parser)
+    parser.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo (`proxy.demo.session`); exit 0 after Ctrl-C or, with `--no-wait`, after the run."""
+    from proxy.cli import fail  # proxy.cli registers this command: imported here, not at the top
+
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        return fail(str(exc).splitlines()[0])
+    plan = Plan(settings, args.window, args.turns, args.wire_format, wait=not args.no_wait)
+    try:
+        asyncio.run(run(plan))
+    except DemoError as exc:
+        return fail(str(exc), status=1)
     return 0
