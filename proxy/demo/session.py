@@ -92,7 +92,7 @@ def _error_text(answer: object) -> str:
 def _print_addresses(out: TextIO, base: str, window: int) -> None:
     lines = [
         "",
-        "The proxy and the simulated model keep running for your own client (any API key; every model has a"
+        "The proxy and the simulated model keep running for your client (any API key; every model has a"
         f" {window:,}-token window):",
         f"  export OPENAI_BASE_URL={base}/v1",
         f"  export ANTHROPIC_BASE_URL={base}",

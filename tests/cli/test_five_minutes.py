@@ -22,15 +22,20 @@ from tests.support.process_proxy import ProcessProxy
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def section(heading: str) -> str:
+    """The README's section under `heading` (`## ...`), up to the next one."""
+    readme = (ROOT / "README.md").read_text()
+    return readme[readme.index(heading) :].split("\n## ", 1)[0]
+
+
 def five_minutes() -> str:
     """The README's "Five minutes" section."""
-    readme = (ROOT / "README.md").read_text()
-    return readme[readme.index("## Five minutes") :].split("\n## ", 1)[0]
+    return section("## Five minutes")
 
 
-def block(language: str) -> str:
-    """The first fenced block of `language` in that section."""
-    match = re.search(rf"```{language}\n(.*?)```", five_minutes(), re.DOTALL)
+def block(language: str, heading: str = "## Five minutes") -> str:
+    """The first fenced block of `language` in the section under `heading`."""
+    match = re.search(rf"```{language}\n(.*?)```", section(heading), re.DOTALL)
     assert match is not None, language
     return match.group(1)
 
