@@ -45,8 +45,9 @@ async def run(plan: Plan, out: TextIO = sys.stdout) -> None:
     """Start the model and the proxy, drive the agent, print the addresses and wait for a signal if asked to."""
     async with Simulator(context_window=plan.window) as model:
         started = conversation(plan.wire_format)
+        windows = {**plan.settings.context_windows, started.model: plan.window}
         settings = plan.settings.model_copy(
-            update={"upstream": model.base_url, "context_windows": {started.model: plan.window}, "dashboard": True}
+            update={"upstream": model.base_url, "context_windows": windows, "dashboard": True}
         )
         runner = web.AppRunner(create_app(settings, build_pipeline(settings)), handle_signals=False, access_log=None)
         await runner.setup()
