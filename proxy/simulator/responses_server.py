@@ -173,12 +173,7 @@ class ResponsesService:
             len(sequence), cached, issued.output_tokens + compaction_tokens, issued.reasoning_tokens
         )
         self._remember(issued.origins, output if body.get("store", True) else [])
-        if body.get("store", True):
-            self._bounded_put(self._stored, response_id, [*seen, *output], self._max_stored)
-        if socket is not None:
-            socket.clear()
-            socket[response_id] = [*map(dict, seen), *output]
-        conversation = _conversation_id(body)
+        conversation = self._keep(body, response_id, [*map(dict, seen), *output], socket)
         if conversation is not None:
             self._conversations[conversation] += [*normalize_input(body["input"]), *output]
         status, reason = ("incomplete", "max_output_tokens") if cut else ("completed", None)
@@ -186,6 +181,21 @@ class ResponsesService:
             response_id, body, output, {**usage, **misreport}, status=status, incomplete_reason=reason
         )
         return {**answer, "conversation": {"id": conversation}} if conversation is not None else answer
+
+    def _keep(
+        self,
+        body: Mapping[str, Any],
+        response_id: str,
+        items: list[dict[str, Any]],
+        socket: dict[str, list[dict[str, Any]]] | None,
+    ) -> str | None:
+        """Store a response's items (unless `store: false`) and a socket's; return the conversation it names."""
+        if body.get("store", True):
+            self._bounded_put(self._stored, response_id, items, self._max_stored)
+        if socket is not None:
+            socket.clear()
+            socket[response_id] = items
+        return _conversation_id(body)
 
     def count(self, body: dict[str, Any]) -> dict[str, Any]:
         """Answer `/v1/responses/input_tokens`: what a create request with this body would count as input."""
