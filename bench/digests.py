@@ -56,7 +56,7 @@ def chain(offload: bool, with_digest: bool) -> CompactionChain:
 
 
 def telling_lines(messages: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
-    """For each distinct tool result's text, its lines (stripped, with a letter or digit) no other distinct result has."""
+    """Each distinct tool result's lines (stripped, with a letter or digit) that no other distinct result has."""
     lines = {
         message["content"]: {line.strip() for line in message["content"].splitlines() if re.search(r"\w", line)}
         for message in messages
@@ -77,9 +77,7 @@ def measure(messages: list[dict[str, Any]], offload: bool, with_digest: bool, wi
         return counts
     telling = telling_lines(messages)
     calls = {
-        call["id"]: call["function"]["arguments"]
-        for message in messages
-        for call in message.get("tool_calls") or ()
+        call["id"]: call["function"]["arguments"] for message in messages for call in message.get("tool_calls") or ()
     }
     wanted = "tool_result_offloading" if offload else "tool_result_pruning"
     for entry in outcome.result.plan.created():
@@ -111,7 +109,10 @@ def run(seeds: Sequence[int] = SEEDS, window: int = WINDOW) -> dict[str, Any]:
         for messages in transcripts:
             total += measure(messages, offload, with_digest, window)
         rows.append({"stand_in": label, **dict(sorted(total.items()))})
-    return {"settings": {"window": window, "compact_at": COMPACT_AT, "compact_to": COMPACT_TO, "seeds": list(seeds)}, "rows": rows}
+    return {
+        "settings": {"window": window, "compact_at": COMPACT_AT, "compact_to": COMPACT_TO, "seeds": list(seeds)},
+        "rows": rows,
+    }
 
 
 def render(results: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ BUILD_LOG = "".join(
         "build failed: 1 error\n",
     ]
 )
-TRACE = "Traceback (most recent call last):\n  File \"fetch.py\", line 12, in <module>\nConnectionError: timed out\n"
+TRACE = 'Traceback (most recent call last):\n  File "fetch.py", line 12, in <module>\nConnectionError: timed out\n'
 RETRY_LOG = "$ fetch --retry 40\n" + "Downloading index... waiting for the mirror to answer\n" * 300 + TRACE * 40
 
 
@@ -69,7 +69,11 @@ async def test_an_offloaded_result_leaves_a_digest_and_the_replay_keeps_it_byte_
     lines = sent[3]["content"].splitlines()
     assert lines[1] == 'Digest of fetch_log({"target": "all"}): 232 lines, ' + f"{len(BUILD_LOG)} characters."
     assert f"error: {FAILURE}" in lines and lines[-1] == "last: build failed: 1 error"
-    later = [*first, {"role": "assistant", "content": "The import of `refund` fails."}, {"role": "user", "content": "Fix it."}]
+    later = [
+        *first,
+        {"role": "assistant", "content": "The import of `refund` fails."},
+        {"role": "user", "content": "Fix it."},
+    ]
     await send(base_url, later)
     assert upstream.requests[-1].json["messages"][: len(sent)] == sent, "the digest is replayed as it was sent"
 
