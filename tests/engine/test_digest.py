@@ -154,3 +154,12 @@ def test_a_reference_to_a_result_pruned_with_a_digest_gives_way_to_the_placehold
     output = compacted.compacted.messages
     assert output[3]["content"] == DEFAULT_PLACEHOLDER.replace("{tool_name}", "run_tests")
     assert output[5]["content"].startswith(DEFAULT_PLACEHOLDER.replace("{tool_name}", "run_tests") + "\nDigest of")
+
+
+def test_a_result_with_images_says_how_many_parts_are_not_text() -> None:
+    content = [
+        {"type": "text", "text": "screenshot of the login page"},
+        {"type": "image_url", "image_url": {"url": "x"}},
+    ]
+    header = digest({"role": "tool", "tool_call_id": "c", "content": content}, call("screenshot", "{}")).splitlines()[0]
+    assert header == "Digest of screenshot({}): 1 line, 28 characters, 1 non-text part."
