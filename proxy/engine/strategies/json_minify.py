@@ -45,4 +45,3 @@ class JsonMinify(LosslessTextRewrite):
     def rewrite(self, text: str) -> str | None:
         """`minified(text)`."""
         return minified(text)
-
