@@ -1,5 +1,8 @@
 """The same Agent task through the proxy and through our hook in process sends the upstream the same messages.
 
+The hook prunes as the proxy does, with a digest under each placeholder (`proxy.engine.digest`); the hook's own
+`ToolResultPruningCompactor` writes Haystack's placeholder alone, as Haystack's does.
+
 One run points a Haystack `Agent`'s `OpenAIChatGenerator` at the real proxy (real compaction service, no hook);
 the other gives the Agent our `CompactionHook` with the proxy's defaults and talks to a fresh upstream directly.
 Both upstreams drive the same tool loop at the same small window, and record every request they receive.
@@ -27,6 +30,7 @@ from hooks.compaction import (
     ToolResultPruningCompactor,
 )
 from proxy.config import Settings
+from proxy.engine import Strategy, ToolResultPruning
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.simulator.openai_upstream import OpenAIUpstream
@@ -36,6 +40,13 @@ from tests.hooks.conftest import SEARCH, stepping_responder
 API_KEY_VAR = "SAME_DECISION_TEST_OPENAI_KEY"
 STEPS = 30
 TASK = "Research alpha thoroughly."
+
+
+class DigestPruningCompactor(ToolResultPruningCompactor):
+    """Pruning as the proxy's chain prunes: Haystack's placeholder followed by the result's digest."""
+
+    def strategies(self) -> list[Strategy]:
+        return [ToolResultPruning(with_digest=True)]
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +111,7 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
         through_proxy = sent(via_proxy_upstream)
 
     hook = CompactionHook(
-        compactor=ChainCompactor([ToolResultPruningCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]),
+        compactor=ChainCompactor([DigestPruningCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]),
         context_window=WINDOW,
         compact_at=settings.compact_at,
         compact_to=settings.compact_to,
@@ -113,6 +124,7 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
         through_hook = sent(direct_upstream)
 
     assert len(through_proxy) == STEPS + 1
+    assert any("\nDigest of search(" in str(m["content"]) for m in through_proxy[-1]), "pruned with digests"
     shrank = sum(len(a) < len(b) for a, b in zip(through_proxy[1:], through_proxy, strict=False))
     assert shrank >= 2, "the proxy compacted fewer than twice"
     for index, (proxied, hooked) in enumerate(zip(through_proxy, through_hook, strict=False)):
