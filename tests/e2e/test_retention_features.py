@@ -12,8 +12,8 @@ from proxy.engine.strategies.offload import content_reference
 from proxy.engine.strategies.repeated_lines import collapsed
 from proxy.engine.strategies.tool_result_pruning import DEFAULT_PLACEHOLDER
 from proxy.pipeline.offload.tool import POINTER
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import MODEL, StartProxy
-from tests.support.openai_upstream import OpenAIUpstream
 
 WINDOW = 4400
 FAILURE = "E   ImportError: cannot import name 'refund' from 'orders' (orders/__init__.py)"
