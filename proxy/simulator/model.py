@@ -35,8 +35,14 @@ DEFAULT_STEPS = 4
 """Tool calls the model makes after each user message before it answers."""
 
 
-def offered_tool(tools: object) -> tuple[str, Mapping[str, Any]] | None:
-    """The name and parameter schema of the first function tool in `tools`, in any of the three formats."""
+def offered_tool(tools: object, tool_choice: object = None) -> tuple[str, Mapping[str, Any]] | None:
+    """The name and parameter schema of the first function tool in `tools`, in any of the three formats.
+
+    None when `tool_choice` forbids calls (`"none"`, or Anthropic's `{"type": "none"}`), as the providers honour it:
+    the proxy's summary requests ask for text that way.
+    """
+    if tool_choice == "none" or (isinstance(tool_choice, Mapping) and tool_choice.get("type") == "none"):
+        return None
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, Mapping) or tool.get("type", "function") not in ("function", "custom"):
             continue
@@ -65,7 +71,7 @@ def tool_arguments(schema: Mapping[str, Any], turn: int, step: int) -> dict[str,
 
 def _chat_model(steps: int) -> Responder:
     def respond(body: dict[str, Any]) -> Reply:
-        offered = offered_tool(body.get("tools"))
+        offered = offered_tool(body.get("tools"), body.get("tool_choice"))
         if offered is None:
             return default_responder(body)
         name, schema = offered
@@ -77,7 +83,7 @@ def _chat_model(steps: int) -> Responder:
 
 def _responses_model(steps: int) -> ResponsesResponder:
     def respond(body: dict[str, Any]) -> ResponsesReply:
-        offered = offered_tool(body.get("tools"))
+        offered = offered_tool(body.get("tools"), body.get("tool_choice"))
         if offered is None:
             return default_responses_responder(body)
         name, schema = offered
@@ -93,7 +99,7 @@ def _responses_model(steps: int) -> ResponsesResponder:
 
 def _messages_model(steps: int) -> anthropic_upstream.Responder:
     def respond(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        offered = offered_tool(body.get("tools"))
+        offered = offered_tool(body.get("tools"), body.get("tool_choice"))
         name, schema = offered if offered is not None else (None, {})
 
         def arguments(turn: int, step: int) -> dict[str, Any]:

@@ -60,6 +60,14 @@ async def test_chat_calls_the_offered_tool_then_answers(chat: AsyncOpenAI) -> No
     assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.content
 
 
+async def test_chat_answers_in_text_when_tool_choice_is_none(chat: AsyncOpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "Summarize what you did."}]
+    completion = await chat.chat.completions.create(
+        model="gpt-4.1-mini", messages=messages, tools=CHAT_TOOLS, tool_choice="none"
+    )
+    assert completion.choices[0].finish_reason == "stop" and not completion.choices[0].message.tool_calls
+
+
 async def test_chat_reports_cached_tokens_for_a_repeated_prefix_and_refuses_an_overflow(chat: AsyncOpenAI) -> None:
     prefix: Any = [{"role": "system", "content": "word " * 1500}]
     usages = []
@@ -143,3 +151,4 @@ def test_the_first_function_tool_is_found_in_every_format(position: int, shape: 
     }[shape]
     tools: list[Any] = [{"type": "web_search"}] * position + [declared, {"type": "function", "name": "later"}]
     assert offered_tool(tools) == ("wanted", SCHEMA)
+    assert offered_tool(tools, {"type": "none"} if shape == "messages" else "none") is None
