@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestServer
 
 from tests.reliability.conftest import MakeProxy
+from tests.support import process_proxy
 from tests.support.openai_upstream import OpenAIUpstream
 
 MODEL = "gpt-4.1"
+start_process_proxy = process_proxy.start_process_proxy
 
 
 def create(**body: Any) -> str:
@@ -62,3 +66,55 @@ async def test_a_create_nested_too_deep_to_write_is_forwarded_untouched_as_over_
     sent = [request for request in upstream.requests if request.method == "WEBSOCKET"]
     assert len(sent) == 3
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+LANE_MESSAGES = 150
+LANE_TEXT = 230_000
+
+
+@pytest.fixture
+async def refusing_socket_upstream() -> AsyncIterator[str]:
+    """An upstream whose Responses socket refuses every create with an `error` event, as OpenAI's does.
+
+    The event carries the create's `stream_id` when the socket's URL asks for it (`?lanes=1`), else none.
+    """
+
+    async def refuse(request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse(max_msg_size=0)
+        await socket.prepare(request)
+        async for message in socket:
+            lane = json.loads(message.data).get("stream_id") if request.query.get("lanes") else None
+            error = {"type": "invalid_request_error", "code": "rate_limit_exceeded", "message": "Slow down."}
+            await socket.send_str(json.dumps({"type": "error", "status": 429, "error": error, "stream_id": lane}))
+        return socket
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", refuse)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    yield str(server.make_url(""))
+    await server.close()
+
+
+async def growth_over_refused_lanes(proxy: process_proxy.ProcessProxy, query: str) -> int:
+    """Send `LANE_MESSAGES` large creates, each on a lane of its own, one answer at a time; return the RSS growth."""
+    before = proxy.rss_bytes()
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"{proxy.url}/v1/responses{query}", max_msg_size=0) as ws:
+            for number in range(LANE_MESSAGES):
+                await ws.send_str(create(input=f"{number} " + "y" * LANE_TEXT, stream_id=f"lane-{number}"))
+                assert (await answer(ws))["status"] == 429
+            growth = proxy.rss_bytes() - before
+    return growth
+
+
+async def test_error_events_without_a_lane_release_what_the_socket_keeps(
+    refusing_socket_upstream: str, start_process_proxy: process_proxy.StartProcessProxy
+) -> None:
+    """Requests waiting for an answer are released by an ending without a lane as by one with it."""
+    with_lanes = await start_process_proxy(refusing_socket_upstream)
+    control = await growth_over_refused_lanes(with_lanes, "?lanes=1")
+    without_lanes = await start_process_proxy(refusing_socket_upstream)
+    attack = await growth_over_refused_lanes(without_lanes, "")
+    kept = LANE_MESSAGES * LANE_TEXT
+    assert attack < control + kept / 2, (attack, control, kept)
