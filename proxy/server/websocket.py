@@ -13,6 +13,8 @@ Then every frame is relayed as it came: text and binary messages, pings and pong
 proxy), and the closing handshake with its code and reason, whichever side starts it. When one side goes away
 without closing, the other is closed with 1001. Limits:
 
+- at most `max_websockets` sockets (at most half of `max_connections`) are open at once, from the upgrade to the
+  close; an upgrade past them is answered 503 `too_many_websockets`, so sockets can never hold every connection;
 - a message larger than `max_body_bytes`, from either side, closes the socket with 1009 (the upstream gets 1001
   when the client sent it);
 - a socket on which nothing moved either way (pings included) for `idle_timeout` seconds is closed on both sides
@@ -61,6 +63,19 @@ Socket = web.WebSocketResponse | UpstreamSocket
 OPEN_TUNNELS: Final[web.AppKey[set[Tunnel]]] = web.AppKey("open_tunnels")
 """The app's open tunnels, closed on shutdown."""
 
+
+
+@dataclass
+class TunnelSlots:
+    """How many sockets may be open at once (`proxy.server.connections.socket_cap`) and how many are."""
+
+    limit: int
+    taken: int = 0
+
+
+TUNNEL_SLOTS: Final[web.AppKey[TunnelSlots]] = web.AppKey("tunnel_slots")
+"""The app's socket slots: one taken from the upgrade until the socket closed."""
+
 _RESERVED_CODES: Final = frozenset({1004, 1005, 1006, 1015})
 """Close codes no endpoint may send (RFC 6455 section 7.4.1)."""
 
@@ -83,6 +98,25 @@ async def tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> 
     :param wire: The wire format compaction reads on this socket (its socket mode), or None for a plain tunnel.
     :raises UpstreamError: The upstream could not be reached or did not answer the handshake in time.
     """
+    slots = request.app[TUNNEL_SLOTS]
+    if slots.taken >= slots.limit:
+        request[RECORD].error = "too_many_websockets"
+        return errors.error_response(
+            503,
+            f"The proxy has its most WebSockets open ({slots.limit}: max_websockets, at most half of"
+            " max_connections); retry once one closed, or use HTTP on this path.",
+            type_="proxy_error",
+            code="too_many_websockets",
+        )
+    slots.taken += 1
+    try:
+        return await _tunnel(request, target, wire)
+    finally:
+        slots.taken -= 1
+
+
+async def _tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> web.StreamResponse:
+    """`tunnel` once a socket slot is taken."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
     limit = settings.max_body_bytes + 1  # aiohttp refuses messages of `max_msg_size` bytes and more

@@ -7,6 +7,7 @@ messages inflated on their way upstream.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -118,3 +119,42 @@ async def test_error_events_without_a_lane_release_what_the_socket_keeps(
     attack = await growth_over_refused_lanes(without_lanes, "")
     kept = LANE_MESSAGES * LANE_TEXT
     assert attack < control + kept / 2, (attack, control, kept)
+
+
+CONNECTIONS = 20
+
+
+async def health(url: str) -> int:
+    """The status of `GET /healthz` on a new connection."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/healthz") as response:
+        return response.status
+
+
+async def test_pinged_sockets_cannot_hold_every_connection(
+    upstream: OpenAIUpstream, start_process_proxy: process_proxy.StartProcessProxy
+) -> None:
+    """As many sockets as connections, kept open with pings: half get in, the rest are refused, health answers."""
+    proxy = await start_process_proxy(upstream.base_url, max_connections=CONNECTIONS, idle_timeout=6)
+    echo = proxy.url.replace("http://", "ws://") + "/echo/x"
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [await stack.enter_async_context(aiohttp.ClientSession()) for _ in range(CONNECTIONS)]
+        sockets: list[aiohttp.ClientWebSocketResponse] = []
+        refused: list[int] = []
+        for session in sessions:
+            try:
+                sockets.append(await stack.enter_async_context(session.ws_connect(echo, autoping=False)))
+            except aiohttp.WSServerHandshakeError as error:
+                refused.append(error.status)
+        for round_ in range(3):
+            for ws in sockets:
+                await ws.ping(b"still here")
+                assert (await ws.receive()).type is WSMsgType.PONG
+            assert await health(proxy.url) == 200, f"round {round_}"
+        assert (len(sockets), refused) == (CONNECTIONS // 2, [503] * (CONNECTIONS - CONNECTIONS // 2))
+        await sockets.pop().close()
+        await proxy.wait_for_log(lambda record: record.get("status") == 101)
+        async with sessions[0].ws_connect(echo) as again:  # a closed socket's slot is free again
+            await again.send_str("in")
+            assert (await again.receive()).data == "in"
+    refusals = [record for record in proxy.records() if record.get("error") == "too_many_websockets"]
+    assert len(refusals) == CONNECTIONS - CONNECTIONS // 2
