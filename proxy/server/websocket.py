@@ -5,7 +5,10 @@ checked and mapped onto the upstream's base path, and it gets one access-log lin
 (status 101, the bytes of the messages each way). The upstream's socket is opened first, with the client's
 end-to-end headers (the hop-by-hop ones and the handshake's own `Sec-WebSocket-*` stay here; the upstream gets a
 handshake of the proxy's) and the subprotocols the client offered; only once the upstream switched protocols is the
-client's upgrade accepted, with the subprotocol the upstream chose. An upstream that answers the upgrade with a
+client's upgrade accepted, with the subprotocol the upstream chose, and with compression (permessage-deflate) only
+if the client offered it and the upstream accepted the proxy's offer of it: compression is negotiated end to end, so
+a message never reaches one side inflated from what the other sent compressed (a 64 MiB message of one letter
+deflates to 65 KB: relayed whole, the upstream would get 1,000 times what the client sent). An upstream that answers the upgrade with a
 status instead gets that status relayed (Codex CLI, told 404 or 426, falls back to HTTP); one that cannot be reached
 is answered 502 or 504, as over HTTP.
 
@@ -15,8 +18,8 @@ without closing, the other is closed with 1001. Limits:
 
 - at most `max_websockets` sockets (at most half of `max_connections`) are open at once, from the upgrade to the
   close; an upgrade past them is answered 503 `too_many_websockets`, so sockets can never hold every connection;
-- a message larger than `max_body_bytes`, from either side, closes the socket with 1009 (the upstream gets 1001
-  when the client sent it);
+- a message larger than `max_body_bytes` (inflated, when compressed: bounded like a gzip body), from either side,
+  closes the socket with 1009 (the upstream gets 1001 when the client sent it);
 - a socket on which nothing moved either way (pings included) for `idle_timeout` seconds is closed on both sides
   with 1001, so a vanished peer cannot hold a connection;
 - the handshake has `connect_timeout` to connect and `first_byte_timeout` to be answered; a closing handshake
@@ -85,6 +88,13 @@ def offered_protocols(headers: Iterable[str]) -> list[str]:
     return [name.strip() for value in headers for name in value.split(",") if name.strip()]
 
 
+def offers_deflate(headers: Iterable[str]) -> bool:
+    """Whether a client's `Sec-WebSocket-Extensions` (possibly repeated) offer permessage-deflate."""
+    return any(
+        offer.split(";", 1)[0].strip().lower() == "permessage-deflate" for value in headers for offer in value.split(",")
+    )
+
+
 def sendable(code: int | None) -> int:
     """`code` if an endpoint may send it in a close frame, else 1000 (a peer that closed without a code)."""
     if code is None or code in _RESERVED_CODES or not (1000 <= code <= 1014 or 3000 <= code <= 4999):
@@ -131,15 +141,17 @@ async def _tunnel(request: web.Request, target: URL, wire: WireFormat | None) ->
         )
     headers = upstream_request_headers(request.headers, drop=HANDSHAKE_HEADERS)
     protocols = offered_protocols(request.headers.getall("Sec-WebSocket-Protocol", ()))
+    deflate = offers_deflate(request.headers.getall("Sec-WebSocket-Extensions", ()))
     sent = time.perf_counter()
     try:
-        async with request.app[UPSTREAM].websocket(target, headers, protocols, limit) as upstream:
+        async with request.app[UPSTREAM].websocket(target, headers, protocols, limit, compress=deflate) as upstream:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = 101
             client = web.WebSocketResponse(
                 autoclose=False,
                 autoping=False,
                 max_msg_size=limit,
+                compress=upstream.compress != 0,
                 decode_text=False,
                 timeout=WEBSOCKET_CLOSE_WAIT,
                 protocols=(upstream.protocol,) if upstream.protocol else (),

@@ -7,6 +7,7 @@ messages inflated on their way upstream.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -158,3 +159,98 @@ async def test_pinged_sockets_cannot_hold_every_connection(
             assert (await again.receive()).data == "in"
     refusals = [record for record in proxy.records() if record.get("error") == "too_many_websockets"]
     assert len(refusals) == CONNECTIONS - CONNECTIONS // 2
+
+
+class CountingRelay:
+    """A TCP relay on loopback to `port`: what each connection sends through it, counted (bytes to `port`)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sent = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen on a free loopback port; return it."""
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        await asyncio.gather(self._pump(client_reader, writer, True), self._pump(reader, client_writer, False))
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counted: bool) -> None:
+        try:
+            while chunk := await reader.read(1 << 16):
+                self.sent += len(chunk) if counted else 0
+                writer.write(chunk)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@contextlib.asynccontextmanager
+async def sizing_upstream(deflates: bool) -> AsyncIterator[tuple[int, CountingRelay]]:
+    """An upstream socket that answers each message with its size, accepting permessage-deflate if `deflates`;
+    behind a relay counting the bytes sent to it. Yields the relay's port and the relay."""
+
+    async def sizes(request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse(max_msg_size=0, compress=deflates)
+        await socket.prepare(request)
+        async for message in socket:
+            await socket.send_str(str(len(message.data)))
+        return socket
+
+    app = web.Application()
+    app.router.add_get("/sizes", sizes)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    assert server.port is not None
+    relay = CountingRelay(server.port)
+    try:
+        yield await relay.start(), relay
+    finally:
+        relay.close()
+        await server.close()
+
+
+DEFLATED_MESSAGES = 4
+DEFLATED_SIZE = 16 << 20
+
+
+@pytest.mark.parametrize("deflates", [True, False], ids=["upstream-deflates", "upstream-does-not"])
+async def test_a_compressed_message_reaches_the_upstream_no_larger_than_the_client_sent_it(
+    make_proxy: MakeProxy, deflates: bool
+) -> None:
+    """Compression is negotiated end to end: the upstream never gets a message inflated from a compressed one."""
+    async with sizing_upstream(deflates) as (upstream_port, upstream_side):
+        proxy = await make_proxy(f"http://127.0.0.1:{upstream_port}")
+        client_side = CountingRelay(proxy.port)
+        try:
+            url = f"ws://127.0.0.1:{await client_side.start()}/sizes"
+            async with aiohttp.ClientSession() as session, session.ws_connect(url, compress=15, max_msg_size=0) as ws:
+                for number in range(DEFLATED_MESSAGES):
+                    await ws.send_bytes(bytes([number]) * DEFLATED_SIZE)
+                    assert (await ws.receive()).data == str(DEFLATED_SIZE)
+                compressed = ws.compress != 0
+        finally:
+            client_side.close()
+    assert compressed is deflates
+    assert upstream_side.sent < 2 * client_side.sent + 4096, (upstream_side.sent, client_side.sent)
+
+
+async def test_a_compressed_message_is_bounded_inflated_like_a_body(make_proxy: MakeProxy) -> None:
+    """What a compressed message inflates to is bounded by `max_body_bytes`, as a gzip body's is: 1009, not relayed."""
+    async with sizing_upstream(True) as (upstream_port, upstream_side):
+        proxy = await make_proxy(f"http://127.0.0.1:{upstream_port}", max_body_bytes=1 << 20)
+        url = f"ws://127.0.0.1:{proxy.port}/sizes"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url, compress=15, max_msg_size=0) as ws:
+            await ws.send_bytes(b"x" * (2 << 20))
+            assert (await ws.receive()).type is WSMsgType.CLOSE
+            assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    assert upstream_side.sent < 4096, "the handshake and the close only"
