@@ -51,8 +51,7 @@ class PreviousForwards:
         return None
 
     def remember(self, scope: bytes, chain: Sequence[bytes], state: Any, size: int = 0) -> None:
-        """Keep `state` (holding `size` bytes) for the request whose client chain is `chain`, in place of its earlier
-        turns' states.
+        """Keep `state` (holding `size` bytes) for the request whose chain is `chain`, replacing its earlier turns'.
 
         Nothing is kept when it is None or the chain empty; the earlier states go even when it costs too much.
         """

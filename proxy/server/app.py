@@ -13,8 +13,8 @@ from proxy.config import Settings
 from proxy.pipeline.exchange import Compaction, PassThrough
 from proxy.server import dashboard, health
 from proxy.server.accounting import accounting
-from proxy.server.connections import socket_cap
 from proxy.server.auth import inbound_auth
+from proxy.server.connections import socket_cap
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import COMPACTION, METRICS, READINESS, SETTINGS, UPSTREAM
 from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger

@@ -8,9 +8,9 @@ handshake of the proxy's) and the subprotocols the client offered; only once the
 client's upgrade accepted, with the subprotocol the upstream chose, and with compression (permessage-deflate) only
 if the client offered it and the upstream accepted the proxy's offer of it: compression is negotiated end to end, so
 a message never reaches one side inflated from what the other sent compressed (a 64 MiB message of one letter
-deflates to 65 KB: relayed whole, the upstream would get 1,000 times what the client sent). An upstream that answers the upgrade with a
-status instead gets that status relayed (Codex CLI, told 404 or 426, falls back to HTTP); one that cannot be reached
-is answered 502 or 504, as over HTTP.
+deflates to 65 KB: relayed whole, the upstream would get 1,000 times what the client sent). An upstream that answers
+the upgrade with a status instead gets that status relayed (Codex CLI, told 404 or 426, falls back to HTTP); one that
+cannot be reached is answered 502 or 504, as over HTTP.
 
 Then every frame is relayed as it came: text and binary messages, pings and pongs (answered end to end, not by the
 proxy), and the closing handshake with its code and reason, whichever side starts it. When one side goes away
@@ -67,7 +67,6 @@ OPEN_TUNNELS: Final[web.AppKey[set[Tunnel]]] = web.AppKey("open_tunnels")
 """The app's open tunnels, closed on shutdown."""
 
 
-
 @dataclass
 class TunnelSlots:
     """How many sockets may be open at once (`proxy.server.connections.socket_cap`) and how many are."""
@@ -90,9 +89,8 @@ def offered_protocols(headers: Iterable[str]) -> list[str]:
 
 def offers_deflate(headers: Iterable[str]) -> bool:
     """Whether a client's `Sec-WebSocket-Extensions` (possibly repeated) offer permessage-deflate."""
-    return any(
-        offer.split(";", 1)[0].strip().lower() == "permessage-deflate" for value in headers for offer in value.split(",")
-    )
+    offers = (offer for value in headers for offer in value.split(","))
+    return any(offer.split(";", 1)[0].strip().lower() == "permessage-deflate" for offer in offers)
 
 
 def sendable(code: int | None) -> int:

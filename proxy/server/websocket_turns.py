@@ -7,8 +7,9 @@ for byte. The messages coming back are relayed untouched; the one that ends each
 which are reported to the compaction side as for a stream over HTTP, before the client's next request is planned. An
 ending that names no lane with a request waiting (an upstream `error` event without `stream_id`) ends the oldest
 request waiting on any lane, unreported (the proxy cannot tell whose it is): every ending releases one request, so
-what the socket keeps is bounded by the requests the upstream has yet to answer. A request over the proxy's limits is answered with the format's refusal message and not forwarded. Every other message
-passes untouched, and so does a request message whenever reading or planning it fails.
+what the socket keeps is bounded by the requests the upstream has yet to answer. A request over the proxy's limits is
+answered with the format's refusal message and not forwarded. Every other message passes untouched, and so does a
+request message whenever reading or planning it fails.
 
 Not done inside a socket: offloading (the proxy cannot answer its read tool's calls there, so a socket's requests are
 planned with `X-Compaction-Offload: off`: plain pruning), the overflow retry (the refusal reaches the client, whose
@@ -20,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from itertools import count
 from dataclasses import dataclass
+from itertools import count
 
 from aiohttp import web
 from multidict import CIMultiDict

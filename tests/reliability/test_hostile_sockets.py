@@ -101,13 +101,12 @@ async def refusing_socket_upstream() -> AsyncIterator[str]:
 async def growth_over_refused_lanes(proxy: process_proxy.ProcessProxy, query: str) -> int:
     """Send `LANE_MESSAGES` large creates, each on a lane of its own, one answer at a time; return the RSS growth."""
     before = proxy.rss_bytes()
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(f"{proxy.url}/v1/responses{query}", max_msg_size=0) as ws:
-            for number in range(LANE_MESSAGES):
-                await ws.send_str(create(input=f"{number} " + "y" * LANE_TEXT, stream_id=f"lane-{number}"))
-                assert (await answer(ws))["status"] == 429
-            growth = proxy.rss_bytes() - before
-    return growth
+    url = f"{proxy.url}/v1/responses{query}"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, max_msg_size=0) as ws:
+        for number in range(LANE_MESSAGES):
+            await ws.send_str(create(input=f"{number} " + "y" * LANE_TEXT, stream_id=f"lane-{number}"))
+            assert (await answer(ws))["status"] == 429
+        return proxy.rss_bytes() - before
 
 
 async def test_error_events_without_a_lane_release_what_the_socket_keeps(

@@ -27,7 +27,7 @@ MODEL = "gpt-4o-mini"
 WINDOW = 1_000_000
 """Large enough that the conversation fits once every older copy of its result is a reference."""
 CALLS = 6_000
-"""Tool calls in the conversation: the same result each time, every older copy a created reference (`duplicate_results`)."""
+"""Tool calls in the conversation: the same result each time, so every older copy becomes a created reference."""
 REPEATED_RESULT = "".join(f"tests/test_module_{n}.py::test_case PASSED\n" for n in range(40))
 
 
@@ -37,7 +37,9 @@ def conversation() -> list[dict[str, Any]]:
     for call in range(CALLS):
         call_id = f"call_{call}"
         function = {"name": "read_file", "arguments": f'{{"path": "src/{call}.py"}}'}
-        messages.append({"role": "assistant", "tool_calls": [{"id": call_id, "type": "function", "function": function}]})
+        messages.append(
+            {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function", "function": function}]}
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": REPEATED_RESULT})
     return [*messages, {"role": "user", "content": "What did you find?"}]
 
