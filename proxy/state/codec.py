@@ -84,7 +84,8 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
     of kept messages. So it is checked against the prefix it was found for before anything proportional to what it
     claims is built: its source length must be `source_length`, and its runs of kept messages, checked in one pass
     over what was read, must lie inside it, the plan holding at most `source_length` entries in all. Only then are
-    the runs expanded: a plan never costs more than the request it is replayed onto.
+    the runs expanded: a plan never costs more than the request it is replayed onto. A created message must be one
+    the proxy can write back (nested at most 254 levels), or every request replaying the plan would fail.
 
     :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version over `source_length`.
     """
@@ -137,6 +138,10 @@ def _decode_created(item: dict[str, Any], source_length: int) -> Created:
         raise PlanDecodeError("malformed created message")
     if replaces is not None and not (_is_index(replaces) and replaces < source_length):
         raise PlanDecodeError("malformed replaced index")
+    try:  # read, it must write back too: else every request replaying it fails (orjson writes 254 levels, reads 1,024)
+        orjson.dumps(item)
+    except orjson.JSONEncodeError as error:
+        raise PlanDecodeError("a created message nested deeper than the proxy writes JSON") from error
     return Created(message=message, meta=meta, replaces=replaces)
 
 
