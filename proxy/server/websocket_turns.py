@@ -5,9 +5,10 @@ compaction side exactly as an HTTP request (`proxy.server.pipeline_calls`: the s
 forwarded as the message its format makes of the plan's body; when nothing changed, the client's own message goes, byte
 for byte. The messages coming back are relayed untouched; the one that ends each answer is read for its usage and reply,
 which are reported to the compaction side as for a stream over HTTP, before the client's next request is planned. An
-ending that names no lane with a request waiting (an upstream `error` event without `stream_id`) ends the oldest
-request waiting on any lane, unreported (the proxy cannot tell whose it is): every ending releases one request, so
-what the socket keeps is bounded by the requests the upstream has yet to answer. A request over the proxy's limits is
+ending without a lane while none waits on the default one (an upstream `error` event without `stream_id`) ends the
+oldest request waiting on any lane, unreported (the proxy cannot tell whose it is): every ending releases at most one
+request and every request is released by one ending, so what the socket keeps is bounded by the requests the upstream
+has yet to answer. A request over the proxy's limits is
 answered with the format's refusal message and not forwarded. Every other message passes untouched, and so does a
 request message whenever reading or planning it fails.
 
@@ -96,7 +97,9 @@ class SocketTurns:
             return
         lane, outcome = ending
         ours = lane in self.pending
-        if not ours:  # an ending no waiting request's lane names: the oldest request is over, whoever's it was
+        if not ours and lane is not None:
+            return  # a lane with nothing waiting: its request was released by an ending without a lane
+        if not ours:  # an ending without a lane, none waiting on the default one: the oldest request is over
             lane = min(self.pending, key=lambda waiting: self.pending[waiting][0][0])
         queue = self.pending[lane]
         _, plan = queue.popleft()
