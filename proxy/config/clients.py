@@ -71,6 +71,17 @@ class ClientSettings(BaseModel):
             " descriptors. Applies to `compaction-proxy serve`."
         ),
     )
+    max_websockets: int = Field(
+        default=1024,
+        ge=0,
+        description=(
+            "Most WebSockets tunnelled at once, and never more than half of `max_connections`: a socket is a"
+            " request in progress for as long as it is open (pings keep it open past `idle_timeout`), so the"
+            " connection cap never closes it to make room; this keeps the other half of the connections for HTTP,"
+            " so `/healthz`, `/readyz` and HTTP clients always get in. An upgrade past it is answered 503"
+            " `too_many_websockets` (not forwarded); a socket's slot is free again once it closed. 0: no sockets."
+        ),
+    )
     max_header_bytes: int = Field(
         default=8190,
         ge=1024,

@@ -62,6 +62,18 @@ class StateSettings(BaseModel):
             " at all (it is parsed and hashed in full each time it comes)."
         ),
     )
+    forwarded_memory_bytes: int = Field(
+        default=32 * 2**20,
+        gt=0,
+        description=(
+            "Memory, in bytes, for what each conversation's latest request was forwarded as, on the Messages API"
+            " models that bind thinking to everything before it (a 16-byte digest per message sent): its next"
+            " request keeps the thinking produced since only where that prefix is unchanged. The least recently"
+            " forwarded conversations are forgotten first (at most 4,096 are kept), and one costing more than a"
+            " quarter of this is not kept; a conversation forgotten is forwarded as if the proxy had not seen it"
+            " before, which the format keeps valid."
+        ),
+    )
     state_max_bytes: int = Field(
         default=256 * 2**20,
         gt=0,

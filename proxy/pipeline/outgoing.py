@@ -84,7 +84,9 @@ class Outgoing:
         spliced = splicing is not None and messages is not None and splicing.splices(exchange.turn, messages)
         whole = messages is not None and not spliced
         forwarded, exchange.turn.forwarded, exchange.chain = await self.work.run(exchange, build, whole=whole)
-        self.previous_forwards.remember(exchange.scope, exchange.original, forwarded.replay_state)
+        self.previous_forwards.remember(
+            exchange.scope, exchange.original, forwarded.replay_state, forwarded.replay_bytes
+        )
         return ForwardPlan(
             body=forwarded.body,
             header_values=dict(forwarded.header_values),

@@ -120,7 +120,7 @@ class CompactionPipeline:
         self.work = RequestWork(self.limits, self.rewrites)
         splice_bytes = settings.prefix_memory_bytes // 2
         self.splicing = Splicing(self.limits, splice_bytes, self._failed, splice_from, self.work.off_loop)
-        self.previous_forwards = PreviousForwards()
+        self.previous_forwards = PreviousForwards(memory_bytes=settings.forwarded_memory_bytes)
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.outgoing = Outgoing(self.mode, self.offloading, self.work, self.previous_forwards)

@@ -113,11 +113,13 @@ class Forwarding:
         header name: an opt-in the rewritten body needs (Anthropic's `anthropic-beta` for a body field in beta).
     :param replay_state: What the format needs to forward the conversation's next request (`WireRequest.forwarded`'s
         `previous`; Anthropic: what each thinking block sent back was bound to); None when nothing.
+    :param replay_bytes: What `replay_state` holds, in bytes: what keeping it costs (`forwarded_memory_bytes`).
     """
 
     body: bytes
     header_values: Mapping[str, str] = field(default_factory=dict)
     replay_state: Any = None
+    replay_bytes: int = 0
 
 
 @dataclass(frozen=True)

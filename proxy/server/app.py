@@ -14,6 +14,7 @@ from proxy.pipeline.exchange import Compaction, PassThrough
 from proxy.server import dashboard, health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
+from proxy.server.connections import socket_cap
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import COMPACTION, METRICS, READINESS, SETTINGS, UPSTREAM
 from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
@@ -21,7 +22,7 @@ from proxy.server.metrics import ProxyMetrics
 from proxy.server.pod_metrics import shared_directory
 from proxy.server.readiness import Readiness
 from proxy.server.upstream import Upstream
-from proxy.server.websocket import OPEN_TUNNELS, close_tunnels
+from proxy.server.websocket import OPEN_TUNNELS, TUNNEL_SLOTS, TunnelSlots, close_tunnels
 
 log = logging.getLogger(SERVER_LOGGER)
 
@@ -81,6 +82,7 @@ def create_app(
     app[METRICS] = metrics
     app[READINESS] = Readiness()
     app[OPEN_TUNNELS] = set()
+    app[TUNNEL_SLOTS] = TunnelSlots(socket_cap(settings.max_websockets, settings.max_connections))
     health.add_routes(app)
     dashboard.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)

@@ -49,6 +49,15 @@ def default_max_connections() -> int:
     return max(1, (files - FD_RESERVE) // 2)
 
 
+def socket_cap(max_websockets: int, max_connections: int | None) -> int:
+    """The most WebSockets tunnelled at once: `max_websockets`, at most half of the connection cap.
+
+    A tunnelled socket is a request in progress for as long as it is open, so the cap never closes it; sockets
+    holding every connection would leave none to close for a health check. Half stays for HTTP.
+    """
+    return min(max_websockets, (max_connections or default_max_connections()) // 2)
+
+
 def _idle_since(handler: web.RequestHandler) -> float | None:
     """When the connection last finished a request or opened (loop clock); None while busy with a request or closing.
 

@@ -210,7 +210,7 @@ class Upstream:
 
     @asynccontextmanager
     async def websocket(
-        self, url: URL, headers: CIMultiDict[str], protocols: list[str], max_msg_size: int
+        self, url: URL, headers: CIMultiDict[str], protocols: list[str], max_msg_size: int, *, compress: bool = False
     ) -> AsyncIterator[aiohttp.ClientWebSocketResponse[Literal[False]]]:
         """Open a WebSocket to `url` and yield it once the upstream switched protocols; it is closed on exit.
 
@@ -219,6 +219,7 @@ class Upstream:
 
         :param protocols: The subprotocols the client offered, in its order.
         :param max_msg_size: The largest message accepted from the upstream; a larger one closes it with 1009.
+        :param compress: Offer permessage-deflate (RFC 7692); the socket's `compress` says whether it was accepted.
         :raises UpgradeRefused: The upstream answered with an HTTP status instead.
         :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
         :raises UpstreamTimeout: Connecting or the handshake's answer took too long.
@@ -232,6 +233,7 @@ class Upstream:
                     autoclose=False,
                     autoping=False,
                     max_msg_size=max_msg_size,
+                    compress=15 if compress else 0,
                     decode_text=False,
                     timeout=aiohttp.ClientWSTimeout(ws_close=WEBSOCKET_CLOSE_WAIT),
                 )

@@ -5,16 +5,21 @@ checked and mapped onto the upstream's base path, and it gets one access-log lin
 (status 101, the bytes of the messages each way). The upstream's socket is opened first, with the client's
 end-to-end headers (the hop-by-hop ones and the handshake's own `Sec-WebSocket-*` stay here; the upstream gets a
 handshake of the proxy's) and the subprotocols the client offered; only once the upstream switched protocols is the
-client's upgrade accepted, with the subprotocol the upstream chose. An upstream that answers the upgrade with a
-status instead gets that status relayed (Codex CLI, told 404 or 426, falls back to HTTP); one that cannot be reached
-is answered 502 or 504, as over HTTP.
+client's upgrade accepted, with the subprotocol the upstream chose, and with compression (permessage-deflate) only
+if the client offered it and the upstream accepted the proxy's offer of it: compression is negotiated end to end, so
+a message never reaches one side inflated from what the other sent compressed (a 64 MiB message of one letter
+deflates to 65 KB: relayed whole, the upstream would get 1,000 times what the client sent). An upstream that answers
+the upgrade with a status instead gets that status relayed (Codex CLI, told 404 or 426, falls back to HTTP); one that
+cannot be reached is answered 502 or 504, as over HTTP.
 
 Then every frame is relayed as it came: text and binary messages, pings and pongs (answered end to end, not by the
 proxy), and the closing handshake with its code and reason, whichever side starts it. When one side goes away
 without closing, the other is closed with 1001. Limits:
 
-- a message larger than `max_body_bytes`, from either side, closes the socket with 1009 (the upstream gets 1001
-  when the client sent it);
+- at most `max_websockets` sockets (at most half of `max_connections`) are open at once, from the upgrade to the
+  close; an upgrade past them is answered 503 `too_many_websockets`, so sockets can never hold every connection;
+- a message larger than `max_body_bytes` (inflated, when compressed: bounded like a gzip body), from either side,
+  closes the socket with 1009 (the upstream gets 1001 when the client sent it);
 - a socket on which nothing moved either way (pings included) for `idle_timeout` seconds is closed on both sides
   with 1001, so a vanished peer cannot hold a connection;
 - the handshake has `connect_timeout` to connect and `first_byte_timeout` to be answered; a closing handshake
@@ -61,6 +66,18 @@ Socket = web.WebSocketResponse | UpstreamSocket
 OPEN_TUNNELS: Final[web.AppKey[set[Tunnel]]] = web.AppKey("open_tunnels")
 """The app's open tunnels, closed on shutdown."""
 
+
+@dataclass
+class TunnelSlots:
+    """How many sockets may be open at once (`proxy.server.connections.socket_cap`) and how many are."""
+
+    limit: int
+    taken: int = 0
+
+
+TUNNEL_SLOTS: Final[web.AppKey[TunnelSlots]] = web.AppKey("tunnel_slots")
+"""The app's socket slots: one taken from the upgrade until the socket closed."""
+
 _RESERVED_CODES: Final = frozenset({1004, 1005, 1006, 1015})
 """Close codes no endpoint may send (RFC 6455 section 7.4.1)."""
 
@@ -68,6 +85,12 @@ _RESERVED_CODES: Final = frozenset({1004, 1005, 1006, 1015})
 def offered_protocols(headers: Iterable[str]) -> list[str]:
     """The subprotocols a client offered (`Sec-WebSocket-Protocol`, possibly repeated), in its order."""
     return [name.strip() for value in headers for name in value.split(",") if name.strip()]
+
+
+def offers_deflate(headers: Iterable[str]) -> bool:
+    """Whether a client's `Sec-WebSocket-Extensions` (possibly repeated) offer permessage-deflate."""
+    offers = (offer for value in headers for offer in value.split(","))
+    return any(offer.split(";", 1)[0].strip().lower() == "permessage-deflate" for offer in offers)
 
 
 def sendable(code: int | None) -> int:
@@ -83,6 +106,25 @@ async def tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> 
     :param wire: The wire format compaction reads on this socket (its socket mode), or None for a plain tunnel.
     :raises UpstreamError: The upstream could not be reached or did not answer the handshake in time.
     """
+    slots = request.app[TUNNEL_SLOTS]
+    if slots.taken >= slots.limit:
+        request[RECORD].error = "too_many_websockets"
+        return errors.error_response(
+            503,
+            f"The proxy has its most WebSockets open ({slots.limit}: max_websockets, at most half of"
+            " max_connections); retry once one closed, or use HTTP on this path.",
+            type_="proxy_error",
+            code="too_many_websockets",
+        )
+    slots.taken += 1
+    try:
+        return await _tunnel(request, target, wire)
+    finally:
+        slots.taken -= 1
+
+
+async def _tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> web.StreamResponse:
+    """`tunnel` once a socket slot is taken."""
     settings = request.app[SETTINGS]
     record = request[RECORD]
     limit = settings.max_body_bytes + 1  # aiohttp refuses messages of `max_msg_size` bytes and more
@@ -97,15 +139,17 @@ async def tunnel(request: web.Request, target: URL, wire: WireFormat | None) -> 
         )
     headers = upstream_request_headers(request.headers, drop=HANDSHAKE_HEADERS)
     protocols = offered_protocols(request.headers.getall("Sec-WebSocket-Protocol", ()))
+    deflate = offers_deflate(request.headers.getall("Sec-WebSocket-Extensions", ()))
     sent = time.perf_counter()
     try:
-        async with request.app[UPSTREAM].websocket(target, headers, protocols, limit) as upstream:
+        async with request.app[UPSTREAM].websocket(target, headers, protocols, limit, compress=deflate) as upstream:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = 101
             client = web.WebSocketResponse(
                 autoclose=False,
                 autoping=False,
                 max_msg_size=limit,
+                compress=upstream.compress != 0,
                 decode_text=False,
                 timeout=WEBSOCKET_CLOSE_WAIT,
                 protocols=(upstream.protocol,) if upstream.protocol else (),

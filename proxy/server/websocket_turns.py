@@ -4,9 +4,13 @@ Each message that starts a request (`SocketMode.request_of`; the Responses API's
 compaction side exactly as an HTTP request (`proxy.server.pipeline_calls`: the same fail-open and counting), and
 forwarded as the message its format makes of the plan's body; when nothing changed, the client's own message goes, byte
 for byte. The messages coming back are relayed untouched; the one that ends each answer is read for its usage and reply,
-which are reported to the compaction side as for a stream over HTTP, before the client's next request is planned. A
-request over the proxy's limits is answered with the format's refusal message and not forwarded. Every other message
-passes untouched, and so does a request message whenever reading or planning it fails.
+which are reported to the compaction side as for a stream over HTTP, before the client's next request is planned. An
+ending without a lane while none waits on the default one (an upstream `error` event without `stream_id`) ends the
+oldest request waiting on any lane, unreported (the proxy cannot tell whose it is): every ending releases at most one
+request and every request is released by one ending, so what the socket keeps is bounded by the requests the upstream
+has yet to answer. A request over the proxy's limits is
+answered with the format's refusal message and not forwarded. Every other message passes untouched, and so does a
+request message whenever reading or planning it fails.
 
 Not done inside a socket: offloading (the proxy cannot answer its read tool's calls there, so a socket's requests are
 planned with `X-Compaction-Offload: off`: plain pruning), the overflow retry (the refusal reaches the client, whose
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass
+from itertools import count
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -61,7 +66,9 @@ class SocketTurns:
         self.socket = wire.socket
         self.headers: CIMultiDict[str] = CIMultiDict(request.headers)
         self.headers[OFFLOAD_HEADER] = "off"
-        self.pending: defaultdict[str | None, deque[ForwardPlan | None]] = defaultdict(deque)
+        self.pending: dict[str | None, deque[tuple[int, ForwardPlan | None]]] = {}
+        """The requests waiting for their answer, by lane, each with its place in the order they were sent."""
+        self.sent = count()
         self.reporting: asyncio.Task[None] | None = None
 
     async def outgoing(self, message: bytes) -> Turn:
@@ -77,7 +84,7 @@ class SocketTurns:
             self._log(None, refused=plan.code)
             return Turn(None, client=self.socket.refusal_message(plan))
         usable = plan is not None and plan.reads is None and plan.body.lstrip().startswith(b"{")
-        self.pending[lane].append(plan if usable else None)
+        self.pending.setdefault(lane, deque()).append((next(self.sent), plan if usable else None))
         self._log(plan if usable else None)
         if plan is None or not usable or plan.body == body:
             return Turn(message)
@@ -86,12 +93,19 @@ class SocketTurns:
     def incoming(self, message: bytes) -> None:
         """Read one upstream message before it is relayed; report the answer it ends, if it ends one."""
         ending = self.socket.ending(message)
-        queue = self.pending.get(ending[0]) if ending is not None else None
-        if ending is None or not queue:
+        if ending is None or not self.pending:
             return
-        outcome = ending[1]
-        plan = queue.popleft()
-        if plan is not None:
+        lane, outcome = ending
+        ours = lane in self.pending
+        if not ours and lane is not None:
+            return  # a lane with nothing waiting: its request was released by an ending without a lane
+        if not ours:  # an ending without a lane, none waiting on the default one: the oldest request is over
+            lane = min(self.pending, key=lambda waiting: self.pending[waiting][0][0])
+        queue = self.pending[lane]
+        _, plan = queue.popleft()
+        if not queue:
+            del self.pending[lane]
+        if plan is not None and ours:
             self.reporting = asyncio.create_task(self._report(self.reporting, plan, outcome))
 
     async def settled(self) -> None:

@@ -15,6 +15,8 @@ replicas must send the upstream the same bytes.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,7 +84,8 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
     of kept messages. So it is checked against the prefix it was found for before anything proportional to what it
     claims is built: its source length must be `source_length`, and its runs of kept messages, checked in one pass
     over what was read, must lie inside it, the plan holding at most `source_length` entries in all. Only then are
-    the runs expanded: a plan never costs more than the request it is replayed onto.
+    the runs expanded: a plan never costs more than the request it is replayed onto. A created message must be one
+    the proxy can write back (nested at most 254 levels), or every request replaying the plan would fail.
 
     :raises PlanDecodeError: If `data` is not a well-formed plan of a known format version over `source_length`.
     """
@@ -135,6 +138,10 @@ def _decode_created(item: dict[str, Any], source_length: int) -> Created:
         raise PlanDecodeError("malformed created message")
     if replaces is not None and not (_is_index(replaces) and replaces < source_length):
         raise PlanDecodeError("malformed replaced index")
+    try:  # read, it must write back too: else every request replaying it fails (orjson writes 254 levels, reads 1,024)
+        orjson.dumps(item)
+    except orjson.JSONEncodeError as error:
+        raise PlanDecodeError("a created message nested deeper than the proxy writes JSON") from error
     return Created(message=message, meta=meta, replaces=replaces)
 
 
@@ -157,13 +164,17 @@ def supersedes(new: EditPlan, stored: EditPlan) -> bool:
     """
     if new.source_length != stored.source_length:
         return new.source_length > stored.source_length
-    stored_wire = [encode_entry(entry) for entry in stored.entries]
+    places: defaultdict[bytes, list[int]] = defaultdict(list)
+    for at, entry in enumerate(stored.entries):
+        places[encode_entry(entry)].append(at)
     position = 0
     for entry in new.entries:
-        wire = encode_entry(entry)
-        match = next((at for at in range(position, len(stored_wire)) if stored_wire[at] == wire), None)
-        if match is not None:
-            position = match + 1
+        # The first place at or after `position` holding the same entry: a search, not a scan, so that comparing
+        # stays O(n log n) however many of `new`'s entries `stored` lacks (a scan each made it quadratic).
+        same = places.get(encode_entry(entry), ())
+        found = bisect_left(same, position)
+        if found < len(same):
+            position = same[found] + 1
         elif isinstance(entry, Kept):
             # An original that `stored` no longer has (or not at this place): `new` does not build on `stored`.
             return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.pipeline.previous_forwards import KEPT_AT, PreviousForwards
+from proxy.pipeline.previous_forwards import ENTRY_BYTES, KEPT_AT, PreviousForwards
 
 PROPERTIES = settings(max_examples=200, deadline=None)
 KEYS = st.binary(min_size=4, max_size=4)
@@ -41,3 +41,16 @@ def test_nothing_is_kept_for_a_missing_state() -> None:
     forwards.remember(b"s", [b"a", b"b"], None)
     forwards.remember(b"s", [], "state")
     assert forwards.find(b"s", [b"a", b"b", b"c"]) is None
+
+
+@PROPERTIES
+@given(sizes=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=30))
+def test_what_is_kept_stays_within_its_bytes_and_the_latest_state_that_fits_is_found(sizes: list[int]) -> None:
+    budget = 4 * (400 + ENTRY_BYTES)
+    forwards = PreviousForwards(memory_bytes=budget)
+    for number, size in enumerate(sizes):
+        chain = [f"{number}-{turn}".encode() for turn in range(3)]
+        forwards.remember(b"s", chain, number, size)
+        charged = sum(cost for _, cost in forwards._states.values())
+        assert forwards._bytes == charged <= budget
+        assert forwards.find(b"s", chain) == number

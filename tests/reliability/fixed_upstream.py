@@ -7,6 +7,7 @@ loop. This server only reads the body (so the proxy's upload completes) and coun
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
@@ -33,8 +34,21 @@ _COMPLETION: Final[dict[str, Any]] = {
 }
 
 
+_MESSAGE: Final[dict[str, Any]] = {
+    "id": "msg_fixed",
+    "type": "message",
+    "role": "assistant",
+    "model": "fixed",
+    "content": [{"type": "text", "text": REPLY}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 10, "output_tokens": 3},
+}
+
+
 class FixedUpstream(LoopbackServer):
-    """`POST /v1/chat/completions` answers `_COMPLETION` (200) after reading the whole body; on 127.0.0.1.
+    """`POST /v1/chat/completions` answers `_COMPLETION` (200) after reading the whole body, `POST /v1/messages` the
+    Messages API's `_MESSAGE`; on 127.0.0.1.
 
     Observations: `requests` (chat completions answered) and `received_bytes` (their body bytes, in total).
     """
@@ -45,13 +59,17 @@ class FixedUpstream(LoopbackServer):
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=1024**3)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/chat/completions", self._answer(_COMPLETION))
+        app.router.add_post("/v1/messages", self._answer(_MESSAGE))
         return app
 
-    async def _chat_completions(self, request: web.Request) -> web.Response:
-        size = 0
-        while chunk := await request.content.readany():
-            size += len(chunk)
-        self.requests += 1
-        self.received_bytes += size
-        return web.json_response(_COMPLETION)
+    def _answer(self, answer: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def read_and_answer(request: web.Request) -> web.Response:
+            size = 0
+            while chunk := await request.content.readany():
+                size += len(chunk)
+            self.requests += 1
+            self.received_bytes += size
+            return web.json_response(answer)
+
+        return read_and_answer

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.config import Settings
 from proxy.server import create_app
 from proxy.server.logging import ACCESS_LOGGER
-from proxy.server.websocket import offered_protocols, sendable
+from proxy.server.websocket import offered_protocols, offers_deflate, sendable
 from proxy.simulator.openai_upstream import OpenAIUpstream, deterministic_bytes
 from proxy.simulator.responses_socket import ECHO_PROTOCOL
 from tests.server.helpers import MakeProxy, Proxy, raw_request
@@ -230,6 +230,24 @@ def test_only_codes_an_endpoint_may_send_are_relayed(code: int) -> None:
 def test_offered_protocols_keep_the_clients_order(names: list[str]) -> None:
     assert offered_protocols([", ".join(names)]) == names
     assert offered_protocols(names) == names
+
+
+EXTENSIONS = st.sampled_from(["x-webkit-deflate-frame", "permessage-foo", "client_max_window_bits", "deflate"])
+
+
+@given(
+    others=st.lists(EXTENSIONS, max_size=3),
+    offered=st.booleans(),
+    params=st.sampled_from(["", "; client_max_window_bits", ";server_no_context_takeover; client_max_window_bits=10"]),
+    case=st.sampled_from(["permessage-deflate", "PerMessage-Deflate"]),
+    split=st.booleans(),
+)
+def test_a_deflate_offer_is_found_among_any_extensions(
+    others: list[str], offered: bool, params: str, case: str, split: bool
+) -> None:
+    offers = [*others, f" {case}{params}"] if offered else others
+    headers = offers if split else [", ".join(offers)]
+    assert offers_deflate(headers) is offered
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

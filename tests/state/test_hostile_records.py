@@ -122,3 +122,25 @@ async def test_a_plan_claiming_millions_of_messages_costs_what_its_request_costs
         metrics = await got.text()
     # Each refused twice: when looked up, and when the request's own plan replaced it.
     assert 'compaction_proxy_state_records_rejected_total{kind="rewrite"} 4.0' in metrics
+
+
+async def test_a_plan_with_a_message_too_deep_to_write_is_a_miss_not_an_error_per_request(
+    proxy: RunningProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A created message nested 300 levels reads (orjson reads 1,024) but cannot be written back (254): replayed, it
+    made every request of the conversation fail open with an ERROR, for as long as the record lived."""
+    messages = conversation()
+    store = proxy.service.store
+    assert isinstance(store, RedisStore)
+    scope = Caller.of({"authorization": "Bearer sk-deep"}, proxy.settings).scope
+    head = chain_keys([message_key(message) for message in messages])[-1]
+    deep = b"[" * 300 + b"]" * 300
+    created = b'{"m": {"role": "user", "content": %s}, "t": {}}' % deep
+    await store._redis.set(
+        store.rewrite_key(scope, head), b"[1, %d, [%s, [1, %d]]]" % (len(messages), created, len(messages))
+    )
+    with caplog.at_level(logging.WARNING):
+        outcomes = [(await measured_turn(proxy, "sk-deep", messages))[2] for _ in range(2)]
+    assert outcomes[0] == "compacted", "a miss: compacted afresh, and its own plan replaces the record"
+    assert "error" not in outcomes
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]

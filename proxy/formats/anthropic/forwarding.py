@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.rules import (
+    DIGEST_BYTES,
     THINKING_BINDING_BETA,
     bind_thinking,
     binds_prefix,
@@ -95,12 +96,17 @@ def forward(
 class SentBefore:
     """How a conversation's previous request was forwarded to a model that binds thinking (`Forwarding.replay_state`).
 
-    :param sent: The `message_digest` of each message it sent.
+    :param sent: The `message_digest` of each message it sent, one after the other (`DIGEST_BYTES` each): one
+        object, not one per message, so what it costs is what it holds.
     :param client_length: How many messages the client sent in it.
     """
 
-    sent: tuple[bytes, ...]
+    sent: bytes
     client_length: int
+
+    def digests(self) -> list[bytes]:
+        """The `message_digest` of each message sent, in order."""
+        return [self.sent[start : start + DIGEST_BYTES] for start in range(0, len(self.sent), DIGEST_BYTES)]
 
 
 def forwarding(request: MessagesRequest, raw: bytes, engine: Sequence[Message] | None, previous: Any) -> Forwarding:
@@ -119,7 +125,7 @@ def forwarding(request: MessagesRequest, raw: bytes, engine: Sequence[Message] |
     source = request.conversation.messages
     baseline: list[Mapping[str, Any] | bytes] | None = None
     if before is not None:
-        baseline = [*before.sent, *source[before.client_length :]]
+        baseline = [*before.digests(), *source[before.client_length :]]
     sent = forward(
         request,
         raw,
@@ -133,5 +139,5 @@ def forwarding(request: MessagesRequest, raw: bytes, engine: Sequence[Message] |
         # After thinking was let through for the API to drop, the next request starts afresh from the client's
         # messages: everything thought since is bound to the dropped blocks, and goes with them.
         return Forwarding(sent.body, headers)
-    state = SentBefore(tuple(message_digest(message) for message in sent.messages), len(source))
-    return Forwarding(sent.body, headers, state)
+    state = SentBefore(b"".join(message_digest(message) for message in sent.messages), len(source))
+    return Forwarding(sent.body, headers, state, replay_bytes=len(state.sent))

@@ -113,6 +113,10 @@ def same_message(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
     return one is other or _compared(one) == _compared(other)
 
 
+DIGEST_BYTES: Final = 16
+"""The length of a `message_digest`."""
+
+
 def message_digest(message: Mapping[str, Any]) -> bytes:
     """What the prefix check reads of a message (`same_message`), as a digest: kept in place of a message sent."""
     return xxh3_128_digest(orjson.dumps(_compared(message), option=orjson.OPT_SORT_KEYS))

@@ -32,11 +32,19 @@ class ResponsesSocket:
     """The Responses API's WebSocket mode (see `proxy.pipeline.wire.SocketMode` for what each member means)."""
 
     def request_of(self, message: bytes) -> tuple[str | None, bytes] | None:
-        """A `response.create` message's lane and request body (every field but `type`), or None for another."""
+        """A `response.create` message's lane and request body (every field but `type`), or None for another.
+
+        None too for a create nested deeper than the proxy's JSON writer writes (254 levels; its parser reads more):
+        the message is then forwarded untouched, as such a body is over HTTP.
+        """
         event = _event(message)
         if event is None or event.get("type") != CREATE:
             return None
-        return _lane(event), orjson.dumps({key: value for key, value in event.items() if key != "type"})
+        try:
+            body = orjson.dumps({key: value for key, value in event.items() if key != "type"})
+        except orjson.JSONEncodeError:
+            return None
+        return _lane(event), body
 
     def message_of(self, body: bytes) -> bytes:
         """A `response.create` message carrying `body` (a JSON object), spliced without parsing it again."""
