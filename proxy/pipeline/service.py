@@ -146,7 +146,11 @@ class CompactionPipeline:
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
-        self.metrics = CompactionMetrics(registry)
+        self.use_metrics(CompactionMetrics(registry))
+
+    def use_metrics(self, metrics: CompactionMetrics) -> None:
+        """Count into `metrics` (on the app's registry; shared by the pipelines of several routes)."""
+        self.metrics = metrics
         self.usage.metrics = self.exact.metrics = self.retry.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
@@ -161,12 +165,16 @@ class CompactionPipeline:
 
     async def aclose(self) -> None:
         """Release the state store, the summary client and the worker threads (called at app cleanup)."""
+        await self.release()
+        await self.store.close()
+
+    async def release(self) -> None:
+        """Release what is the pipeline's own: the summary and probe clients and the worker threads, not the store."""
         if self.summaries is not None:
             await self.summaries.aclose()
         await self.discovery.aclose()
         await self.exact.aclose()
         self.work.close()
-        await self.store.close()
 
     async def unready_reason(self) -> str | None:
         """Why compaction cannot work now (a state store that does not answer its ping), or None."""
@@ -401,8 +409,3 @@ class CompactionPipeline:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-
-def build_pipeline(settings: Settings) -> CompactionPipeline:
-    """The compaction side of the proxy for these settings."""
-    return CompactionPipeline(settings)

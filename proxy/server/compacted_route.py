@@ -39,12 +39,13 @@ from proxy.server.held_stream import (
     read_capped,
     relay_failure,
 )
-from proxy.server.keys import METRICS, RECORD, SETTINGS, UPSTREAM
+from proxy.server.keys import METRICS, RECORD, ROUTE, SETTINGS
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.pipeline_calls import complete, prepare
 from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
+from proxy.server.routing import take_route
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
@@ -68,8 +69,11 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     return b"".join(chunks)
 
 
-async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
-    """Handle one request of a wire format the proxy compacts (see the module docstring)."""
+async def handle_compacted(request: web.Request, raw_path: str, wire: WireFormat) -> web.StreamResponse:
+    """Handle one request of a wire format the proxy compacts (see the module docstring).
+
+    Its route is taken once its body is read (and decoded): a route may choose by the model the body names.
+    """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     try:
@@ -88,6 +92,7 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response(wire.error_body)
+    target = await take_route(request, raw_path, body)
     plan = await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
@@ -138,7 +143,7 @@ def _send(
     with_list_values(headers, header_values or {})
     if plain:
         headers["Accept-Encoding"] = "identity"
-    return request.app[UPSTREAM].request(request.method, target, headers, body, record=request[RECORD])
+    return request[ROUTE].upstream.request(request.method, target, headers, body, record=request[RECORD])
 
 
 async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> web.StreamResponse:

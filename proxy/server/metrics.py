@@ -69,6 +69,13 @@ class ProxyMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.routed = Counter(
+            "compaction_proxy_upstream_requests",
+            "Requests sent on each route, by the route's name (`upstream`: default, anthropic or an operator's route),"
+            " route kind and the upstream's status (`none`: no answer, the transport failed or the client left).",
+            ["upstream", "route", "status"],
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
             "Upstream exchanges that failed in transport, by kind (unreachable, timeout, broken_stream).",

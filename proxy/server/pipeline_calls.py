@@ -17,7 +17,7 @@ from aiohttp import web
 from proxy.failures import log_failure
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.wire import WireFormat
-from proxy.server.keys import COMPACTION, METRICS, RECORD
+from proxy.server.keys import COMPACTION, METRICS, RECORD, ROUTE
 from proxy.server.logging import SERVER_LOGGER
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -39,7 +39,11 @@ async def prepare(
     """
     try:
         incoming = IncomingRequest(
-            body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
+            body=body,
+            headers=request.headers if headers is None else headers,
+            path=request.path,
+            wire=wire,
+            route=request[ROUTE].name,
         )
         plan = await request.app[COMPACTION].prepare(incoming)
         if isinstance(plan, Refusal):
