@@ -33,6 +33,9 @@ DEFAULT_ROUTE: Final = "default"
 ANTHROPIC_ROUTE: Final = "anthropic"
 """The route of the Messages API's requests (by path or `anthropic-version`): to `anthropic_upstream`."""
 
+DEFAULT_API: Final = "openai"
+"""The API of a request no format claims (by path or `api_headers`)."""
+
 Api = Literal["openai", "anthropic"]
 """An API a request speaks: Anthropic's (the Messages API, or any request with `anthropic-version`), else OpenAI's."""
 

@@ -63,6 +63,10 @@ class RoutedPipelines:
             plan.route = incoming.route
         return plan
 
+    async def prepare_count(self, incoming: IncomingRequest) -> ForwardPlan | None:
+        """The count request the request's route's pipeline sends (`CompactionPipeline.prepare_count`)."""
+        return await self._of(incoming.route).prepare_count(incoming)
+
     async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Report the outcome to the pipeline that made the plan; its retry stays on the same route."""
         retry = await self._of(plan.route).complete(plan, outcome)

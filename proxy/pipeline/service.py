@@ -63,6 +63,7 @@ from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
+from proxy.pipeline.prompt_counts import PromptCounts
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
@@ -124,6 +125,7 @@ class CompactionPipeline:
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.outgoing = Outgoing(self.mode, self.offloading, self.work, self.previous_forwards)
+        self.counts = PromptCounts(settings, self.work, self.offloading, self.previous_forwards)
         self.retry = OverflowRetry(
             settings,
             windows=self.windows,
@@ -387,6 +389,10 @@ class CompactionPipeline:
         self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
         stream, model = exchange.request.stream, shown(exchange.model)
         return ForwardPlan(incoming.body, dict(exchange.headers), stream, context=exchange, model=model)
+
+    async def prepare_count(self, incoming: IncomingRequest) -> ForwardPlan | None:
+        """What to send for a request to the format's prompt-counting endpoint (`PromptCounts`); None: as it came."""
+        return await self.counts.plan(incoming)
 
     async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""

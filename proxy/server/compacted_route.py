@@ -43,7 +43,7 @@ from proxy.server.keys import METRICS, RECORD, ROUTE, SETTINGS
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
-from proxy.server.pipeline_calls import complete, prepare
+from proxy.server.pipeline_calls import complete, prepare, prepare_count
 from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
 from proxy.server.routing import take_route
 from proxy.server.sse import StopReason, StreamObserver
@@ -69,10 +69,15 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     return b"".join(chunks)
 
 
-async def handle_compacted(request: web.Request, raw_path: str, wire: WireFormat) -> web.StreamResponse:
+async def handle_compacted(
+    request: web.Request, raw_path: str, wire: WireFormat, *, counting: bool = False
+) -> web.StreamResponse:
     """Handle one request of a wire format the proxy compacts (see the module docstring).
 
     Its route is taken once its body is read (and decoded): a route may choose by the model the body names.
+
+    :param counting: The request is for the format's prompt-counting endpoint: it is sent as the compaction side
+        shapes it (`prepare_count`), and its answer relayed as it comes.
     """
     settings = request.app[SETTINGS]
     record = request[RECORD]
@@ -93,7 +98,7 @@ async def handle_compacted(request: web.Request, raw_path: str, wire: WireFormat
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response(wire.error_body)
     target = await take_route(request, raw_path, body)
-    plan = await prepare(request, body, wire)
+    plan = await prepare_count(request, body, wire) if counting else await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
         error = wire.error_body(plan.message, "invalid_request_error", plan.code, plan.param)
@@ -102,6 +107,8 @@ async def handle_compacted(request: web.Request, raw_path: str, wire: WireFormat
     try:
         if plan is None:
             return await _forward_unplanned(request, target, body)
+        if counting:
+            return await _forward_unplanned(request, target, plan.body, plan.header_values)
         return await _forward_planned(request, target, plan, reply)
     except UpstreamError as exc:
         record.error = exc.kind
@@ -146,9 +153,14 @@ def _send(
     return request[ROUTE].upstream.request(request.method, target, headers, body, record=request[RECORD])
 
 
-async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> web.StreamResponse:
-    """Forward the client's body and relay the answer, with no compaction involved (fail open)."""
-    async with _send(request, target, body) as response:
+async def _forward_unplanned(
+    request: web.Request, target: URL, body: bytes, header_values: Mapping[str, str] | None = None
+) -> web.StreamResponse:
+    """Forward `body` (the client's own, or a count as shaped) and relay the answer as it comes.
+
+    :param header_values: Values `body` needs added to list-valued headers (`ForwardPlan.header_values`).
+    """
+    async with _send(request, target, body, header_values=header_values) as response:
         out = await start_response(request, response)
         if await pump(request, out, response):
             await finish(request, out)

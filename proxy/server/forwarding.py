@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from yarl import URL
 
-from proxy.formats import format_of
+from proxy.formats import counting_format, format_of
 from proxy.server import errors
 from proxy.server.body import CLIENT_TIMEOUT, client_chunks
 from proxy.server.compacted_route import handle_compacted
@@ -53,6 +53,9 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     wire = format_of(request.method, request.path)
     if wire is not None:
         return await handle_compacted(request, raw_path, wire)
+    counted = counting_format(request.method, request.path)
+    if counted is not None:
+        return await handle_compacted(request, raw_path, counted, counting=True)
     target = await take_route(request, raw_path)
     if is_websocket_upgrade(request.method, request.headers.get("Upgrade")):
         try:

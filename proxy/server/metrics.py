@@ -86,7 +86,8 @@ class ProxyMetrics:
             "compaction_proxy_fail_open",
             "Chat requests forwarded unchanged because the compaction side failed, by stage (compact: deciding it"
             " failed, a state store that does not answer included; prepare, complete: the compaction side raised;"
-            " inspect: inspecting the answer stream raised, the rest of it was relayed uninspected).",
+            " inspect: inspecting the answer stream raised, the rest of it was relayed uninspected; count: shaping a"
+            " client's prompt count raised, it was sent as it came).",
             ["stage"],
             registry=self.registry,
         )

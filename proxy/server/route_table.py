@@ -2,9 +2,9 @@
 
 Built from the settings (`Settings.route_table`: the operator's routes in order, then the built-in `anthropic` and
 `default`); the first route whose every condition holds takes the request. Conditions read the path, the headers, the
-API (Anthropic's when the request is of the Messages API or carries one of its `api_headers`) and, for a route that
-names model patterns, the `model` of a body the proxy reads anyway (the compacted formats'): a request whose body is
-streamed through unread, or a WebSocket upgrade, matches no model pattern.
+API (`WireFormat.api` of the format the request is of, or whose `api_headers` it carries; else OpenAI's) and, for a
+route that names model patterns, the `model` of a body the proxy reads anyway (the compacted formats'): a request
+whose body is streamed through unread, or a WebSocket upgrade, matches no model pattern.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from fnmatch import fnmatchcase
 import orjson
 
 from proxy.config import Settings
-from proxy.config.routes import RouteSettings
+from proxy.config.routes import DEFAULT_API, RouteSettings
 from proxy.formats import api_of
-from proxy.formats.anthropic.wire import MESSAGES
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.server.upstream import Upstream
 
@@ -49,9 +48,9 @@ class Route:
             return False
         if route.header is not None and not _header_matches(route.header, headers):
             return False
-        if route.api is not None:
-            api = "anthropic" if api_of(method, path, headers) is MESSAGES else "openai"
-            return api == route.api
+        if route.api:
+            wire = api_of(method, path, headers)
+            return (wire.api if wire is not None else DEFAULT_API) == route.api
         return True
 
 
