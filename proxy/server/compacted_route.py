@@ -28,7 +28,8 @@ from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
-from proxy.server.content_coding import ContentCodingError, inflate
+from proxy.server.coding_errors import ContentCodingError, UnsupportedCoding
+from proxy.server.content_coding import inflate
 from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers, with_list_values
 from proxy.server.held_stream import (
@@ -89,16 +90,21 @@ async def handle_compacted(
         record.error = "too_large"
         return errors.too_large(settings.max_body_bytes, wire.error_body)
     record.bytes_in = len(body)
-    coding = content_encoding(request.headers)
+    coding, undecoded = content_encoding(request.headers), None
     if coding != "identity":
         try:
             body = await _inflated(body, coding, settings.max_body_bytes, settings.max_gzip_members)
+        except UnsupportedCoding as unsupported:
+            undecoded = str(unsupported)
         except ContentCodingError as refused:
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response(wire.error_body)
-    target = await take_route(request, raw_path, body)
-    plan = await prepare_count(request, body, wire) if counting else await prepare(request, body, wire)
+    target = await take_route(request, raw_path, None if undecoded else body)
+    if undecoded:
+        plan = None
+    else:
+        plan = await prepare_count(request, body, wire) if counting else await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
         error = wire.error_body(plan.message, "invalid_request_error", plan.code, plan.param)
@@ -106,7 +112,7 @@ async def handle_compacted(
     reply = ClientReply(request, wire)
     try:
         if plan is None:
-            return await _forward_unplanned(request, target, body)
+            return await _forward_unplanned(request, target, body, undecoded=undecoded)
         if counting:
             return await _forward_unplanned(request, target, plan.body, plan.header_values)
         return await _forward_planned(request, target, plan, reply)
@@ -138,15 +144,18 @@ def _send(
     *,
     plain: bool = False,
     header_values: Mapping[str, str] | None = None,
+    coded: bool = False,
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
     """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
 
-    The body is always sent without a content coding (an encoded one was decompressed before).
+    The body is sent without a content coding (an encoded one was decompressed before) unless it is `coded`.
 
     :param plain: Ask for an answer without a content coding: the proxy reads it (`proxy.server.offload_reads`).
     :param header_values: Values the body needs added to list-valued headers (`ForwardPlan.header_values`).
+    :param coded: The body is sent as it came, in a coding the proxy could not undo: its Content-Encoding stays.
     """
-    headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
+    dropped = () if coded else ("Content-Encoding",)
+    headers = upstream_request_headers(request.headers, body_length=len(body), drop=dropped)
     with_list_values(headers, header_values or {})
     if plain:
         headers["Accept-Encoding"] = "identity"
@@ -154,14 +163,24 @@ def _send(
 
 
 async def _forward_unplanned(
-    request: web.Request, target: URL, body: bytes, header_values: Mapping[str, str] | None = None
+    request: web.Request,
+    target: URL,
+    body: bytes,
+    header_values: Mapping[str, str] | None = None,
+    *,
+    undecoded: str | None = None,
 ) -> web.StreamResponse:
     """Forward `body` (the client's own, or a count as shaped) and relay the answer as it comes.
 
     :param header_values: Values `body` needs added to list-valued headers (`ForwardPlan.header_values`).
+    :param undecoded: Why the body's coding could not be undone: it goes as it came, and the client is told it was
+        not compacted (`X-Compaction: skipped` and this warning).
     """
-    async with _send(request, target, body, header_values=header_values) as response:
-        out = await start_response(request, response)
+    said = {"X-Compaction": "skipped", "X-Compaction-Warning": undecoded} if undecoded else None
+    if said:
+        request[RECORD].decided(said)
+    async with _send(request, target, body, header_values=header_values, coded=bool(undecoded)) as response:
+        out = await start_response(request, response, extra_headers=said)
         if await pump(request, out, response):
             await finish(request, out)
         return out

@@ -93,8 +93,9 @@ class ProxyMetrics:
         )
         self.content_coding_refusals = Counter(
             "compaction_proxy_content_coding_refusals",
-            "Compressed chat request bodies refused, by error code: unsupported_content_encoding,"
-            " invalid_content_encoding, too_many_gzip_members (past max_gzip_members), request_too_large.",
+            "Compressed chat request bodies refused, by error code: invalid_content_encoding, too_many_gzip_members"
+            " (gzip members or zstd frames past max_gzip_members), request_too_large. A coding the proxy cannot undo"
+            " is not refused: it is forwarded as it came (X-Compaction: skipped).",
             ["code"],
             registry=self.registry,
         )
