@@ -9,7 +9,10 @@ login, at the ChatGPT backend's path) included.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -20,6 +23,7 @@ from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.codex_client import CodexShapedClient, compacting_responder
 from tests.support.format_agents import AGENTS
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.process_proxy import ProcessProxy
 from tests.support.proxies import LoopbackProxies, RunningProxy
 from tests.support.wire_formats import CHAT_COMPLETIONS, MESSAGES, RESPONSES
 
@@ -27,6 +31,7 @@ TURNS = 120
 LOCAL_MODEL = "local-llama-8b"
 CODEX_MODEL = "gpt-5-codex"
 CODEX_WINDOW = 6000
+QUESTION: dict[str, Any] = {"role": "user", "content": "Which upstream answers this?"}
 
 
 @pytest.fixture
@@ -145,3 +150,23 @@ async def test_codex_s_chatgpt_login_reaches_the_chatgpt_backend_over_its_websoc
     assert len(upstream.responses_usages) >= 40
     assert not openai_upstream.requests
     assert await routed(proxy, "chatgpt") == 1
+
+
+async def test_the_console_script_routes_by_flags(
+    openai_upstream: OpenAIUpstream, anthropic_upstream: AnthropicUpstream, upstream: OpenAIUpstream
+) -> None:
+    script = Path(sys.executable).with_name("compaction-proxy")
+    local = f"local={upstream.base_url};models={LOCAL_MODEL}"
+    command = [str(script), "serve", "--anthropic-upstream", anthropic_upstream.base_url, "--route", local]
+    proxy = ProcessProxy(openai_upstream.base_url, command=command, port=0, window_probes=[], count_probes=[])
+    async with proxy:
+        record = await proxy.wait_for_log(lambda line: line.get("message") == "listening")
+        assert list(record["routes"]) == ["local", "anthropic", "default"]
+        async with AsyncAnthropic(base_url=proxy.url, api_key="sk-ant-test", max_retries=0) as claude:
+            await claude.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=[QUESTION])
+        async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0) as client:
+            for model in ("gpt-4o-mini", LOCAL_MODEL):
+                await client.chat.completions.create(model=model, messages=[QUESTION])
+    assert len(anthropic_upstream.requests) == 1
+    assert [body["model"] for body in openai_upstream.chat_requests] == ["gpt-4o-mini"]
+    assert [body["model"] for body in upstream.chat_requests] == [LOCAL_MODEL]
