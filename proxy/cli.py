@@ -43,16 +43,16 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_compaction(settings: Settings) -> Compaction:
-    """Return the compaction side for these settings: `proxy.pipeline.service` when present, else `PassThrough`."""
+    """Return the compaction side for these settings: `proxy.pipeline.routed` when present, else `PassThrough`."""
     try:
-        service: Any = importlib.import_module("proxy.pipeline.service")
+        routed: Any = importlib.import_module("proxy.pipeline.routed")
     except ModuleNotFoundError as exc:
-        if exc.name != "proxy.pipeline.service":
+        if exc.name != "proxy.pipeline.routed":
             raise
         from proxy.pipeline.exchange import PassThrough
 
         return PassThrough()
-    compaction: Compaction = service.build_pipeline(settings)
+    compaction: Compaction = routed.build_pipeline(settings)
     return compaction
 
 

@@ -19,10 +19,13 @@ from pydantic.fields import FieldInfo
 
 from proxy.config import Settings, env_name, load_settings
 
-FLAGS: Final[Mapping[str, str]] = {"context_windows": "--context-window"}
-"""Flags not spelled `--<field-name>`: `--context-window MODEL=TOKENS` is given once per model."""
+FLAGS: Final[Mapping[str, str]] = {"context_windows": "--context-window", "routes": "--route"}
+"""Flags not spelled `--<field-name>`: `--context-window MODEL=TOKENS` is given once per model, `--route
+NAME=URL;...` once per route."""
 
-REPEATED: Final = frozenset({"context_windows"})
+REPEATED: Final = frozenset({"context_windows", "routes"})
+METAVARS: Final[Mapping[str, str]] = {"routes": "NAME=URL;CONDITION=VALUE;..."}
+"""Values the help shows for fields whose type says too little."""
 """Fields whose flag may be repeated; the values are joined with commas, as the environment spells a mapping."""
 
 
@@ -90,7 +93,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag_of(name),
             dest=name,
-            metavar=_metavar(info),
+            metavar=METAVARS.get(name) or _metavar(info),
             action="append" if name in REPEATED else "store",
             help=f"{description} (default: {_default(info)}; env: {env_name(name)})",
         )

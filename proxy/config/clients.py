@@ -28,8 +28,9 @@ class ClientSettings(BaseModel):
         ge=1,
         description=(
             "Most gzip members a gzip-coded chat request body may hold (RFC 1952 lets members follow one another;"
-            " gzip writers make one, concatenated files a few); more get 400 `too_many_gzip_members`. Each member"
-            " costs a decoder of its own, so this bounds the work of a body of many tiny members."
+            " gzip writers make one, concatenated files a few), and zstd frames a zstd-coded one; more get 400"
+            " `too_many_gzip_members`. Each member costs a decoder of its own, so this bounds the work of a body of"
+            " many tiny members."
         ),
     )
     client_body_timeout: PositiveSeconds = Field(

@@ -7,18 +7,11 @@ from typing import Final
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from proxy.config.kinds import ClientCompaction, Mode, ProviderState
+from proxy.config.probe_names import COUNT_PROBES, DEFAULT_COUNT_PROBES, WINDOW_PROBES, known_names
 from proxy.engine.strategies.offload import ToolResultOffload
 from proxy.engine.strategies.registry import DEFAULT_CHAIN
 
 DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
-
-WINDOW_PROBES: Final = ("openai_models", "llama_cpp_props", "ollama_show", "lm_studio_models", "tgi_info")
-"""Every way `proxy.discovery` can ask the upstream for a model's window; all of them run by default."""
-
-COUNT_PROBES: Final = ("llama_cpp_template", "vllm_tokenize", "responses_input_tokens", "anthropic_count_tokens")
-"""Every way the upstream can be asked for a request's exact token count (`proxy.discovery.tokenize`)."""
-DEFAULT_COUNT_PROBES: Final = COUNT_PROBES[:2]
-"""The ones asked by default: OpenAI's `responses_input_tokens` is a billed API call, so it is opt-in."""
 
 
 class CompactionSettings(BaseModel):
@@ -249,12 +242,12 @@ class CompactionSettings(BaseModel):
     @field_validator("window_probes")
     @classmethod
     def _check_probes(cls, value: list[str]) -> list[str]:
-        return _known_names(value, WINDOW_PROBES, "window probes")
+        return known_names(value, WINDOW_PROBES, "window probes")
 
     @field_validator("count_probes")
     @classmethod
     def _check_count_probes(cls, value: list[str]) -> list[str]:
-        return _known_names(value, COUNT_PROBES, "count probes")
+        return known_names(value, COUNT_PROBES, "count probes")
 
     @field_validator("context_windows")
     @classmethod
@@ -263,12 +256,3 @@ class CompactionSettings(BaseModel):
             if tokens <= 0:
                 raise ValueError(f"window of {model!r} must be a positive number of tokens")
         return value
-
-
-def _known_names(value: list[str], known: tuple[str, ...], what: str) -> list[str]:
-    """The names stripped and deduplicated, in order; `ValueError` naming any that is not in `known`."""
-    names = [name.strip() for name in value]
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
-    return list(dict.fromkeys(names))

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from proxy.config.routes import parse_route
 from proxy.config.settings import FIELDS, Settings
 
 ENV_PREFIX: Final = "COMPACTION_PROXY_"
@@ -65,6 +66,8 @@ def _from_text(field: str, raw: str) -> Any:
         return _split_list(raw)
     if field == "context_windows":
         return _split_mapping(raw)
+    if field == "routes":
+        return json.loads(raw) if raw.strip().startswith("[") else [parse_route(part) for part in raw.split(",")]
     if field == "default_context_window" and raw.strip().lower() in ("", "none", "null"):
         return None
     return raw
@@ -161,11 +164,10 @@ def _describe(exc: ValidationError, sources: Mapping[str, str]) -> str:
         message += f", got {str(error['input'])[:32]}"
     if not loc:
         return f"invalid settings: {message}"
-    field = loc[0]
+    field, detail = loc[0], ".".join(loc)
     if error["type"] == "extra_forbidden":
         where = sources.get(field, "settings")
-        return f"unknown setting {field!r} (in {where})"
+        return f"unknown setting {detail!r} (in {where})"
     where = sources.get(field, "default")
-    detail = ".".join(loc)
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"invalid setting {detail!r} (from {where}): {message}{more}"

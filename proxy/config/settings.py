@@ -8,6 +8,7 @@ from pydantic import ConfigDict, model_validator
 
 from proxy.config.clients import ClientSettings
 from proxy.config.compaction import CompactionSettings
+from proxy.config.routes import RouteSettings
 from proxy.config.state import StateSettings
 from proxy.config.summaries import SummarySettings
 from proxy.config.upstream import UpstreamSettings
@@ -41,6 +42,11 @@ class Settings(StateSettings, SummarySettings, CompactionSettings, ClientSetting
                 " share of every conversation's state. Set state_url to a Redis (redis://host:6379/0), or workers to 1"
             )
         return self
+
+    def for_route(self, route: RouteSettings) -> Settings:
+        """These settings with the route's own upstream settings in place of the proxy's: what its clients use."""
+        update = {field: value for field, value in route.overrides().items() if getattr(self, field) != value}
+        return self.model_copy(update=update) if update else self
 
     @property
     def summary_start_at(self) -> float:

@@ -1,24 +1,32 @@
-"""Settings of the one place the proxy forwards to: the provider's URL and how long it may take to answer."""
+"""Settings of the places the proxy forwards to: the providers' URLs, the routes to them, how long they may take."""
 
 from __future__ import annotations
 
 import ssl
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
 from proxy.config.kinds import CABundle, PositiveSeconds
+from proxy.config.routes import (
+    ANTHROPIC_ORIGIN,
+    ANTHROPIC_ROUTE,
+    DEFAULT_ROUTE,
+    OPENAI_ORIGIN,
+    RouteSettings,
+    check_origin,
+)
 
 
 class UpstreamSettings(BaseModel):
     """The provider's base URL and the timeouts of every exchange with it."""
 
     upstream: str = Field(
-        default="https://api.openai.com",
+        default=OPENAI_ORIGIN,
         description=(
-            "Base URL of the real provider (scheme, host, optional port and base path). Every request is forwarded to"
-            " this origin, never elsewhere: a request path `/v1/models` goes to `<upstream>/v1/models`, and a base"
-            " path such as `https://api.groq.com/openai` is prepended. No query string or fragment."
+            "Base URL of the real provider (scheme, host, optional port and base path). Every request no route takes"
+            " is forwarded to this origin, never elsewhere: a request path `/v1/models` goes to"
+            " `<upstream>/v1/models`, and a base path such as `https://api.groq.com/openai` is prepended. No query"
+            " string or fragment."
         ),
     )
     upstream_ca_bundle: CABundle | None = Field(
@@ -44,28 +52,51 @@ class UpstreamSettings(BaseModel):
         description="Seconds the upstream may stay silent while sending a response body (e.g. between SSE events).",
     )
 
-    @field_validator("upstream")
+    anthropic_upstream: str | None = Field(
+        default=None,
+        description=(
+            "Base URL the Messages API goes to (`/v1/messages`, and any request with `anthropic-version`: Claude"
+            " Code's `ANTHROPIC_BASE_URL` traffic). Unset: Anthropic's own origin while `upstream` is OpenAI's, else"
+            " `upstream`, so one upstream given alone still takes every request."
+        ),
+    )
+    routes: list[RouteSettings] = Field(
+        default_factory=list,
+        description=(
+            "More upstreams, each with the requests it takes (path prefix, model pattern, header, API) and its own"
+            " `upstream_ca_bundle`, timeouts and probes; the first that matches wins, before the built-in"
+            " `anthropic` and `default` routes. Flag and environment form: `name=URL;condition=value;...` (the flag"
+            " repeated once per route); see docs/routes.md."
+        ),
+    )
+
+    @field_validator("upstream", "anthropic_upstream")
     @classmethod
-    def _check_upstream(cls, value: str) -> str:
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        if parts.query or parts.fragment:
-            raise ValueError("must not have a query string or fragment")
-        if parts.username or parts.password:
-            raise ValueError("must not embed credentials")
-        try:
-            parts.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
-        base = value.strip().rstrip("/")
-        if base.lower().endswith("/v1"):
-            # Clients already put /v1 in every path (their base URL is the proxy's plus /v1): it would be sent twice.
-            raise ValueError(
-                f"must not end in /v1, which clients already send in every path (/v1/v1/... would get 404): pass"
-                f" {base[:-3]}"
-            )
-        return base
+    def _check_upstream(cls, value: str | None) -> str | None:
+        return None if value is None else check_origin(value)
+
+    @field_validator("routes")
+    @classmethod
+    def _check_routes(cls, value: list[RouteSettings]) -> list[RouteSettings]:
+        names = [route.name for route in value]
+        if len(set(names)) < len(names):
+            raise ValueError("route names must differ from each other")
+        if idle := [route.name for route in value if not route.conditional]:
+            raise ValueError(f"route {idle[0]!r} names no condition (path_prefix, models, header or api)")
+        return value
+
+    def route_table(self) -> tuple[RouteSettings, ...]:
+        """Every route in the order they are matched: `routes`, then the built-in `anthropic` and `default`.
+
+        `anthropic` is left out when it would go where `default` goes: one upstream takes everything, as before.
+        """
+        anthropic = self.anthropic_upstream
+        if anthropic is None:
+            anthropic = ANTHROPIC_ORIGIN if self.upstream == OPENAI_ORIGIN else self.upstream
+        builtin = (
+            [RouteSettings.builtin(ANTHROPIC_ROUTE, anthropic, api="anthropic")] if anthropic != self.upstream else []
+        )
+        return (*self.routes, *builtin, RouteSettings.builtin(DEFAULT_ROUTE, self.upstream))
 
     def upstream_ssl(self) -> ssl.SSLContext | bool:
         """The TLS verification for connections to the upstream, as aiohttp's `ssl` argument.

@@ -41,8 +41,8 @@ from proxy.windows import MAX_LEARNED, ContextWindows, Window, WindowSource
 
 logger = logging.getLogger("compaction_proxy.compaction")
 
-OPENAI_HOST: Final = "api.openai.com"
-"""OpenAI's own API, the default upstream: not probed unless `window_probes` is set explicitly."""
+PROVIDER_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
+"""OpenAI's and Anthropic's own APIs, the default routes' upstreams: not probed unless the probes are set explicitly."""
 
 RETRY_SECONDS: Final = 60.0
 """The first back-off after a run that found nothing, and how soon a provisional window is asked about again."""
@@ -80,12 +80,12 @@ class _Answer:
 
 
 def probes_for(settings: Settings, field: str = "window_probes") -> list[str]:
-    """The probes to run: `window_probes` (or `count_probes`), except none by default against OpenAI's own API.
+    """The probes to run: `window_probes` (or `count_probes`), except none by default against the big providers' APIs.
 
-    OpenAI's models are in the shipped table, and its API serves none of the probed endpoints: probing it would only
+    Their models are in the shipped table, and their APIs serve none of the probed endpoints: probing them would only
     send each caller's credentials on requests they never made. Setting the list explicitly still wins.
     """
-    if field not in settings.model_fields_set and urlsplit(settings.upstream).hostname == OPENAI_HOST:
+    if field not in settings.model_fields_set and urlsplit(settings.upstream).hostname in PROVIDER_HOSTS:
         return []
     return list(getattr(settings, field))
 

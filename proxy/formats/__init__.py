@@ -47,6 +47,13 @@ def format_of_body(raw: bytes) -> WireFormat:
     return next(recognized, CHAT_COMPLETIONS)
 
 
+def counting_format(method: str, path: str) -> WireFormat | None:
+    """The wire format whose prompt-counting endpoint a request is for (a POST there: `WireFormat.prompt_counting`)."""
+    if method != "POST":
+        return None
+    return next((wire for wire in FORMATS if wire.prompt_counting and wire.prompt_counting.serves(path)), None)
+
+
 def format_of(method: str, path: str) -> WireFormat | None:
     """The wire format of a request compaction sees (a POST to one of the formats' paths), or None."""
     if method != "POST":

@@ -172,3 +172,20 @@ class ExactCounting(Protocol):
     def source(self, context: CountContext) -> ExactCountSource:
         """The source of exact counts for this format's requests."""
         ...
+
+
+class PromptCounting(Protocol):
+    """A format's endpoint that counts a request's prompt without running it (the Messages API's `count_tokens`).
+
+    Its requests carry a request's prompt fields; the proxy sends them as it would forward the matching request
+    (`proxy.pipeline.prompt_counts`), so the count describes what the upstream is sent and passes the checks the
+    upstream runs on it.
+    """
+
+    def serves(self, path: str) -> bool:
+        """Whether a POST to `path` is a request to this endpoint."""
+        ...
+
+    def body(self, forwarded: bytes) -> bytes:
+        """The count request for the body a request would be forwarded with: its prompt fields."""
+        ...

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from proxy.config.routes import DEFAULT_ROUTE
+
 if TYPE_CHECKING:
     from proxy.pipeline.wire import WireFormat
 
@@ -25,12 +27,15 @@ class IncomingRequest:
     :param headers: The client's request headers (case-insensitive mapping).
     :param path: The request path, e.g. `/v1/chat/completions`, `/v1/responses` or an Azure deployment path.
     :param wire: The wire format, from the path (`proxy.formats.format_of`).
+    :param route: The name of the route the server sends it on (`proxy.config.routes`): the upstream its calls of the
+        proxy's own (summaries, probes, counts) go to, and what its per-upstream state is kept under.
     """
 
     body: bytes
     headers: Mapping[str, str]
     path: str
     wire: WireFormat
+    route: str = DEFAULT_ROUTE
 
 
 @dataclass
@@ -50,6 +55,8 @@ class ForwardPlan:
     :param model: The model the request names, fit for a log line (the access line names it); None when unread.
     :param header_values: Values the server adds to list-valued upstream request headers, by name (see
         `proxy.pipeline.wire.Forwarding`): an opt-in the forwarded body needs that the client's headers lack.
+    :param route: The route of the request it was made for (`IncomingRequest.route`): which route's pipeline the
+        outcome is reported to.
     """
 
     body: bytes
@@ -61,6 +68,7 @@ class ForwardPlan:
     failed_open: str | None = None
     model: str | None = None
     header_values: dict[str, str] = field(default_factory=dict)
+    route: str = DEFAULT_ROUTE
 
 
 @dataclass(frozen=True)

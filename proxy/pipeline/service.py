@@ -63,6 +63,7 @@ from proxy.pipeline.outgoing import Outgoing
 from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
+from proxy.pipeline.prompt_counts import PromptCounts
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
@@ -124,6 +125,7 @@ class CompactionPipeline:
         self.summaries = Summaries(settings, self.metrics) if Summarization.name in settings.strategies else None
         self.offloading = Offloading(settings, self.store, self.chain, lambda: self.metrics)
         self.outgoing = Outgoing(self.mode, self.offloading, self.work, self.previous_forwards)
+        self.counts = PromptCounts(settings, self.work, self.offloading, self.previous_forwards)
         self.retry = OverflowRetry(
             settings,
             windows=self.windows,
@@ -146,7 +148,11 @@ class CompactionPipeline:
 
     def register_metrics(self, registry: Any) -> None:
         """Put the compaction metrics on the app's registry, beside the server's."""
-        self.metrics = CompactionMetrics(registry)
+        self.use_metrics(CompactionMetrics(registry))
+
+    def use_metrics(self, metrics: CompactionMetrics) -> None:
+        """Count into `metrics` (on the app's registry; shared by the pipelines of several routes)."""
+        self.metrics = metrics
         self.usage.metrics = self.exact.metrics = self.retry.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
@@ -161,12 +167,16 @@ class CompactionPipeline:
 
     async def aclose(self) -> None:
         """Release the state store, the summary client and the worker threads (called at app cleanup)."""
+        await self.release()
+        await self.store.close()
+
+    async def release(self) -> None:
+        """Release what is the pipeline's own: the summary and probe clients and the worker threads, not the store."""
         if self.summaries is not None:
             await self.summaries.aclose()
         await self.discovery.aclose()
         await self.exact.aclose()
         self.work.close()
-        await self.store.close()
 
     async def unready_reason(self) -> str | None:
         """Why compaction cannot work now (a state store that does not answer its ping), or None."""
@@ -380,6 +390,10 @@ class CompactionPipeline:
         stream, model = exchange.request.stream, shown(exchange.model)
         return ForwardPlan(incoming.body, dict(exchange.headers), stream, context=exchange, model=model)
 
+    async def prepare_count(self, incoming: IncomingRequest) -> ForwardPlan | None:
+        """What to send for a request to the format's prompt-counting endpoint (`PromptCounts`); None: as it came."""
+        return await self.counts.plan(incoming)
+
     async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
         """Anchor the provider's usage; after a context overflow, compact and ask for one retry."""
         exchange = plan.context
@@ -401,8 +415,3 @@ class CompactionPipeline:
 
     def _failed(self) -> None:
         self.metrics.errors.inc()
-
-
-def build_pipeline(settings: Settings) -> CompactionPipeline:
-    """The compaction side of the proxy for these settings."""
-    return CompactionPipeline(settings)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from proxy.config import Settings
 from proxy.engine.messages import Message
-from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, PromptCounting, ProviderHistory
 from proxy.pipeline.exchange import Refusal, UpstreamOutcome
 from proxy.pipeline.requests import RequestLimits
 
@@ -201,6 +201,9 @@ class WireFormat(Protocol):
     read_tool: Mapping[str, Any]
     conversation_headers: tuple[str, ...]
     call_headers: tuple[str, ...]
+    api: str
+    """The API it is part of (`openai`, `anthropic`): the built-in route its requests, and its API's other endpoints'
+    (by `api_headers`), take by default (`proxy.config.routes`)."""
     api_headers: tuple[str, ...]
     """Request headers only this format's API is called with (`anthropic-version`), lower case: a request it does not
     compact (another endpoint of the API, passed through) still gets the proxy's own errors in its shape."""
@@ -214,6 +217,8 @@ class WireFormat(Protocol):
     """How its requests continue a history the provider keeps (the Responses API's `previous_response_id`), or None."""
     exact_counting: ExactCounting | None
     """Where the upstream's exact count of its prompts comes from, or None (measured with the local count only)."""
+    prompt_counting: PromptCounting | None
+    """Its API's endpoint counting a prompt, whose requests are sent as the matching request is forwarded, or None."""
 
     def serves(self, path: str) -> bool:
         """Whether a POST to `path` is a request of this format that compaction sees."""

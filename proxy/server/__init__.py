@@ -7,7 +7,7 @@ Importing this package imports aiohttp; `import proxy` alone does not.
 """
 
 from proxy.server.app import create_app, runner_options
-from proxy.server.keys import COMPACTION, METRICS, READINESS, SETTINGS, UPSTREAM
+from proxy.server.keys import COMPACTION, METRICS, READINESS, ROUTES, SETTINGS
 from proxy.server.metrics import ProxyMetrics
 
-__all__ = ["COMPACTION", "METRICS", "READINESS", "SETTINGS", "UPSTREAM", "ProxyMetrics", "create_app", "runner_options"]
+__all__ = ["COMPACTION", "METRICS", "READINESS", "ROUTES", "SETTINGS", "ProxyMetrics", "create_app", "runner_options"]

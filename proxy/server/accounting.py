@@ -92,6 +92,9 @@ def _account(request: web.Request, record: RequestRecord) -> None:
     metrics.request_duration.labels(route=route).observe(elapsed)
     if record.upstream_latency is not None:
         metrics.upstream_latency.labels(route=route).observe(record.upstream_latency)
+    if record.upstream is not None:
+        status = str(record.upstream_status) if record.upstream_status is not None else "none"
+        metrics.routed.labels(upstream=record.upstream, route=route, status=status).inc()
     if record.compaction is not None:
         metrics.decisions.labels(route=route, decision=record.compaction).inc()
     if record.window_source is not None:
@@ -102,6 +105,7 @@ def _account(request: web.Request, record: RequestRecord) -> None:
         "method": record.method,
         "path": request.rel_url.raw_path,
         "route": route,
+        "upstream": record.upstream,
         "status": record.status,
         "upstream_status": record.upstream_status,
         "latency_ms": round(elapsed * 1000, 1),

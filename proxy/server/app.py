@@ -1,4 +1,4 @@
-"""The app factory and its lifecycle: one pooled upstream client for the app's lifetime, readiness, routes."""
+"""The app factory and its lifecycle: the route table's upstream clients for the app's lifetime, readiness, routes."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.connections import socket_cap
 from proxy.server.forwarding import proxy_request
-from proxy.server.keys import COMPACTION, METRICS, READINESS, SETTINGS, UPSTREAM
+from proxy.server.keys import COMPACTION, METRICS, READINESS, ROUTES, SETTINGS
 from proxy.server.logging import CONNECTION_LOGGER, SERVER_LOGGER, ConnectionLogger
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.pod_metrics import shared_directory
 from proxy.server.readiness import Readiness
-from proxy.server.upstream import Upstream
+from proxy.server.route_table import RouteTable
 from proxy.server.websocket import OPEN_TUNNELS, TUNNEL_SLOTS, TunnelSlots, close_tunnels
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -86,7 +86,7 @@ def create_app(
     health.add_routes(app)
     dashboard.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
-    app.cleanup_ctx.append(_upstream_client)
+    app.cleanup_ctx.append(_route_table)
     app.on_startup.append(_warm_up)
     app.on_startup.append(_ready)
     app.on_shutdown.append(_stopping)
@@ -100,14 +100,13 @@ def runner_options(settings: Settings) -> dict[str, Any]:
     return {"shutdown_timeout": settings.shutdown_grace_seconds}
 
 
-async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
-    """Create the pooled upstream session on startup; close it on cleanup, after in-flight requests are done."""
-    session = Upstream.create_session(app[SETTINGS])
-    app[UPSTREAM] = Upstream(app[SETTINGS], session)
+async def _route_table(app: web.Application) -> AsyncIterator[None]:
+    """Open every route's pooled client on startup; close them on cleanup, after in-flight requests are done."""
+    app[ROUTES] = RouteTable.open(app[SETTINGS])
     try:
         yield
     finally:
-        await session.close()
+        await app[ROUTES].aclose()
 
 
 async def _warm_up(app: web.Application) -> None:

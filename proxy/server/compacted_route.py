@@ -28,7 +28,8 @@ from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
 from proxy.server.body import ClientBodyTimeout, client_chunks
-from proxy.server.content_coding import ContentCodingError, inflate
+from proxy.server.coding_errors import ContentCodingError, UnsupportedCoding
+from proxy.server.content_coding import inflate
 from proxy.server.decoding import DECODABLE, Collector, DecodingObserver, outcome_from_body
 from proxy.server.headers import content_encoding, upstream_request_headers, with_list_values
 from proxy.server.held_stream import (
@@ -39,12 +40,13 @@ from proxy.server.held_stream import (
     read_capped,
     relay_failure,
 )
-from proxy.server.keys import METRICS, RECORD, SETTINGS, UPSTREAM
+from proxy.server.keys import METRICS, RECORD, ROUTE, SETTINGS
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
-from proxy.server.pipeline_calls import complete, prepare
+from proxy.server.pipeline_calls import complete, prepare, prepare_count
 from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
+from proxy.server.routing import take_route
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 
@@ -68,8 +70,16 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     return b"".join(chunks)
 
 
-async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) -> web.StreamResponse:
-    """Handle one request of a wire format the proxy compacts (see the module docstring)."""
+async def handle_compacted(
+    request: web.Request, raw_path: str, wire: WireFormat, *, counting: bool = False
+) -> web.StreamResponse:
+    """Handle one request of a wire format the proxy compacts (see the module docstring).
+
+    Its route is taken once its body is read (and decoded): a route may choose by the model the body names.
+
+    :param counting: The request is for the format's prompt-counting endpoint: it is sent as the compaction side
+        shapes it (`prepare_count`), and its answer relayed as it comes.
+    """
     settings = request.app[SETTINGS]
     record = request[RECORD]
     try:
@@ -80,15 +90,21 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
         record.error = "too_large"
         return errors.too_large(settings.max_body_bytes, wire.error_body)
     record.bytes_in = len(body)
-    coding = content_encoding(request.headers)
+    coding, undecoded = content_encoding(request.headers), None
     if coding != "identity":
         try:
             body = await _inflated(body, coding, settings.max_body_bytes, settings.max_gzip_members)
+        except UnsupportedCoding as unsupported:
+            undecoded = str(unsupported)
         except ContentCodingError as refused:
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response(wire.error_body)
-    plan = await prepare(request, body, wire)
+    target = await take_route(request, raw_path, None if undecoded else body)
+    if undecoded:
+        plan = None
+    else:
+        plan = await prepare_count(request, body, wire) if counting else await prepare(request, body, wire)
     if isinstance(plan, Refusal):
         record.error = plan.code
         error = wire.error_body(plan.message, "invalid_request_error", plan.code, plan.param)
@@ -96,7 +112,9 @@ async def handle_compacted(request: web.Request, target: URL, wire: WireFormat) 
     reply = ClientReply(request, wire)
     try:
         if plan is None:
-            return await _forward_unplanned(request, target, body)
+            return await _forward_unplanned(request, target, body, undecoded=undecoded)
+        if counting:
+            return await _forward_unplanned(request, target, plan.body, plan.header_values)
         return await _forward_planned(request, target, plan, reply)
     except UpstreamError as exc:
         record.error = exc.kind
@@ -126,25 +144,43 @@ def _send(
     *,
     plain: bool = False,
     header_values: Mapping[str, str] | None = None,
+    coded: bool = False,
 ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
     """Open the upstream exchange for `body`, with the client's headers and a Content-Length that fits it.
 
-    The body is always sent without a content coding (an encoded one was decompressed before).
+    The body is sent without a content coding (an encoded one was decompressed before) unless it is `coded`.
 
     :param plain: Ask for an answer without a content coding: the proxy reads it (`proxy.server.offload_reads`).
     :param header_values: Values the body needs added to list-valued headers (`ForwardPlan.header_values`).
+    :param coded: The body is sent as it came, in a coding the proxy could not undo: its Content-Encoding stays.
     """
-    headers = upstream_request_headers(request.headers, body_length=len(body), drop=("Content-Encoding",))
+    dropped = () if coded else ("Content-Encoding",)
+    headers = upstream_request_headers(request.headers, body_length=len(body), drop=dropped)
     with_list_values(headers, header_values or {})
     if plain:
         headers["Accept-Encoding"] = "identity"
-    return request.app[UPSTREAM].request(request.method, target, headers, body, record=request[RECORD])
+    return request[ROUTE].upstream.request(request.method, target, headers, body, record=request[RECORD])
 
 
-async def _forward_unplanned(request: web.Request, target: URL, body: bytes) -> web.StreamResponse:
-    """Forward the client's body and relay the answer, with no compaction involved (fail open)."""
-    async with _send(request, target, body) as response:
-        out = await start_response(request, response)
+async def _forward_unplanned(
+    request: web.Request,
+    target: URL,
+    body: bytes,
+    header_values: Mapping[str, str] | None = None,
+    *,
+    undecoded: str | None = None,
+) -> web.StreamResponse:
+    """Forward `body` (the client's own, or a count as shaped) and relay the answer as it comes.
+
+    :param header_values: Values `body` needs added to list-valued headers (`ForwardPlan.header_values`).
+    :param undecoded: Why the body's coding could not be undone: it goes as it came, and the client is told it was
+        not compacted (`X-Compaction: skipped` and this warning).
+    """
+    said = {"X-Compaction": "skipped", "X-Compaction-Warning": undecoded} if undecoded else None
+    if said:
+        request[RECORD].decided(said)
+    async with _send(request, target, body, header_values=header_values, coded=bool(undecoded)) as response:
+        out = await start_response(request, response, extra_headers=said)
         if await pump(request, out, response):
             await finish(request, out)
         return out

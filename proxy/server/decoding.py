@@ -17,7 +17,8 @@ import orjson
 
 from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.pipeline.wire import WireFormat
-from proxy.server.content_coding import ContentCodingError, inflate
+from proxy.server.coding_errors import ContentCodingError
+from proxy.server.content_coding import inflate
 from proxy.server.sse import StopReason, StreamObserver
 
 DECOMPRESSED_LIMIT: Final = 64 * 1024 * 1024

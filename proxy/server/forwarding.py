@@ -7,15 +7,16 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from yarl import URL
 
-from proxy.formats import format_of
+from proxy.formats import counting_format, format_of
 from proxy.server import errors
 from proxy.server.body import CLIENT_TIMEOUT, client_chunks
 from proxy.server.compacted_route import handle_compacted
 from proxy.server.headers import upstream_request_headers
-from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
+from proxy.server.keys import RECORD, ROUTE, SETTINGS
 from proxy.server.record import RequestRecord
 from proxy.server.relay import finish, pump, start_response
 from proxy.server.routes import is_websocket_upgrade, safe_raw_path, socket_format
+from proxy.server.routing import take_route
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
 from proxy.server.websocket import tunnel
 
@@ -49,22 +50,25 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     if raw_path is None:
         request[RECORD].error = "bad_path"
         return errors.bad_path(errors.shape_of(request))
-    target = request.app[UPSTREAM].url_for(raw_path, request.rel_url.raw_query_string)
+    wire = format_of(request.method, request.path)
+    if wire is not None:
+        return await handle_compacted(request, raw_path, wire)
+    counted = counting_format(request.method, request.path)
+    if counted is not None:
+        return await handle_compacted(request, raw_path, counted, counting=True)
+    target = await take_route(request, raw_path)
     if is_websocket_upgrade(request.method, request.headers.get("Upgrade")):
         try:
             return await tunnel(request, target, socket_format(request.path))
         except UpstreamError as exc:
             return upstream_error_response(request, exc)
-    wire = format_of(request.method, request.path)
-    if wire is not None:
-        return await handle_compacted(request, target, wire)
     return await forward(request, target)
 
 
 async def forward(request: web.Request, target: URL) -> web.StreamResponse:
     """Forward the request unchanged to `target` and relay the answer unchanged."""
     settings = request.app[SETTINGS]
-    upstream = request.app[UPSTREAM]
+    upstream = request[ROUTE].upstream
     record = request[RECORD]
     limit = settings.max_body_bytes
     shape = errors.shape_of(request)

@@ -37,7 +37,7 @@ from proxy.pipeline.exchange import ForwardPlan
 from proxy.pipeline.offload.reads import NOT_HELD_HEADER, READS_HEADER
 from proxy.pipeline.wire import Reads, StreamReport, WireFormat
 from proxy.server.headers import content_encoding
-from proxy.server.keys import SETTINGS, UPSTREAM
+from proxy.server.keys import ROUTE, SETTINGS
 from proxy.server.relay import ClientReply, finish, write
 from proxy.server.sse import EventSplitter, event_data
 
@@ -170,7 +170,7 @@ async def hold_response(
     if not 200 <= response.status < 300 or content_encoding(response.headers) != "identity":
         return Held(b"")
     early = {name: value for name, value in plan.response_headers.items() if name not in READ_COUNT_HEADERS}
-    upstream = request.app[UPSTREAM]
+    upstream = request[ROUTE].upstream
     return await hold(
         lambda: upstream.read_chunk(response),
         wire,
@@ -216,5 +216,5 @@ async def end_with_error(request: web.Request, reply: ClientReply, error: Mappin
 
 async def read_capped(request: web.Request, response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
     """Read up to `limit` bytes of the body; return them and whether that was the whole body."""
-    upstream = request.app[UPSTREAM]
+    upstream = request[ROUTE].upstream
     return await _read(lambda: upstream.read_chunk(response), limit)

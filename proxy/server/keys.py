@@ -9,7 +9,7 @@ from proxy.pipeline.exchange import Compaction
 from proxy.server.metrics import ProxyMetrics
 from proxy.server.readiness import Readiness
 from proxy.server.record import RequestRecord
-from proxy.server.upstream import Upstream
+from proxy.server.route_table import Route, RouteTable
 
 SETTINGS = web.AppKey("settings", Settings)
 """The validated settings the app was created with."""
@@ -23,8 +23,11 @@ METRICS = web.AppKey("metrics", ProxyMetrics)
 READINESS = web.AppKey("readiness", Readiness)
 """Whether `/readyz` answers ready."""
 
-UPSTREAM = web.AppKey("upstream", Upstream)
-"""The upstream client (one pooled `aiohttp.ClientSession`); present between startup and cleanup."""
+ROUTES = web.AppKey("routes", RouteTable)
+"""The upstreams and which requests each takes, each with its pooled client; present between startup and cleanup."""
+
+ROUTE = web.RequestKey("route", Route)
+"""The route the request took: its upstream client. Set before anything is sent upstream."""
 
 RECORD = web.RequestKey("record", RequestRecord)
 """What the handlers learned about the request, for the access log and metrics."""

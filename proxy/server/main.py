@@ -67,6 +67,7 @@ async def serve_async(settings: Settings, compaction: Compaction | None = None) 
                     "version": __version__,
                     "addresses": listener.addresses,
                     "upstream": settings.upstream,
+                    "routes": {route.name: route.upstream for route in settings.route_table()},
                     "mode": settings.mode.value,
                     "state_store": settings.state_url.split(":", 1)[0],
                     "strategies": ",".join(settings.strategies),

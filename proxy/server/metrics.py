@@ -69,6 +69,13 @@ class ProxyMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.routed = Counter(
+            "compaction_proxy_upstream_requests",
+            "Requests sent on each route, by the route's name (`upstream`: default, anthropic or an operator's route),"
+            " route kind and the upstream's status (`none`: no answer, the transport failed or the client left).",
+            ["upstream", "route", "status"],
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
             "Upstream exchanges that failed in transport, by kind (unreachable, timeout, broken_stream).",
@@ -79,14 +86,16 @@ class ProxyMetrics:
             "compaction_proxy_fail_open",
             "Chat requests forwarded unchanged because the compaction side failed, by stage (compact: deciding it"
             " failed, a state store that does not answer included; prepare, complete: the compaction side raised;"
-            " inspect: inspecting the answer stream raised, the rest of it was relayed uninspected).",
+            " inspect: inspecting the answer stream raised, the rest of it was relayed uninspected; count: shaping a"
+            " client's prompt count raised, it was sent as it came).",
             ["stage"],
             registry=self.registry,
         )
         self.content_coding_refusals = Counter(
             "compaction_proxy_content_coding_refusals",
-            "Compressed chat request bodies refused, by error code: unsupported_content_encoding,"
-            " invalid_content_encoding, too_many_gzip_members (past max_gzip_members), request_too_large.",
+            "Compressed chat request bodies refused, by error code: invalid_content_encoding, too_many_gzip_members"
+            " (gzip members or zstd frames past max_gzip_members), request_too_large. A coding the proxy cannot undo"
+            " is not refused: it is forwarded as it came (X-Compaction: skipped).",
             ["code"],
             registry=self.registry,
         )

@@ -17,7 +17,7 @@ from aiohttp import web
 from proxy.failures import log_failure
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.wire import WireFormat
-from proxy.server.keys import COMPACTION, METRICS, RECORD
+from proxy.server.keys import COMPACTION, METRICS, RECORD, ROUTE
 from proxy.server.logging import SERVER_LOGGER
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -39,7 +39,11 @@ async def prepare(
     """
     try:
         incoming = IncomingRequest(
-            body=body, headers=request.headers if headers is None else headers, path=request.path, wire=wire
+            body=body,
+            headers=request.headers if headers is None else headers,
+            path=request.path,
+            wire=wire,
+            route=request[ROUTE].name,
         )
         plan = await request.app[COMPACTION].prepare(incoming)
         if isinstance(plan, Refusal):
@@ -59,18 +63,39 @@ async def prepare(
     return plan
 
 
+async def prepare_count(request: web.Request, body: bytes, wire: WireFormat) -> ForwardPlan | None:
+    """What the compaction side sends for a request to `wire`'s prompt-counting endpoint; None: the client's body.
+
+    A compaction side without `prepare_count` sends every count as it came; one that raises is counted and logged
+    (stage `count`), and the count goes as it came.
+    """
+    shape = getattr(request.app[COMPACTION], "prepare_count", None)
+    if not callable(shape):
+        return None
+    try:
+        incoming = IncomingRequest(body, request.headers, request.path, wire, request[ROUTE].name)
+        return _plan_or_none(await shape(incoming), "prepare_count")
+    except Exception as exc:
+        _fail_open(request, "count", exc)
+        return None
+
+
 async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
     """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
     request.app[METRICS].count_usage(outcome.usage)
 
     async def report() -> ForwardPlan | None:
         try:
-            retry = await request.app[COMPACTION].complete(plan, outcome)
-            if retry is not None and (not isinstance(retry, ForwardPlan) or not isinstance(retry.body, bytes)):
-                raise TypeError(f"complete() returned {type(retry).__name__}, not a ForwardPlan with a bytes body")
+            return _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
         except Exception as exc:
             _fail_open(request, "complete", exc)
             return None
-        return retry
 
     return await asyncio.shield(report())
+
+
+def _plan_or_none(plan: object, method: str) -> ForwardPlan | None:
+    """`plan` when it is None or a `ForwardPlan` with a bytes body; a TypeError naming `method` otherwise."""
+    if plan is None or (isinstance(plan, ForwardPlan) and isinstance(plan.body, bytes)):
+        return plan
+    raise TypeError(f"{method}() returned {type(plan).__name__}, not a ForwardPlan with a bytes body")

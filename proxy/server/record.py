@@ -26,6 +26,8 @@ class RequestRecord:
     route: str
     conversation_id: str | None = None
     request_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    upstream: str | None = None
+    """The name of the route the request took, once it was chosen (`proxy.server.routing`)."""
     model: str | None = None
     compaction: str | None = None
     """What compaction did (the `X-Compaction` value sent back)."""

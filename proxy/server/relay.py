@@ -10,7 +10,7 @@ from aiohttp import web
 
 from proxy.pipeline.wire import WireFormat
 from proxy.server.headers import client_response_headers
-from proxy.server.keys import RECORD, UPSTREAM
+from proxy.server.keys import RECORD, ROUTE
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.upstream import UpstreamError
 
@@ -99,7 +99,7 @@ async def pump(
     :returns: True when the whole body was relayed; False when the client went away (the upstream response is then
         closed by its context manager) or the upstream broke off (the client connection is then aborted).
     """
-    upstream = request.app[UPSTREAM]
+    upstream = request[ROUTE].upstream
     record = request[RECORD]
     while True:
         try:

@@ -45,7 +45,7 @@ from yarl import URL
 from proxy.pipeline.wire import WireFormat
 from proxy.server import errors
 from proxy.server.headers import upstream_request_headers
-from proxy.server.keys import RECORD, SETTINGS, UPSTREAM
+from proxy.server.keys import RECORD, ROUTE, SETTINGS
 from proxy.server.upstream import WEBSOCKET_CLOSE_WAIT, UpgradeRefused
 from proxy.server.websocket_turns import SocketTurns
 
@@ -142,7 +142,7 @@ async def _tunnel(request: web.Request, target: URL, wire: WireFormat | None) ->
     deflate = offers_deflate(request.headers.getall("Sec-WebSocket-Extensions", ()))
     sent = time.perf_counter()
     try:
-        async with request.app[UPSTREAM].websocket(target, headers, protocols, limit, compress=deflate) as upstream:
+        async with request[ROUTE].upstream.websocket(target, headers, protocols, limit, compress=deflate) as upstream:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = 101
             client = web.WebSocketResponse(
@@ -157,7 +157,7 @@ async def _tunnel(request: web.Request, target: URL, wire: WireFormat | None) ->
             await client.prepare(request)
             record.status = 101
             turns = SocketTurns(request, wire) if wire is not None else None
-            await Tunnel(request, client, upstream, turns, settings.idle_timeout).run()
+            await Tunnel(request, client, upstream, turns, request[ROUTE].upstream.idle_timeout).run()
             return client
     except UpgradeRefused as refused:
         record.upstream_status = refused.status

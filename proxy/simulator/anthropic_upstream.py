@@ -12,7 +12,9 @@ each of them; a later request reads the longest written prefix ending at one of 
 `LOOKBACK_BLOCKS` blocks before one (`cache_read_input_tokens`), and writes the rest up to its last breakpoint
 (`cache_creation_input_tokens`); `input_tokens` is what follows. Prefixes under `MIN_CACHE_TOKENS` are not cached.
 
-`POST /v1/messages/count_tokens` answers `{"input_tokens": N}` for what a create request would count.
+`POST /v1/messages/count_tokens` answers `{"input_tokens": N}` for what a create request would count, after the same
+checks (shape, breakpoints, tool pairing, thinking signatures and, on a binding model, their prefixes): a request
+creating would refuse, counting refuses with the same 400.
 """
 
 from __future__ import annotations
@@ -267,10 +269,15 @@ class AnthropicUpstream(LoopbackServer):
             return web.json_response(limited.body, status=429, headers={"retry-after": "30"})
         try:
             self.authenticate(headers)
+            # The same checks as creating a message (the window aside): the API documents that counting runs the
+            # thinking blocks' prefix check too, and refuses what creating would refuse with the same 400.
             check_shape({"max_tokens": 1, **body}, headers)
+            check_breakpoints(body)
+            check_pairing(body["messages"])
+            checked = check_thinking(body, self.signer)
         except AnthropicError as error:
             return web.json_response(error.body, status=error.status)
-        segments = prompt_segments(body, body["messages"])
+        segments = prompt_segments(body, checked.messages)
         return web.json_response({"input_tokens": sum(segment.tokens for segment in segments)})
 
     async def _stream(self, request: web.Request, message: dict[str, Any]) -> web.StreamResponse:

@@ -121,8 +121,8 @@ class OpenAIUpstream(ScriptedServer):
         even when the fake runs in another process.
 
     The Responses API (`POST /v1/responses`, `/v1/responses/compact`, `/v1/responses/input_tokens` and
-    `/v1/conversations`) is served
-    by `responses_service` (see `proxy.simulator.responses_server` for its rules); `responses_requests` lists its
+    `/v1/conversations`; creating and compacting also at the ChatGPT backend's `/backend-api/codex/responses`) is
+    served by `responses_service` (see `proxy.simulator.responses_server` for its rules); `responses_requests` lists its
     parsed create bodies and `responses_usages` the usage of each response or compaction it answered. `fail_next`
     and `misreport_usage_next` apply to it too.
 
@@ -227,6 +227,10 @@ class OpenAIUpstream(ScriptedServer):
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model}", self._get_model)
         app.router.add_post("/v1/embeddings", embeddings)
+        # The ChatGPT backend Codex CLI talks to with a ChatGPT login: the Responses API (and its WebSocket mode) there.
+        app.router.add_post("/backend-api/codex/responses", self._responses)
+        app.router.add_get("/backend-api/codex/responses", self._responses_socket)
+        app.router.add_post("/backend-api/codex/responses/compact", self._responses_compact)
         app.router.add_post("/openai/deployments/{deployment}/embeddings", embeddings)
         app.router.add_route("*", "/echo/{tail:.*}", self._echo)
         app.router.add_route("*", "/{tail:.*}", self._unknown_route)

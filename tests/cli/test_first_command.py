@@ -20,6 +20,8 @@ async def test_serve_with_no_flags_is_healthy_and_ready() -> None:
     async with proxy:
         record = await proxy.wait_for_log(lambda line: line.get("message") == "listening")
         assert record["upstream"] == "https://api.openai.com" and record["mode"] == "enforce"
+        # With no settings, the Messages API goes to Anthropic and everything else to OpenAI (docs/routes.md).
+        assert record["routes"] == {"anthropic": "https://api.anthropic.com", "default": "https://api.openai.com"}
         assert record["addresses"][0].startswith("127.0.0.1:")  # loopback unless asked: it forwards credentials
         assert record["version"] == __version__ and record["state_store"] == "memory"
         assert record["strategies"] == ",".join(DEFAULT_CHAIN) and record["offload"] is True

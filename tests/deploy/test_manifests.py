@@ -539,6 +539,18 @@ def test_chart_config_values_reach_the_config_file(helm: ModuleType, tmp_path: P
     assert (settings.mode.value, settings.upstream) == ("observe", "https://api.groq.com/openai")
 
 
+def test_chart_routes_reach_the_settings(helm: ModuleType, tmp_path: Path) -> None:
+    local = {"name": "local", "upstream": "http://vllm.models:8000", "models": ["llama-*"]}
+    values = {"anthropicUpstream": "https://anthropic.internal", "config": {"routes": [local]}}
+    [settings] = check_proxy_settings(rendered_docs(helm, values), tmp_path)
+    table = [(route.name, route.upstream) for route in settings.route_table()]
+    assert table == [
+        ("local", "http://vllm.models:8000"),
+        ("anthropic", "https://anthropic.internal"),
+        ("default", "https://api.openai.com"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("values", "workers"),
     [

@@ -2,9 +2,10 @@
 
 Issue 14: a request's cost grew with what the client chose to send, with no limit that answered clearly; and a chat
 completion with `Content-Encoding: gzip` was forwarded with compaction silently skipped. Each refusal here is an
-OpenAI-style error body that never reaches the upstream; a compressed chat completion is decompressed (up to
-`max_body_bytes`), compacted like any other and forwarded uncompressed, while other routes keep forwarding compressed
-bodies untouched.
+OpenAI-style error body that never reaches the upstream; a compressed chat completion (gzip, deflate, and since issue
+35 br and zstd) is decompressed (up to `max_body_bytes`), compacted like any other and forwarded uncompressed, while
+other routes keep forwarding compressed bodies untouched; a coding the proxy cannot undo goes as it came, and the
+client is told it was not compacted.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import brotli
 import pytest
+from backports import zstd
 
 from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
@@ -112,6 +115,8 @@ def long_conversation() -> list[dict[str, Any]]:
 ENCODINGS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": lambda data: gzip.compress(data, mtime=0),
     "deflate": zlib.compress,  # HTTP's "deflate" is the zlib format
+    "br": brotli.compress,
+    "zstd": zstd.compress,
 }
 
 
@@ -150,41 +155,53 @@ async def test_compressed_chat_bodies_are_compacted_and_other_routes_forward_the
     assert relayed.body == plain
 
 
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
 async def test_bad_compressed_chat_bodies_are_refused_clearly(
-    upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession
+    upstream: OpenAIUpstream, make_proxy: MakeProxy, http: aiohttp.ClientSession, encoding: str
 ) -> None:
     limit = 1024 * 1024
     proxy = await make_proxy(upstream.base_url, max_body_bytes=limit)
-    # A bomb: 20 KB on the wire, 8 MiB inflated, past max_body_bytes.
+    # A bomb: 20 KB on the wire (a few hundred bytes in br and zstd), 8 MiB inflated, past max_body_bytes.
     padding = " " * (8 * limit)
-    bomb = gzip.compress(b'{"model": "gpt-4o-mini", "messages": []' + padding.encode() + b"}", mtime=0)
+    bomb = ENCODINGS[encoding](b'{"model": "gpt-4o-mini", "messages": []' + padding.encode() + b"}")
     assert len(bomb) < limit
-    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", bomb, "gzip")
+    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", bomb, encoding)
     assert_refused(status, body, 413, "request_too_large")
 
-    corrupt = gzip.compress(chat_body(), mtime=0)[:20] + b"\x00not gzip at all\xff" * 4
-    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", corrupt, "gzip")
+    corrupt = ENCODINGS[encoding](chat_body())[:20] + b"\x00not compressed at all\xff" * 4
+    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", corrupt, encoding)
     assert_refused(status, body, 400, "invalid_content_encoding")
-
-    status, _, body = await post_encoded(http, proxy, "/v1/chat/completions", chat_body(), "br")
-    assert_refused(status, body, 415, "unsupported_content_encoding")
     assert upstream.requests == []
+
+
+async def test_a_coding_the_proxy_cannot_undo_is_forwarded_as_it_came_and_said_so(
+    upstream: OpenAIUpstream, proxy: Proxy, http: aiohttp.ClientSession
+) -> None:
+    coded = b"\x1f\x9d" + chat_body()  # `compress` (LZW): no decoder in the proxy, nor in the upstream
+    _, headers, _ = await post_encoded(http, proxy, "/v1/chat/completions", coded, "compress")
+    assert headers["X-Compaction"] == "skipped"
+    assert "'compress' cannot be undone by the proxy" in headers["X-Compaction-Warning"]
+    [forwarded] = upstream.requests
+    assert (forwarded.body, forwarded.headers["Content-Encoding"]) == (coded, "compress")
+    assert proxy.metric("compaction_proxy_decisions_total", route="chat_completions", decision="skipped") == 1
 
 
 # ---- gzip member floods -------------------------------------------------------------------------------------------
 
-EMPTY_MEMBER = gzip.compress(b"", mtime=0)
-"""The smallest gzip member (20 bytes): a flood of them is a body of 200,000 members in 4 MiB."""
+MEMBERED = ("gzip", "zstd")
+"""The codings whose bodies may hold several streams, one after another: gzip's members, zstd's frames."""
 
 
-def member_flood(size: int) -> bytes:
-    return EMPTY_MEMBER * (size // len(EMPTY_MEMBER))
+def member_flood(size: int, encoding: str) -> bytes:
+    """A body of empty members (20 bytes each in gzip, 9 in zstd): 200,000 and more of them in 4 MiB."""
+    empty = ENCODINGS[encoding](b"")
+    return empty * (size // len(empty))
 
 
-def ordinary_gzip_body(size: int) -> bytes:
-    """A chat completion that gzip shrinks to about `size` bytes in one member (base64 text compresses ~25%)."""
+def ordinary_body(size: int, encoding: str) -> bytes:
+    """A chat completion that the coding shrinks to about `size` bytes in one stream (base64 text compresses ~25%)."""
     text = base64.b64encode(random.Random(7).randbytes(size)).decode()
-    return gzip.compress(chat_body(messages=[{"role": "user", "content": text}]), mtime=0)
+    return ENCODINGS[encoding](chat_body(messages=[{"role": "user", "content": text}]))
 
 
 async def cpu_of(request: Awaitable[tuple[int, dict[str, str], bytes]]) -> tuple[float, int, bytes]:
@@ -194,32 +211,34 @@ async def cpu_of(request: Awaitable[tuple[int, dict[str, str], bytes]]) -> tuple
     return time.process_time() - started, status, body
 
 
-async def test_a_4_mib_gzip_member_flood_costs_less_than_an_ordinary_body_of_its_size(
-    make_proxy: MakeProxy, http: aiohttp.ClientSession
+@pytest.mark.parametrize("encoding", MEMBERED)
+async def test_a_4_mib_member_flood_costs_less_than_an_ordinary_body_of_its_size(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession, encoding: str
 ) -> None:
     """Issue 27: each member's remainder was copied again (16.6 s of CPU for 4 MiB); now it is refused at once."""
     size = 4 * 1024 * 1024
-    flood, ordinary = member_flood(size), ordinary_gzip_body(size)
+    flood, ordinary = member_flood(size, encoding), ordinary_body(size, encoding)
     async with FixedUpstream() as upstream:
         proxy = await make_proxy(upstream.base_url)
         path = "/v1/chat/completions"
         # warm up: the first request of a proxy pays for its imports and connections
-        await post_encoded(http, proxy, path, gzip.compress(chat_body()), "gzip", **{"X-Compaction": "off"})
+        await post_encoded(http, proxy, path, ENCODINGS[encoding](chat_body()), encoding, **{"X-Compaction": "off"})
         baseline, status, body = await cpu_of(
-            post_encoded(http, proxy, path, ordinary, "gzip", **{"X-Compaction": "off"})
+            post_encoded(http, proxy, path, ordinary, encoding, **{"X-Compaction": "off"})
         )
         assert status == 200, body
-        cost, status, body = await cpu_of(post_encoded(http, proxy, path, flood, "gzip"))
+        cost, status, body = await cpu_of(post_encoded(http, proxy, path, flood, encoding))
     assert_refused(status, body, 400, "too_many_gzip_members")
     assert "max_gzip_members" in openai_error(body)["message"]
     assert proxy.metric("compaction_proxy_content_coding_refusals_total", code="too_many_gzip_members") == 1
     assert upstream.requests == 2
-    print(f"4 MiB member flood: {cost:.3f} s of CPU; an ordinary 4 MiB gzip body: {baseline:.3f} s")
+    print(f"4 MiB {encoding} member flood: {cost:.3f} s of CPU; an ordinary 4 MiB body: {baseline:.3f} s")
     assert cost < baseline
 
 
-async def test_decoding_gzip_members_costs_time_linear_in_the_body(
-    make_proxy: MakeProxy, http: aiohttp.ClientSession
+@pytest.mark.parametrize("encoding", MEMBERED)
+async def test_decoding_members_costs_time_linear_in_the_body(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession, encoding: str
 ) -> None:
     """With no member bound to stop it, 4 times the members cost about 4 times the CPU, not 16 times (quadratic)."""
     async with FixedUpstream() as upstream:
@@ -227,10 +246,10 @@ async def test_decoding_gzip_members_costs_time_linear_in_the_body(
         path = "/v1/chat/completions"
         costs = []
         for size in (1024 * 1024, 4 * 1024 * 1024):
-            cost, status, body = await cpu_of(post_encoded(http, proxy, path, member_flood(size), "gzip"))
+            cost, status, body = await cpu_of(post_encoded(http, proxy, path, member_flood(size, encoding), encoding))
             assert status == 200, body  # an empty body, forwarded for the upstream to judge
             costs.append(cost)
-    print(f"member floods of 1 and 4 MiB: {costs[0]:.3f} s and {costs[1]:.3f} s of CPU")
+    print(f"{encoding} member floods of 1 and 4 MiB: {costs[0]:.3f} s and {costs[1]:.3f} s of CPU")
     assert costs[1] < 8 * costs[0]
 
 

@@ -8,7 +8,7 @@ to, and records what each answer reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,15 +71,25 @@ class AgentRun:
 
 
 async def run_agent(
-    client: AsyncAnthropic, model: str, turns: int, streamed: Callable[[int], bool], **extra: Any
+    client: AsyncAnthropic,
+    model: str,
+    turns: int,
+    streamed: Callable[[int], bool],
+    before: Callable[[int, dict[str, Any]], Awaitable[None]] | None = None,
+    **extra: Any,
 ) -> AgentRun:
-    """Run `turns` requests of the agent; `extra` goes to each request (`extra_headers`, ...)."""
+    """Run `turns` requests of the agent; `extra` goes to each request (`extra_headers`, ...).
+
+    :param before: Called with each turn's index and request body before it is sent (a client counting its tokens).
+    """
     run = AgentRun()
     for turn in range(turns):
         last = run.messages[-1] if run.messages else None
         if last is None or (last["role"] == "assistant" and last["content"][-1]["type"] == "text"):
             run.messages.append({"role": "user", "content": f"Task {turn}: " + "details " * 80})
         body = run.body(model)
+        if before is not None:
+            await before(turn, body)
         if streamed(turn):
             async with client.messages.stream(**body, **extra) as stream:
                 message = await stream.get_final_message()

@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
+from proxy.pipeline.routed import RoutedPipelines, build_pipeline
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.keys import METRICS
@@ -16,10 +17,13 @@ from proxy.server.keys import METRICS
 
 @dataclass(frozen=True)
 class RunningProxy:
-    """A started proxy: its settings, its compaction service and its OpenAI base URL (`.../v1`)."""
+    """A started proxy: its settings, its compaction service and its OpenAI base URL (`.../v1`).
+
+    The service is one pipeline, or one per route when the settings name several upstreams (`build_pipeline`).
+    """
 
     settings: Settings
-    service: CompactionPipeline
+    service: CompactionPipeline | RoutedPipelines
     server: TestServer
 
     @property
@@ -39,7 +43,7 @@ class RunningProxy:
 
 
 class LoopbackProxies:
-    """Starts proxies in front of one upstream, each with `defaults` under its own settings, and closes them all.
+    """Starts proxies in front of their upstreams, each with `defaults` under its own settings, and closes them all.
 
     Window probes and exact counts are off unless `defaults` or a proxy's settings turn them on, so the upstream sees
     only what the test sends.
@@ -53,7 +57,7 @@ class LoopbackProxies:
         """A proxy with the default settings updated by `settings`."""
         values = {**self.defaults, **settings}
         configured = Settings(**values)
-        service = CompactionPipeline(configured)
+        service = build_pipeline(configured)
         server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)

@@ -119,6 +119,19 @@ async def test_thinking_must_verify_and_stay_bound_to_its_prefix(client: AsyncAn
         assert (await turn(client, model, moved, extra_body={"thinking": binding}, extra_headers=headers)).content
 
 
+async def test_counting_runs_the_same_thinking_checks_as_creating(client: AsyncAnthropic) -> None:
+    """The API documents that `count_tokens` runs the thinking blocks' prefix check and refuses with the same 400."""
+    messages = await tool_round(client, BINDING)
+    moved = [{"role": "user", "content": "Find it, please."}, *messages[1:]]
+    created = await rejected(client, BINDING, moved)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.count_tokens(model=BINDING, tools=TOOLS, thinking=THINKING, messages=moved)
+    body: Any = caught.value.body
+    assert body["error"]["message"] == created and "The block is bound to a different conversation" in created
+    counted = await client.messages.count_tokens(model=BINDING, tools=TOOLS, thinking=THINKING, messages=messages)
+    assert counted.input_tokens > 0
+
+
 async def test_the_prefix_is_every_earlier_message_with_its_fields_but_not_cache_control(
     client: AsyncAnthropic,
 ) -> None:

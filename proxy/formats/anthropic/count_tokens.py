@@ -18,6 +18,7 @@ counts, and a rate-limited tenant asks nothing until the limit has passed. A req
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from proxy.pipeline.exact_counts import MAX_COUNTED_BYTES, reported
 from proxy.pipeline.rewrites import View
 
 PATH: Final = "/v1/messages/count_tokens"
+COUNTED_PATH: Final = re.compile(r"^(?:/[^/]+)*/v1/messages/count_tokens/?$")
+"""A client's `count_tokens`, with any base-path prefix."""
 PROBE: Final = "anthropic_count_tokens"
 """Its name in `count_probes`."""
 VERSION_HEADERS: Final = ("anthropic-version", "anthropic-beta")
@@ -138,6 +141,18 @@ class CountTokens:
     def _back_off(self, tenant: bytes, at_least: float) -> None:
         failures = 1 + (waiting.failures if (waiting := self._waiting.get(tenant)) else 0)
         self._waiting.put(tenant, _Waiting(self.clock() + max(at_least, back_off_seconds(failures)), failures))
+
+
+class CountedPrompts:
+    """The Messages API's `PromptCounting`: a client's `count_tokens`, whose body is a request's prompt fields."""
+
+    def serves(self, path: str) -> bool:
+        """`COUNTED_PATH`."""
+        return COUNTED_PATH.match(path) is not None
+
+    def body(self, forwarded: bytes) -> bytes:
+        """The forwarded body's prompt fields (`count_tokens_body`)."""
+        return count_tokens_body(orjson.loads(forwarded))
 
 
 class CountTokensCounting:

@@ -16,10 +16,10 @@ import orjson
 from proxy.engine.messages import Message
 from proxy.formats.anthropic import answers, summary
 from proxy.formats.anthropic import reads as read_calls
-from proxy.formats.anthropic.count_tokens import CountTokensCounting
+from proxy.formats.anthropic.count_tokens import CountedPrompts, CountTokensCounting
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.formats.anthropic.tokens import window_for
-from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, PromptCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import Overflow, SocketMode, StreamReport
 
@@ -44,6 +44,7 @@ class Messages:
     read_tool: Mapping[str, Any] = summary.READ_TOOL_DEFINITION
     conversation_headers: tuple[str, ...] = (SESSION_HEADER,)
     call_headers: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
+    api: str = "anthropic"
     api_headers: tuple[str, ...] = ("anthropic-version",)
     """Every call of the API carries it (its SDKs and Claude Code send it on `count_tokens`, batches, models)."""
     sized_by_bytes: bool = True
@@ -54,6 +55,8 @@ class Messages:
     provider_history: ProviderHistory | None = None
     exact_counting: ExactCounting | None = CountTokensCounting()
     """`count_tokens` (`proxy.formats.anthropic.count_tokens`), asked only when `count_probes` names it."""
+    prompt_counting: PromptCounting | None = CountedPrompts()
+    """`count_tokens` asked by the client: sent as the matching request is forwarded."""
 
     reads = staticmethod(read_calls.reads)
     stream_reads = staticmethod(read_calls.stream_reads)

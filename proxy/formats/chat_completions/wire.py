@@ -12,7 +12,7 @@ from proxy.formats.chat_completions.body import asks_for_usage
 from proxy.formats.chat_completions.exact_counts import TemplateCounting
 from proxy.formats.chat_completions.request import ChatRequest, deployment_name
 from proxy.formats.chat_completions.splice import ChatSplicing
-from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, PromptCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import SocketMode, bearer_credential
 
@@ -31,12 +31,14 @@ class ChatCompletions:
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
     call_headers: tuple[str, ...] = ()
+    api: str = "openai"
     api_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = True
     socket: SocketMode | None = None
     splicing: ByteSplicing | None = ChatSplicing()
     provider_history: ProviderHistory | None = None
     exact_counting: ExactCounting | None = TemplateCounting()
+    prompt_counting: PromptCounting | None = None
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)

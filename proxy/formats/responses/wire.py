@@ -13,7 +13,7 @@ from proxy.formats.responses.exact_counts import InputTokensCounting
 from proxy.formats.responses.request import ResponsesRequest
 from proxy.formats.responses.socket import ResponsesSocket
 from proxy.formats.responses.stateful import ResponsesHistory
-from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, ProviderHistory
+from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, PromptCounting, ProviderHistory
 from proxy.pipeline.requests import RequestLimits
 from proxy.pipeline.wire import SocketMode, bearer_credential
 
@@ -32,12 +32,14 @@ class Responses:
     read_tool: Mapping[str, Any] = read_calls.READ_TOOL
     conversation_headers: tuple[str, ...] = ()
     call_headers: tuple[str, ...] = ()
+    api: str = "openai"
     api_headers: tuple[str, ...] = ()
     sized_by_bytes: bool = False
     socket: SocketMode | None = ResponsesSocket()
     splicing: ByteSplicing | None = None
     provider_history: ProviderHistory | None = ResponsesHistory()
     exact_counting: ExactCounting | None = InputTokensCounting()
+    prompt_counting: PromptCounting | None = None
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)

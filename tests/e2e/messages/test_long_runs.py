@@ -56,7 +56,10 @@ async def test_a_conversation_that_overflows_going_direct_runs_200_turns_through
     assert thinking_back > 3, "the thinking produced after a compaction did not come back to the model"
     body = run.body(model)
     del body["max_tokens"]
+    # The history as the client holds it: its thinking was bound to what the proxy sent, which the API's prefix check
+    # refuses going direct; dropping such blocks, as the API can be told to, counts the rest.
+    body["thinking"] = {**body["thinking"], "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
     async with sdk(upstream) as direct:
-        # The history as the client holds it: its thinking was bound to what the proxy sent, so it is counted only.
-        counted = await direct.messages.count_tokens(**body)
+        beta = {"anthropic-beta": "thinking-binding-controls-2026-08-01"}
+        counted = await direct.messages.count_tokens(**body, extra_headers=beta)
     assert counted.input_tokens > WINDOW, "the conversation would not have overflowed going direct"

@@ -2,8 +2,8 @@
 documents for the status (`{"type": "error", "error": {"type", "message"}}`), so the official `anthropic` SDK raises
 the class it raises for the API's own errors, with the proxy's message: an upstream out of reach (502 `api_error`),
 one that does not answer in time (504 `timeout_error`), a body over the proxy's limit (413 `request_too_large`), a
-content coding it cannot undo (415) and a request over its limits (400), both `invalid_request_error`, and a body
-that stalls (408). A chat request keeps OpenAI's shape on the same proxy.
+body that is not what its content coding says and a request over its limits (400), both `invalid_request_error`, and
+a body that stalls (408). A chat request keeps OpenAI's shape on the same proxy.
 """
 
 from __future__ import annotations
@@ -121,12 +121,12 @@ async def test_a_request_over_the_proxys_limits_is_an_invalid_request_error(prox
     assert "messages" in error["message"]
 
 
-async def test_a_content_coding_the_proxy_cannot_undo_is_an_invalid_request_error(proxies: LoopbackProxies) -> None:
+async def test_a_body_not_in_its_content_coding_is_an_invalid_request_error(proxies: LoopbackProxies) -> None:
     async with AnthropicUpstream() as upstream:
         proxy = await proxies.start(upstream=upstream.base_url)
         with pytest.raises(anthropic.APIStatusError) as raised:
-            await create(proxy, extra_headers={"Content-Encoding": "br"})
-    assert raised.value.status_code == 415
+            await create(proxy, extra_headers={"Content-Encoding": "br"})  # the SDK's plain JSON, called br
+    assert raised.value.status_code == 400
     assert anthropic_error(raised.value)["type"] == "invalid_request_error"
 
 

@@ -166,6 +166,10 @@ The pod must have the volumes of "compaction-proxy.volumes".
   env:
     - name: COMPACTION_PROXY_UPSTREAM
       value: {{ $values.upstream | quote }}
+    {{- with $values.anthropicUpstream }}
+    - name: COMPACTION_PROXY_ANTHROPIC_UPSTREAM
+      value: {{ . | quote }}
+    {{- end }}
     - name: COMPACTION_PROXY_PORT
       value: "8080"
     - name: COMPACTION_PROXY_MODE

@@ -1,0 +1,108 @@
+"""The route table: which upstream each request goes to, each route with its own pooled client.
+
+Built from the settings (`Settings.route_table`: the operator's routes in order, then the built-in `anthropic` and
+`default`); the first route whose every condition holds takes the request. Conditions read the path, the headers, the
+API (`WireFormat.api` of the format the request is of, or whose `api_headers` it carries; else OpenAI's) and, for a
+route that names model patterns, the `model` of a body the proxy reads anyway (the compacted formats'): a request
+whose body is streamed through unread, or a WebSocket upgrade, matches no model pattern.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import orjson
+
+from proxy.config import Settings
+from proxy.config.routes import DEFAULT_API, RouteSettings
+from proxy.formats import api_of
+from proxy.pipeline.off_loop import OFF_LOOP_BYTES
+from proxy.server.upstream import Upstream
+
+
+@dataclass(frozen=True)
+class Route:
+    """One upstream and the requests it takes.
+
+    :param settings: The route's conditions and its own upstream settings.
+    :param upstream: Its client: its origin, TLS trust, timeouts and connection pool.
+    """
+
+    settings: RouteSettings
+    upstream: Upstream
+
+    @property
+    def name(self) -> str:
+        """The route's name (the `upstream` metrics label, the access log's `upstream` field)."""
+        return self.settings.name
+
+    def takes(self, method: str, path: str, headers: Mapping[str, str], model: str | None) -> bool:
+        """Whether every condition the route names holds for this request."""
+        route = self.settings
+        if route.path_prefix is not None and not path.startswith(route.path_prefix):
+            return False
+        if route.models and (model is None or not any(fnmatchcase(model, pattern) for pattern in route.models)):
+            return False
+        if route.header is not None and not _header_matches(route.header, headers):
+            return False
+        if route.api:
+            wire = api_of(method, path, headers)
+            return (wire.api if wire is not None else DEFAULT_API) == route.api
+        return True
+
+
+def _header_matches(condition: str, headers: Mapping[str, str]) -> bool:
+    """Whether `headers` carry the header of `condition` (`Name`, or `Name=pattern` for a value matching it)."""
+    name, _, pattern = condition.partition("=")
+    value = headers.get(name.strip())
+    return value is not None and (not pattern or fnmatchcase(value, pattern.strip()))
+
+
+class RouteTable:
+    """The app's routes, in the order they are matched (the last, `default`, takes everything).
+
+    :param routes: The routes; created by `open` with their clients.
+    """
+
+    def __init__(self, routes: tuple[Route, ...]) -> None:
+        self.routes = routes
+        self.reads_models = any(route.settings.models for route in routes)
+        """Whether a route names model patterns: only then is a body parsed to choose."""
+
+    @classmethod
+    def open(cls, settings: Settings) -> RouteTable:
+        """The table the settings describe, each route's client opened (closed by `aclose`)."""
+        routes = []
+        for route in settings.route_table():
+            own = settings.for_route(route)
+            routes.append(Route(route, Upstream(own, Upstream.create_session(own))))
+        return cls(tuple(routes))
+
+    def choose(self, method: str, path: str, headers: Mapping[str, str], model: str | None = None) -> Route:
+        """The first route that takes the request."""
+        return next(route for route in self.routes if route.takes(method, path, headers, model))
+
+    async def choose_for_body(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Route:
+        """`choose` for a request whose body was read, with its `model` when a route names model patterns."""
+        if not self.reads_models:
+            return self.choose(method, path, headers)
+        model = _model_of(body) if len(body) < OFF_LOOP_BYTES else await asyncio.to_thread(_model_of, body)
+        return self.choose(method, path, headers, model)
+
+    async def aclose(self) -> None:
+        """Close every route's connection pool."""
+        for route in self.routes:
+            await route.upstream.session.close()
+
+
+def _model_of(body: bytes) -> str | None:
+    """The top-level `model` of a JSON body, or None."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = value.get("model") if isinstance(value, dict) else None
+    return model if isinstance(model, str) else None
