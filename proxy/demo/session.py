@@ -19,7 +19,7 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.demo.conversations import Conversation, conversation
 from proxy.demo.view import Turn, View
-from proxy.pipeline.service import build_pipeline
+from proxy.pipeline.routed import build_pipeline
 from proxy.server import create_app
 from proxy.simulator.model import Simulator
 from proxy.simulator.serving import cannot_listen, until_signalled
