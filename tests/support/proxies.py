@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
+from proxy.engine import CompactionChain
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from proxy.server.keys import METRICS
@@ -49,11 +50,15 @@ class LoopbackProxies:
         self.defaults = {"window_probes": [], "count_probes": [], **defaults}
         self._servers: list[TestServer] = []
 
-    async def start(self, **settings: Any) -> RunningProxy:
-        """A proxy with the default settings updated by `settings`."""
+    async def start(self, chain: CompactionChain | None = None, **settings: Any) -> RunningProxy:
+        """A proxy with the default settings updated by `settings`.
+
+        :param chain: The compaction chain its pipeline runs, instead of the one `strategies` names (a benchmark's
+            baseline strategies, which the registry does not know).
+        """
         values = {**self.defaults, **settings}
         configured = Settings(**values)
-        service = CompactionPipeline(configured)
+        service = CompactionPipeline(configured, chain=chain)
         server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)
