@@ -22,9 +22,11 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+from bench.recall_baselines import BASELINES
 from bench.recall_conversations import KINDS, SHAPES, conversation
 from bench.recall_runs import Row, run
 from bench.recall_scoring import CACHED_PRICES, Score
@@ -42,6 +44,11 @@ TODAY: Final = (
 )
 """The default chain before the user's words were kept (`main` at 0c46f1f): a row of its own, whatever the default."""
 
+TRIGGER: Final = float(Settings.model_fields["compact_at"].default)
+TARGET: Final = float(Settings.model_fields["compact_to"].default)
+FILL_TO: Final = TRIGGER / TARGET * 0.95
+"""How far above the target drop-oldest truncation fills: a little under the trigger."""
+
 TODAY_ROW: Final = "today's default chain (pinned names), offload on"
 DEFAULT_ROW: Final = "default chain, offload on"
 WINDOWS: Final = (32_768, 65_536)
@@ -56,6 +63,7 @@ def rows() -> list[Row]:
         Row(TODAY_ROW, {"strategies": list(TODAY)}),
         Row(DEFAULT_ROW),
         Row("default chain, offload off", {"offload": False}),
+        *(Row(label, {"offload": False}, partial(chain, FILL_TO)) for label, chain in BASELINES.items()),
     ]
 
 
@@ -172,11 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     windows, fill = (WINDOWS[:1], QUICK_FILL) if args.quick else (WINDOWS, FILL)
     started = time.perf_counter()
     results = asyncio.run(measure(rows(), windows, fill))
-    settings = Settings.model_fields
     print(
         f"`python -m bench.recall{' --quick' * args.quick}` ({time.perf_counter() - started:.0f} s): "
         f"windows {', '.join(map(str, windows))} tokens, conversations {fill:g} times the window, compacted at "
-        f"{settings['compact_at'].default:.0%} to {settings['compact_to'].default:.0%}; cached tokens as the fake "
+        f"{TRIGGER:.0%} to {TARGET:.0%}; cached tokens as the fake "
         "upstreams reported them.\n"
     )
     print("\n".join(table(results)))
