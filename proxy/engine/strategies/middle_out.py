@@ -81,6 +81,7 @@ def cut_middle_out(
         removed_tokens=removed,
     )
 
+
 def _largest_first(transcript: Transcript) -> Iterator[int]:
     """Message indices, largest first (oldest first among equals).
 

@@ -93,9 +93,7 @@ class SlidingWindow(Strategy):
         if task_tokens > budget:
             # The current task alone is over budget: all history goes, then the task's oldest steps.
             first_turn = len(turns)
-            first_step = min(
-                newest_that_fit(transcript, steps, budget), max(len(steps) - self.min_keep_steps, 0)
-            )
+            first_step = min(newest_that_fit(transcript, steps, budget), max(len(steps) - self.min_keep_steps, 0))
         else:
             first_turn = newest_that_fit(transcript, turns, budget - task_tokens)
             first_step = 0
@@ -105,4 +103,3 @@ class SlidingWindow(Strategy):
         kept_set = set(kept)
         note_position = instructions_end if first_step == 0 else instructions_end + len(kept_turns) + len(task)
         return _Split(kept, [index for index in range(len(transcript)) if index not in kept_set], note_position)
-
