@@ -78,9 +78,10 @@ class UserMessageWindow(Strategy):
       summaries) fills what is left, newest first, whole Agent steps only, stopping at the first that does not fit.
 
     One omission note says how many assistant and tool messages and how many user messages went: after the
-    instructions, or after the task's user message when steps of the task went. The kept messages fill the target and
-    the note comes on top of it, as with `SlidingWindow`; a later compaction folds an earlier note into its own, so
-    there is never more than one. Whenever `SlidingWindow` reaches the target, this does too.
+    instructions, or after the task's user message when steps of the task went. The note is counted within the target
+    (unlike `SlidingWindow`'s, which comes on top), so a chain's next strategy has nothing left to do; a later
+    compaction folds an earlier note into its own, so there is never more than one. Whenever `SlidingWindow` gets
+    within its note of the target, this gets within the target.
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1.
         Provisional default 0.5.
@@ -129,7 +130,11 @@ class UserMessageWindow(Strategy):
         task = [] if task_index is None else [task_index]
         history = self._history(transcript, instructions_end, task_index)
         steps = current_step_groups(transcript, instructions_end, task_index)
+        # The note is counted in: one left on top would set the next strategy of the chain going (the sliding window
+        # would drop turns, the user's words with them, to make room for it).
+        note = self._note_message(len(transcript), len(transcript))
         budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task])
+        budget -= transcript.counter.message_tokens(note)
         kept_steps = min(self.min_keep_steps, len(steps))
         needed = transcript.tokens_of(flatten(steps[len(steps) - kept_steps :]))
         words = self._fit_words(
@@ -172,17 +177,18 @@ class UserMessageWindow(Strategy):
             marker = transcript.marker(index) or {}
             others += _count(marker, "removed_messages")
             users += _count(marker, "removed_user_messages")
-        text = self.omission_note.replace(NUM_REMOVED_PLACEHOLDER, str(others)).replace(
-            NUM_REMOVED_USER_PLACEHOLDER, str(users)
-        )
         note = created(
-            {"role": "user", "content": text},
+            self._note_message(others, users),
             self.name,
             removed_messages=others,
             removed_user_messages=users,
             kept_messages=len(entries),
         )
         return EditPlan(len(transcript), (*entries[:position], note, *entries[position:]))
+
+    def _note_message(self, others: int, users: int) -> dict[str, str]:
+        text = self.omission_note.replace(NUM_REMOVED_PLACEHOLDER, str(others))
+        return {"role": "user", "content": text.replace(NUM_REMOVED_USER_PLACEHOLDER, str(users))}
 
     def _history(self, transcript: Transcript, start: int, task_index: int | None) -> _History:
         """The messages between the instructions and the task, sorted by `_History`'s kinds."""
