@@ -70,7 +70,7 @@ def test_every_user_message_survives_byte_for_byte_while_tool_output_and_prose_g
         messages[9],
     ]
     assert output[-3:] == messages[-3:], "the task and its step stay"
-    assert_tool_pairs_intact([m for m in output if not (m["role"] == "user")])
+    assert_tool_pairs_intact([m for m in output if m["role"] != "user"])
     assert plan is not None
     assert all(entry.replaces is None for entry in plan.created()), "no user message is cut when all fit"
     note = _note(plan)
