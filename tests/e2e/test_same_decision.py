@@ -25,6 +25,7 @@ from hooks.compaction import (
     SlidingWindowCompactor,
     TiktokenTokenCounter,
     ToolResultPruningCompactor,
+    UserMessageWindowCompactor,
 )
 from proxy.config import Settings
 from proxy.pipeline.service import CompactionPipeline
@@ -100,7 +101,9 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
         through_proxy = sent(via_proxy_upstream)
 
     hook = CompactionHook(
-        compactor=ChainCompactor([ToolResultPruningCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]),
+        compactor=ChainCompactor(
+            [ToolResultPruningCompactor(), UserMessageWindowCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]
+        ),
         context_window=WINDOW,
         compact_at=settings.compact_at,
         compact_to=settings.compact_to,

@@ -25,6 +25,7 @@ from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOfflo
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+from proxy.engine.strategies.user_message_window import UserMessageWindow
 from proxy.engine.transcript import Transcript
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
@@ -42,7 +43,9 @@ OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 REFRESHES_REMEMBERED: Final = 10_000
 """Sets of offloaded results whose last refresh is remembered (one per conversation holding any, about)."""
 
-LOSSY: Final = frozenset({ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name})
+LOSSY: Final = frozenset(
+    {ToolResultPruning.name, UserMessageWindow.name, SlidingWindow.name, Summarization.name, MiddleOut.name}
+)
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`), unless the
 configured chain names `tool_result_offloading` where it should run."""
 
