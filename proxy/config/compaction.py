@@ -210,7 +210,7 @@ class CompactionSettings(BaseModel):
         default=True,
         description=(
             "Offload older large tool results instead of pruning them: the proxy keeps the full text in its state"
-            " store, leaves a reference with a preview, and answers the model's calls to its read tool"
+            " store, leaves a reference with a digest of what it held, and answers the model's calls to its read tool"
             " (`compaction_proxy_read_result`) itself. Off (or `X-Compaction-Offload: off` on a request): plain"
             " pruning."
         ),

@@ -6,6 +6,7 @@ from proxy.engine.strategies.duplicate_results import DuplicateResults
 from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.offload import MemoryOffloadStore, OffloadStore, ToolResultOffload
+from proxy.engine.strategies.repeated_lines import RepeatedLines
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
 from proxy.engine.strategies.superseded_results import SupersededResults
@@ -20,6 +21,7 @@ __all__ = [
     "MemoryOffloadStore",
     "MiddleOut",
     "OffloadStore",
+    "RepeatedLines",
     "SlidingWindow",
     "Strategy",
     "Summarization",

@@ -71,7 +71,7 @@ class CompactionChain:
 class KeepingMore(CompactionChain):
     """A chain preferred unless another keeps more of the conversation: offloading that never loses more than pruning.
 
-    Offloading leaves a reference with a preview where pruning leaves a shorter placeholder, so in a small window the
+    Offloading leaves a reference with a digest where pruning leaves a shorter placeholder, so in a small window the
     preferred chain may have to drop whole turns that the other would keep. Each compaction runs the preferred chain;
     when its plan removed messages, the other runs too, and its plan is taken if it removes fewer while reaching the
     target (or getting at least as small). Ties go to the preferred chain.

@@ -21,13 +21,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from proxy.engine.digest import digest
 from proxy.engine.messages import content_parts, content_text
 from proxy.engine.plan import Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
 from proxy.engine.strategies.tool_result_pruning import check_result_rules, newest_results
-from proxy.engine.tool_results import holds_result
+from proxy.engine.tool_results import answered_calls, holds_result
 from proxy.engine.transcript import Transcript, created
 
 logger = logging.getLogger("compaction_proxy.compaction")
@@ -177,6 +178,9 @@ class ToolResultOffload(Strategy):
     :param min_tokens: Only results larger than this many tokens are offloaded.
     :param preview_chars: How many leading characters of the content the reference shows.
     :param pointer: The stand-in text (see `DEFAULT_POINTER` for its placeholders).
+    :param with_digest: The stand-in is followed by a digest of the result (`proxy.engine.digest`: the call, the
+        size, the telling lines), so the model knows what the reference holds before reading it back. Off by
+        default, as Haystack's pointer is; the proxy turns it on.
     :raises ValueError: If `min_keep_steps` is below 1, or `min_tokens` or `preview_chars` is negative.
     """
 
@@ -190,6 +194,7 @@ class ToolResultOffload(Strategy):
         min_tokens: int = 200,
         preview_chars: int = 200,
         pointer: str = DEFAULT_POINTER,
+        with_digest: bool = False,
     ) -> None:
         check_result_rules(min_keep_steps, min_tokens)
         if preview_chars < 0:
@@ -199,6 +204,7 @@ class ToolResultOffload(Strategy):
         self.min_tokens = min_tokens
         self.preview_chars = preview_chars
         self.pointer = pointer
+        self.with_digest = with_digest
 
     async def plan_async(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         """`plan` on a worker thread: store writes are I/O and must not hold an event loop."""
@@ -209,8 +215,9 @@ class ToolResultOffload(Strategy):
         candidates = (
             index for index in range(len(transcript)) if index not in protected and self._offloadable(transcript, index)
         )
+        calls = answered_calls(transcript) if self.with_digest else {}
         return replace_until_target(
-            transcript, target_tokens, candidates, lambda index, _excess: self._stand_in(transcript, index)
+            transcript, target_tokens, candidates, lambda index, _excess: self._stand_in(transcript, index, calls)
         )
 
     def _offloadable(self, transcript: Transcript, index: int) -> bool:
@@ -221,12 +228,14 @@ class ToolResultOffload(Strategy):
             and transcript.tokens(index) > self.min_tokens
         )
 
-    def _stand_in(self, transcript: Transcript, index: int) -> Created | None:
+    def _stand_in(self, transcript: Transcript, index: int, calls: Mapping[int, Mapping[str, Any]]) -> Created | None:
         offloaded = self.offload(transcript, index)
         if offloaded is None:
             return None
+        message = transcript.messages[index]
+        pointer = offloaded.pointer + ("\n" + digest(message, calls.get(index)) if self.with_digest else "")
         return created(
-            {**transcript.messages[index], "content": offloaded.pointer},
+            {**message, "content": pointer},
             self.name,
             replacing=index,
             base_meta={**transcript.meta[index], OFFLOADED_META_KEY: list(offloaded.references)},

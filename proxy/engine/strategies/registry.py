@@ -10,6 +10,7 @@ from proxy.engine.strategies.duplicate_results import DuplicateResults
 from proxy.engine.strategies.json_minify import JsonMinify
 from proxy.engine.strategies.middle_out import MiddleOut
 from proxy.engine.strategies.provider_compaction import ProviderCompaction
+from proxy.engine.strategies.repeated_lines import RepeatedLines
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer
 from proxy.engine.strategies.superseded_results import SupersededResults
@@ -21,6 +22,7 @@ STRATEGY_NAMES = (
     DuplicateResults.name,
     SupersededResults.name,
     JsonMinify.name,
+    RepeatedLines.name,
     ToolResultPruning.name,
     UserMessageWindow.name,
     SlidingWindow.name,
@@ -55,8 +57,10 @@ def strategy_by_name(
         return SupersededResults(superseded_tools)
     if name == JsonMinify.name:
         return JsonMinify()
+    if name == RepeatedLines.name:
+        return RepeatedLines()
     if name == ToolResultPruning.name:
-        return ToolResultPruning()
+        return ToolResultPruning(with_digest=True)
     if name == UserMessageWindow.name:
         return UserMessageWindow(user_text_share=user_text_share)
     if name == SlidingWindow.name:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.engine.digest import digest
 from proxy.engine.grouping import agent_step_groups
 from proxy.engine.plan import Created, EditPlan
 from proxy.engine.strategies.base import Strategy, replace_until_target
@@ -26,6 +27,9 @@ class ToolResultPruning(Strategy):
     :param placeholder: The text left in place of a result; `{tool_name}` is replaced by the tool's name.
     :param skip_meta_keys: Results whose metadata holds any of these keys are left alone (for example results a
         Haystack `ToolResultOffloadHook` already replaced with a reference the model needs to read them back).
+    :param with_digest: The placeholder is followed by a digest of the result (`proxy.engine.digest`: the call, the
+        size, the telling lines), so the model knows what it lost and whether to run the tool again. Off by default,
+        as Haystack's placeholder is; the proxy's chain turns it on.
     :raises ValueError: If `min_keep_steps` is below 1 or `min_tokens` is negative.
     """
 
@@ -38,12 +42,14 @@ class ToolResultPruning(Strategy):
         min_tokens: int = 200,
         placeholder: str = DEFAULT_PLACEHOLDER,
         skip_meta_keys: tuple[str, ...] = ("tool_result_offloaded",),
+        with_digest: bool = False,
     ) -> None:
         check_result_rules(min_keep_steps, min_tokens)
         self.min_keep_steps = min_keep_steps
         self.min_tokens = min_tokens
         self.placeholder = placeholder
         self.skip_meta_keys = tuple(skip_meta_keys)
+        self.with_digest = with_digest
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         protected = newest_results(transcript, self.min_keep_steps)
@@ -65,7 +71,10 @@ class ToolResultPruning(Strategy):
 
     def _pruned(self, transcript: Transcript, index: int, calls: Mapping[int, Mapping[str, Any]]) -> Created:
         message = transcript.messages[index]
-        text = self.placeholder.replace("{tool_name}", result_tool_name(message, calls.get(index)))
+        call = calls.get(index)
+        text = self.placeholder.replace("{tool_name}", result_tool_name(message, call))
+        if self.with_digest:
+            text += "\n" + digest(message, call)
         return created(
             {**message, "content": text},
             self.name,

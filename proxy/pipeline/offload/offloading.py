@@ -108,7 +108,7 @@ class Offloading:
             then there is no staging store and the chain is the proxy's, which prunes.
 
         The chain with offloading gives way to the proxy's own where that keeps more of the conversation
-        (`KeepingMore`): a reference with its preview frees less than pruning's placeholder, and in a small window
+        (`KeepingMore`): a reference with its digest frees less than pruning's placeholder, and in a small window
         offloading must never cost whole turns that pruning would have kept.
         """
         if not self.enabled or off:
@@ -122,7 +122,7 @@ class Offloading:
         at = self.position
         if at is None:
             at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
-        strategies.insert(at, ToolResultOffload(staging, pointer=POINTER))
+        strategies.insert(at, ToolResultOffload(staging, pointer=POINTER, with_digest=True))
         return staging, KeepingMore(CompactionChain(strategies), self.base)
 
     async def persist(self, tenant: bytes, staging: StagingOffloadStore | None, compacted: Transcript) -> None:

@@ -13,8 +13,8 @@ results do not fit, the round asks for an answer without tools (`tool_choice: no
 A result the store no longer holds (evicted, expired, lost with a Redis) is not lost while its conversation goes on:
 the client re-sends the original in full every turn, and the rewrite replayed on it still points at it. A read of a
 reference the forwarded request holds that the store misses is answered from the request's own tool results (the
-one whose text, as sent or JSON-minified as it was offloaded, has that reference) and stored again, so the rest of
-the conversation reads it from the store. Only the request's own references are looked for, in its own messages:
+one whose text, as sent or losslessly rewritten as it was offloaded, has that reference) and stored again, so the rest
+of the conversation reads it from the store. Only the request's own references are looked for, in its own messages:
 nothing of another tenant's can be found this way, and a guessed reference costs no search.
 """
 
@@ -33,6 +33,7 @@ from proxy.engine.json_bytes import json_bytes
 from proxy.engine.messages import Message, content_text, is_tool_result
 from proxy.engine.strategies.json_minify import minified
 from proxy.engine.strategies.offload import content_reference
+from proxy.engine.strategies.repeated_lines import collapsed
 from proxy.failures import log_failure
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.rounds import asked_again, without_tools
@@ -52,7 +53,7 @@ REPEATED: Final = "This result was already read above: the earlier read call wit
 
 TOO_LARGE: Final = (
     "This offloaded result is too large to read back now: with it the request would not fit the model's window. "
-    "Continue with its preview, or run the original tool again for the part you need."
+    "Continue with its digest, or run the original tool again for the part you need."
 )
 """The read tool's result when its text would take the next round's request past its bounds."""
 
@@ -266,8 +267,9 @@ class ReadBack:
 def resent_originals(messages: Sequence[Message], references: Collection[str]) -> dict[str, str]:
     """The texts, among the tool results of `messages`, that were offloaded under these references.
 
-    A result is offloaded as sent, or JSON-minified when `json_minify` rewrote it first: both are tried. One pass,
-    hashing each tool result at most twice; it stops once every reference is found.
+    A result is offloaded as sent, JSON-minified when `json_minify` rewrote it first, or with its repeated lines
+    collapsed when `repeated_lines` did: all are tried. One pass, hashing each tool result at most three times; it
+    stops once every reference is found.
     """
     found: dict[str, str] = {}
     for message in messages:
@@ -276,7 +278,7 @@ def resent_originals(messages: Sequence[Message], references: Collection[str]) -
         if not is_tool_result(message):
             continue
         text = content_text(message)
-        for candidate in (text, minified(text)):
+        for candidate in (text, minified(text), collapsed(text)):
             if candidate and (reference := content_reference(candidate)) in references:
                 found[reference] = candidate
                 break

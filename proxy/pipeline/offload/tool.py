@@ -25,10 +25,10 @@ READ_TOOL: Final = "compaction_proxy_read_result"
 """The name of the proxy's read tool; the model calls it with `{"reference": ...}`."""
 
 POINTER: Final = (
-    "Tool result offloaded ({characters} characters) under reference '{reference}'. To read it in full, call "
-    f"{READ_TOOL} with this reference. Preview: {{preview}}"
+    f"Tool result offloaded under reference '{{reference}}'. To read it in full, call {READ_TOOL} with this reference."
 )
-"""What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool."""
+"""What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool; the
+digest that follows it (`proxy.engine.digest`) says what the result held."""
 
 _DESCRIPTION: Final = (
     "Read the full text of an earlier tool result that was offloaded to save context. Pass the reference quoted in "
