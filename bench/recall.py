@@ -51,6 +51,8 @@ FILL_TO: Final = TRIGGER / TARGET * 0.95
 
 TODAY_ROW: Final = "today's default chain (pinned names), offload on"
 DEFAULT_ROW: Final = "default chain, offload on"
+SHARES: Final = (0.25, 0.75, 1.0)
+"""`user_text_share` values tried besides the default's."""
 WINDOWS: Final = (32_768, 65_536)
 FILL: Final = 2.5
 QUICK_FILL: Final = 2.0
@@ -63,6 +65,7 @@ def rows() -> list[Row]:
         Row(TODAY_ROW, {"strategies": list(TODAY)}),
         Row(DEFAULT_ROW),
         Row("default chain, offload off", {"offload": False}),
+        *(Row(f"default chain, offload on, user_text_share {share:g}", {"user_text_share": share}) for share in SHARES),
         *(Row(label, {"offload": False}, partial(chain, FILL_TO)) for label, chain in BASELINES.items()),
     ]
 
