@@ -219,7 +219,8 @@ class _Writer:
 
     def prose(self, tokens: int) -> str:
         """Paragraphs of about `tokens` tokens."""
-        paragraphs, size = [], 0
+        paragraphs: list[str] = []
+        size = 0
         while size < tokens:
             paragraph = " ".join(self.sentence() for _ in range(self.rng.randint(3, 7)))
             paragraphs.append(paragraph)
@@ -228,7 +229,8 @@ class _Writer:
 
     def lines(self, style: str, tokens: int) -> list[str]:
         """Lines of a tool result in `style`, about `tokens` tokens in all."""
-        made, size = [], 0
+        made: list[str] = []
+        size = 0
         while size < tokens:
             line = _LINE_STYLES[style](self, len(made))
             made.append(line)

@@ -9,14 +9,21 @@ within 3 points.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bench import recall
-from bench.recall_baselines import CLEARED, ClearOldToolResults
+from bench.recall_baselines import BASELINES, CLEARED, ClearOldToolResults
 from bench.recall_scoring import CACHED_PRICES
-from proxy.engine import CompactionChain
+from proxy.engine import ApproximateCounter, CompactionChain, Transcript
+from proxy.engine.grouping import latest_user_index
+from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
+from tests.support.examples import examples
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import CHAT_COMPLETIONS
@@ -78,3 +85,23 @@ async def test_a_proxy_given_a_chain_runs_it_in_place_of_its_settings() -> None:
     forwarded = wire.entries_of(wire.forwarded(upstream)[-1])
     results = [message["content"] for message in forwarded if message["role"] == "tool"]
     assert results.count(CLEARED) == len(results) - 1
+
+
+@pytest.mark.parametrize("label", BASELINES)
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=conversations(), fraction=st.floats(min_value=0.0, max_value=1.2))
+def test_a_baseline_keeps_the_engines_invariants_and_the_same_input_gives_the_same_output(
+    label: str, conversation: Conversation, fraction: float
+) -> None:
+    def compacted() -> list[dict[str, Any]] | None:
+        messages, meta = copy.deepcopy((conversation.messages, conversation.meta))
+        transcript = Transcript(messages, ApproximateCounter(), meta)
+        result = BASELINES[label](recall.FILL_TO).compact(transcript, int(transcript.total() * fraction))
+        return None if result is None else result.plan.apply_messages(messages)
+
+    first = compacted()
+    assert first == compacted()
+    if first is not None:
+        assert_tool_pairs_intact(first)
+        task = latest_user_index(Transcript(conversation.messages, ApproximateCounter(), conversation.meta))
+        assert task is None or conversation.messages[task] in first, "the latest user message was changed or removed"
