@@ -5,7 +5,8 @@ A conversation is what an agent's client holds at its end, as OpenAI chat messag
 requirements of the final report, each with a code to quote; a second user message adding a third; long ordinary
 turns (documents the user pastes, tool results, the assistant's prose: thousands of tokens each); a user message about
 halfway through that changes direction (two corrections that supersede the opening's plan); facts in tool results
-(in the first lines of some, in the middle of long ones) and decisions in the assistant's prose, spread over the run;
+(in the first lines of some, in the middle of long ones) and decisions in the assistant's prose, spread over the run
+from its opening to its last eighth, so that they are of every age when the report is asked for;
 and a last user message asking for the report. Every fact is one sentence holding a code of its own, so whether it
 reached the model is a substring test.
 
@@ -28,10 +29,10 @@ KINDS: Final = ("requirement", "correction", "tool fact", "decision")
 
 _CODE_PREFIXES: Final = {"requirement": "REQ", "correction": "COR", "tool fact": "TOOL", "decision": "DEC"}
 
-TOOL_FACTS_AT: Final = ((0.08, "head"), (0.25, "middle"), (0.4, "head"), (0.6, "middle"))
+TOOL_FACTS_AT: Final = ((0.1, "head"), (0.5, "middle"), (0.75, "head"), (0.88, "middle"))
 """Where tool facts are planted: the first tool result past this share of the conversation's length, in its first line
 (`head`) or in the middle of a long result (`middle`)."""
-DECISIONS_AT: Final = (0.15, 0.5)
+DECISIONS_AT: Final = (0.3, 0.8)
 """The first assistant prose past each of these shares of the length states a decision."""
 CORRECTION_AT: Final = 0.45
 """The first user turn past this share of the length changes direction."""
@@ -321,7 +322,7 @@ def conversation(shape: Shape, seed: int, length: int) -> Conversation:
     writer.user(writer.fact("requirement", third), writer.rng.randint(300, 900))
     writer.agent()
     corrected = False
-    while writer.total < length:
+    while writer.total < length or writer.tool_facts or writer.decisions or not corrected:
         if not corrected and writer.due(CORRECTION_AT):
             corrected = True
             writer.user(" ".join(writer.fact("correction", text) for text in shape.corrections), 0)
