@@ -222,12 +222,18 @@ class UserMessageWindow(Strategy):
         order = self._removal_order(users)
         floor = self.min_user_message_tokens
         floored = sum(min(size, floor) for size in sizes.values())
-        removed: set[int] = set()
+        removed: list[int] = []
         for index in order:
             if floored <= room:
                 break
             floored -= min(sizes[index], floor)
-            removed.add(index)
+            removed.append(index)
+        # A message removed early in the order may have freed too little to matter: one removed later made the room,
+        # so each comes back, the last removed first, where it still fits.
+        for index in reversed(removed[:-1]):
+            if floored + min(sizes[index], floor) <= room:
+                floored += min(sizes[index], floor)
+                removed.remove(index)
         remaining = [index for index in users if index not in removed]
         level = _water_level([sizes[index] for index in remaining], room, floor)
         words = _Words()
@@ -244,7 +250,7 @@ class UserMessageWindow(Strategy):
                 words.tokens -= (
                     sizes[index] if isinstance(entry, Kept) else transcript.counter.message_tokens(entry.message)
                 )
-                removed.add(index)
+                removed.append(index)
         words.removed = sorted(removed)
         return words
 
