@@ -8,10 +8,16 @@ prefix the upstream saw stays byte-identical, and a later compaction keeps the r
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.support.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from tests.support.examples import examples
+from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import FormatCase, Upstream, by_format
 
@@ -30,8 +36,10 @@ def with_requirements(entries: list[Any], first: int = 0) -> list[Any]:
     for entry in entries:
         content = entry.get("content") if isinstance(entry, dict) else None
         if entry.get("role") == "user" and isinstance(content, str) and content.startswith("Question "):
-            entry = {**entry, "content": requirement(first + len([e for e in turned if _is_requirement(e)]))}
-        turned.append(entry)
+            number = first + len([earlier for earlier in turned if _is_requirement(earlier)])
+            turned.append({**entry, "content": requirement(number)})
+        else:
+            turned.append(entry)
     return turned
 
 
@@ -85,3 +93,53 @@ async def test_every_requirement_reaches_the_upstream_and_replays_byte_for_byte(
     assert [entry for entry in wire.entries_of(third) if _is_requirement(entry)] == expected
     assert len(expected) == 32
     assert third.count(NOTE) == 1
+
+
+def upstream_of(wire: FormatCase) -> Upstream:
+    """A fresh fake upstream of the format, roomy: only the proxy's window decides (as the suite's fixtures start)."""
+    if wire.upstream_fixture == "anthropic_upstream":
+        return AnthropicUpstream(responder=tool_loop_responder(tool=None), context_window=1_000_000)
+    return OpenAIUpstream(context_window=1_000_000)
+
+
+async def forwarded_twice(wire: FormatCase, body: dict[str, Any], window: int) -> tuple[list[bytes], list[bytes]]:
+    """What two proxies with the same settings forward for `body` and then its next turn, each its own state."""
+    async with upstream_of(wire) as upstream:
+        proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={wire.model: window})
+        try:
+            for proxy in [await proxies.start(), await proxies.start()]:
+                for request in (body, wire.next_turn(body)):
+                    status, _headers, answer = await wire.post(proxy, request)
+                    assert status == 200, answer
+            sent = wire.forwarded(upstream)
+        finally:
+            await proxies.close()
+    return sent[:2], sent[2:]
+
+
+@by_format()
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    turns=st.integers(min_value=8, max_value=20),
+    paragraphs=st.integers(min_value=8, max_value=16),
+    tools=st.booleans(),
+    over=st.floats(min_value=1.0, max_value=5.0),
+)
+def test_random_conversations_keep_the_users_words_the_pairs_and_the_prefix(
+    wire: FormatCase, turns: int, paragraphs: int, tools: bool, over: float
+) -> None:
+    body = wire.conversation(turns, paragraphs, tools=tools)
+    body = {**body, wire.entries: with_requirements(body[wire.entries])}
+    # About `over` times the window's room (its `compact_to` share) in tokens, at about 6 bytes of body a token: most
+    # are compacted, some are not. At 4,000 tokens or more, the requirements (20 tokens each) stay within the share of
+    # the room the user's text may take, whatever the tools take of it.
+    window = max(4000, int(len(orjson.dumps(body)) / 6 / 0.4 / over))
+    sent = [entry for entry in body[wire.entries] if _is_requirement(entry)]
+
+    # The fake upstreams refuse what the API would (a call without its result among them): every answer is a 200.
+    first, second = asyncio.run(forwarded_twice(wire, body, window))
+
+    assert first == second, "the same conversation, on another proxy, is forwarded byte for byte the same"
+    compacted, next_turn = first
+    assert [entry for entry in wire.entries_of(compacted) if _is_requirement(entry)] == sent
+    assert wire.entries_bytes(next_turn).startswith(wire.entries_bytes(compacted)[:-1])
