@@ -31,6 +31,9 @@ DEFAULT_OMISSION_NOTE = (
     " free up context; they cannot be recovered. The user's other messages are kept as they wrote them.]"
 )
 
+_LONGEST_COUNT = 999_999_999
+"""A count as long as any the note can give (earlier notes' counts add up), for the room it is given."""
+
 _CUT_MARKERS = frozenset({MiddleOut.name})
 """Strategies besides this one whose cut-down user message still holds the user's words (head and tail)."""
 
@@ -132,7 +135,7 @@ class UserMessageWindow(Strategy):
         steps = current_step_groups(transcript, instructions_end, task_index)
         # The note is counted in: one left on top would set the next strategy of the chain going (the sliding window
         # would drop turns, the user's words with them, to make room for it).
-        note = self._note_message(len(transcript), len(transcript))
+        note = self._note_message(_LONGEST_COUNT, _LONGEST_COUNT)
         budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task])
         budget -= transcript.counter.message_tokens(note)
         kept_steps = min(self.min_keep_steps, len(steps))
@@ -159,12 +162,13 @@ class UserMessageWindow(Strategy):
                 entries.append(Kept(index))
         entries += [Kept(index) for index in [*task, *flatten(steps[first_step:])]]
         note_position = instructions_end if first_step == 0 else len(entries) - len(flatten(steps[first_step:]))
-        return self._with_note(transcript, entries, history, words, note_position)
+        return self._with_note(transcript, entries, words, note_position)
 
-    def _with_note(
-        self, transcript: Transcript, entries: list[Entry], history: _History, words: _Words, position: int
-    ) -> EditPlan | None:
-        """The plan of `entries` with one note for what they leave out, or None when they leave out only notes."""
+    def _with_note(self, transcript: Transcript, entries: list[Entry], words: _Words, position: int) -> EditPlan:
+        """The plan of `entries`, with one note at `position` for what they leave out, earlier notes folded in.
+
+        When they leave out nothing but earlier notes, those stay where they were and no note is added.
+        """
         present = {entry.index if isinstance(entry, Kept) else entry.replaces for entry in entries}
         notes = [index for index in range(len(transcript)) if index not in present and self._is_note(transcript, index)]
         missing = [index for index in range(len(transcript)) if index not in present and index not in notes]
