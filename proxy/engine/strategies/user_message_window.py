@@ -60,6 +60,11 @@ class _Words:
     removed: list[int] = field(default_factory=list)
     tokens: int = 0
 
+    @property
+    def shortened(self) -> bool:
+        """Whether any message was cut or removed."""
+        return bool(self.removed) or any(not isinstance(entry, Kept) for entry in self.kept.values())
+
 
 class UserMessageWindow(Strategy):
     """Keeps the user's own messages, and drops the oldest assistant and tool messages until the rest fits the target.
@@ -71,14 +76,16 @@ class UserMessageWindow(Strategy):
     - The user's earlier messages (role `user`, the user's text: not tool results, not notes or summaries compaction
       made) are kept byte for byte while together they fit `user_text_share` of the target, and leave room for the
       newest `min_keep_steps` steps of the current task. Over that, the longest (a pasted log or document) are cut
-      middle-out to a common size, never below `min_user_message_tokens`, keeping how each opens and closes; only if
-      that is not enough are whole messages removed: those in the middle first, oldest first, then the latest
-      `latest_user_messages`, and the opening `opening_user_messages` (where a task and its requirements are stated)
-      last of all.
+      middle-out, largest first and each by what is still over, never below `min_user_message_tokens`, keeping how
+      each opens and closes; only if that is not enough are whole messages removed: those in the middle first,
+      oldest first, then the latest `latest_user_messages`, and the opening `opening_user_messages` (where a task
+      and its requirements are stated) last of all.
     - The current task's Agent steps are kept, oldest going first when they do not fit, always keeping the newest
       `min_keep_steps`.
     - The rest of the earlier turns (assistant prose and reasoning, tool calls with all their results, notes and
       summaries) fills what is left, newest first, whole Agent steps only, stopping at the first that does not fit.
+    - What all that leaves unused goes back to the user's words that were over their share: cut less, or removed
+      fewer.
 
     One omission note says how many assistant and tool messages and how many user messages went: after the
     instructions, or after the task's user message when steps of the task went. The note is counted within the target
@@ -140,9 +147,8 @@ class UserMessageWindow(Strategy):
         budget -= transcript.counter.message_tokens(note)
         kept_steps = min(self.min_keep_steps, len(steps))
         needed = transcript.tokens_of(flatten(steps[len(steps) - kept_steps :]))
-        words = self._fit_words(
-            transcript, history.users, min(int(self.user_text_share * target_tokens), budget - needed)
-        )
+        user_room = min(int(self.user_text_share * target_tokens), budget - needed)
+        words = self._fit_words(transcript, history.users, user_room)
 
         room = budget - words.tokens
         task_tokens = transcript.tokens_of(flatten(steps))
@@ -152,8 +158,12 @@ class UserMessageWindow(Strategy):
         else:
             first_step = 0
             first_unit = newest_that_fit(transcript, history.units, room - task_tokens)
-
         kept_units = set(flatten(history.units[first_unit:]))
+        left = room - transcript.tokens_of([*flatten(steps[first_step:]), *kept_units])
+        if left > 0 and words.shortened:
+            # What the rest left unused goes back to the user's words: cut less, or remove fewer.
+            words = self._fit_words(transcript, history.users, user_room + left)
+
         entries: list[Entry] = [Kept(index) for index in range(instructions_end)]
         for index in range(instructions_end, task[0] if task else instructions_end):
             if index in words.kept:
@@ -219,7 +229,7 @@ class UserMessageWindow(Strategy):
         return marker.get("strategy") in (self.name, *_CUT_MARKERS) and "removed_tokens" in marker
 
     def _fit_words(self, transcript: Transcript, users: list[int], room: int) -> _Words:
-        """The user's earlier messages within `room` tokens: cut middle-out to a common size, then removed in order."""
+        """The user's earlier messages within `room` tokens: the largest cut middle-out, then whole ones removed."""
         sizes = {index: transcript.tokens(index) for index in users}
         if sum(sizes.values()) <= room:
             return _Words({index: Kept(index) for index in users}, [], sum(sizes.values()))
@@ -238,13 +248,16 @@ class UserMessageWindow(Strategy):
             if floored + min(sizes[index], floor) <= room:
                 floored += min(sizes[index], floor)
                 removed.remove(index)
-        remaining = [index for index in users if index not in removed]
-        level = _water_level([sizes[index] for index in remaining], room, floor)
-        words = _Words()
-        for index in remaining:
-            cut = self._cut(transcript, index, sizes[index] - level) if sizes[index] > level else None
-            words.kept[index] = cut or Kept(index)
-            words.tokens += transcript.counter.message_tokens(cut.message) if cut else sizes[index]
+        words = _Words({index: Kept(index) for index in users if index not in removed})
+        words.tokens = sum(sizes[index] for index in words.kept)
+        # The largest first, each by what is still over, so that as many as can stay whole.
+        for index in sorted(words.kept, key=lambda index: (-sizes[index], index)):
+            if words.tokens <= room or sizes[index] <= floor:
+                break
+            cut = self._cut(transcript, index, min(words.tokens - room, sizes[index] - floor))
+            if cut is not None:
+                words.kept[index] = cut
+                words.tokens -= sizes[index] - transcript.counter.message_tokens(cut.message)
         # A cut lands near its size, not on it, and a message without text cannot be cut: remove more if need be.
         for index in order:
             if words.tokens <= room:
@@ -267,20 +280,6 @@ class UserMessageWindow(Strategy):
         rest = users[len(opening) :]
         split = max(len(rest) - self.latest_user_messages, 0)
         return [*rest[:split], *rest[split:], *reversed(opening)]
-
-
-def _water_level(sizes: list[int], room: int, floor: int) -> int:
-    """The largest size, not below `floor`, that `sizes` cut down to fit in `room` (the largest size if all fit)."""
-    low, high = floor, max(sizes, default=floor)
-    if sum(sizes) <= room:
-        return high
-    while low < high:
-        middle = (low + high + 1) // 2
-        if sum(min(size, middle) for size in sizes) <= room:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _count(marker: Mapping[str, Any], key: str) -> int:
