@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from proxy.engine import DEFAULT_CHAIN, ApproximateCounter, CompactionChain, Kept, Transcript, chain_by_names
 from proxy.engine.grouping import current_step_groups, flatten, latest_user_index, leading_instructions_end
 from proxy.engine.plan import EditPlan
+from proxy.engine.strategies.offload import MemoryOffloadStore
 from proxy.engine.strategies.user_message_window import NUM_REMOVED_PLACEHOLDER, UserMessageWindow
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
 from tests.support.examples import examples
@@ -23,6 +24,7 @@ PROPERTY_SETTINGS = settings(max_examples=examples(150), deadline=None, suppress
 CHAINS = {
     "alone": lambda: CompactionChain([UserMessageWindow()]),
     "default_chain": lambda: chain_by_names(DEFAULT_CHAIN),
+    "offloading": lambda: CompactionChain([UserMessageWindow().offloading_to(MemoryOffloadStore())]),
 }
 CONVERSATIONS = conversations(max_turns=8, pasted_words=600)
 NAME = UserMessageWindow.name

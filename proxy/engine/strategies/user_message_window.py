@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +19,17 @@ from proxy.engine.grouping import (
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.middle_out import DEFAULT_NOTICE, MiddleOut, cut_middle_out
+from proxy.engine.strategies.offload import OFFLOADED_META_KEY, OffloadStore, ToolResultOffload
+from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.transcript import Transcript, created
 
 DEFAULT_USER_TEXT_SHARE = 0.5
 """Provisional: the share of the target the user's earlier messages may take, until the recall benchmark sets it."""
+
+DEFAULT_USER_POINTER = (
+    "[User message offloaded ({characters} characters) under reference '{reference}'. It opens: {preview}]"
+)
+"""What stands in for an offloaded user message (`{characters}`, `{reference}`, `{preview}` substituted)."""
 
 NUM_REMOVED_PLACEHOLDER = "{num_removed}"
 NUM_REMOVED_USER_PLACEHOLDER = "{num_removed_user}"
@@ -90,8 +98,11 @@ class UserMessageWindow(Strategy):
     One omission note says how many assistant and tool messages and how many user messages went: after the
     instructions, or after the task's user message when steps of the task went. The note is counted within the target
     (unlike `SlidingWindow`'s, which comes on top), so a chain's next strategy has nothing left to do; a later
-    compaction folds an earlier note into its own, so there is never more than one. Whenever `SlidingWindow` gets
-    within its note of the target, this gets within the target.
+    compaction folds an earlier note (its own or the sliding window's) into its own, so there is never more than
+    one. Whenever `SlidingWindow` gets within its note of the target, this gets within the target.
+
+    With a `store` (the proxy offloads with one), a user message that must go is offloaded behind a reference the
+    model can read back, and a short stand-in takes its place; a stand-in is one of the user's messages thereafter.
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1.
         Provisional default 0.5.
@@ -101,6 +112,9 @@ class UserMessageWindow(Strategy):
     :param latest_user_messages: How many of the user's latest earlier messages are removed just before those.
     :param omission_note: The user message left in place of what was removed (`{num_removed}` assistant and tool
         messages, `{num_removed_user}` user messages are substituted).
+    :param store: Where a user message that must go is offloaded, leaving a stand-in with its reference (readable back
+        through the proxy's read tool) instead of being removed; None removes it.
+    :param pointer: The stand-in's text (`{characters}`, `{reference}` and `{preview}` are substituted).
     :raises ValueError: If `user_text_share` is outside [0, 1] or a count is negative.
     """
 
@@ -115,6 +129,8 @@ class UserMessageWindow(Strategy):
         opening_user_messages: int = 2,
         latest_user_messages: int = 2,
         omission_note: str = DEFAULT_OMISSION_NOTE,
+        store: OffloadStore | None = None,
+        pointer: str = DEFAULT_USER_POINTER,
     ) -> None:
         if not 0 <= user_text_share <= 1:
             raise ValueError(f"`user_text_share` must be between 0 and 1, got {user_text_share}.")
@@ -133,6 +149,16 @@ class UserMessageWindow(Strategy):
         self.opening_user_messages = opening_user_messages
         self.latest_user_messages = latest_user_messages
         self.omission_note = omission_note
+        self.store = store
+        self.pointer = pointer
+        self._offload = None if store is None else ToolResultOffload(store, pointer=pointer)
+
+    def offloading_to(self, store: OffloadStore, pointer: str = DEFAULT_USER_POINTER) -> UserMessageWindow:
+        """The same window, offloading the user messages it must set aside to `store` (one request's, in the proxy)."""
+        offloading = copy.copy(self)
+        offloading.store, offloading.pointer = store, pointer
+        offloading._offload = ToolResultOffload(store, pointer=pointer)
+        return offloading
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         instructions_end = leading_instructions_end(transcript)
@@ -162,7 +188,7 @@ class UserMessageWindow(Strategy):
         left = room - transcript.tokens_of([*flatten(steps[first_step:]), *kept_units])
         if left > 0 and words.shortened:
             # What the rest left unused goes back to the user's words: cut less, or remove fewer.
-            words = self._fit_words(transcript, history.users, user_room + left)
+            words = self._fit_words(transcript, history.users, words.tokens + left)
 
         entries: list[Entry] = [Kept(index) for index in range(instructions_end)]
         for index in range(instructions_end, task[0] if task else instructions_end):
@@ -216,8 +242,14 @@ class UserMessageWindow(Strategy):
         return _History(users, sorted([*steps, *singles]), notes)
 
     def _is_note(self, transcript: Transcript, index: int) -> bool:
-        """Whether the message at `index` is an omission note this strategy left."""
-        return transcript.created_by(index, self.name) and not self._is_user_words(transcript, index)
+        """Whether the message at `index` is an omission note this strategy or the sliding window left.
+
+        The sliding window's is folded in too, so a conversation holds one note whichever window wrote the last; its
+        count (of messages of any kind) joins the assistant and tool messages'.
+        """
+        if transcript.role(index) != "user" or self._is_user_words(transcript, index):
+            return False
+        return transcript.created_by(index, self.name) or transcript.created_by(index, SlidingWindow.name)
 
     def _is_user_words(self, transcript: Transcript, index: int) -> bool:
         """Whether the message at `index` is the user's own: as written, or cut down with its head and tail kept."""
@@ -226,38 +258,30 @@ class UserMessageWindow(Strategy):
         marker = transcript.marker(index)
         if marker is None:
             return True
-        return marker.get("strategy") in (self.name, *_CUT_MARKERS) and "removed_tokens" in marker
+        shortened = "removed_tokens" in marker or marker.get("offloaded") is True
+        return marker.get("strategy") in (self.name, *_CUT_MARKERS) and shortened
 
     def _fit_words(self, transcript: Transcript, users: list[int], room: int) -> _Words:
-        """The user's earlier messages within `room` tokens: the largest cut middle-out, then whole ones removed."""
+        """The user's earlier messages within `room` tokens: the largest cut middle-out, then whole ones set aside."""
         sizes = {index: transcript.tokens(index) for index in users}
         if sum(sizes.values()) <= room:
             return _Words({index: Kept(index) for index in users}, [], sum(sizes.values()))
         order = self._removal_order(users)
-        floor = self.min_user_message_tokens
-        floored = sum(min(size, floor) for size in sizes.values())
-        removed: list[int] = []
-        for index in order:
-            if floored <= room:
-                break
-            floored -= min(sizes[index], floor)
-            removed.append(index)
-        # A message removed early in the order may have freed too little to matter: one removed later made the room,
-        # so each comes back, the last removed first, where it still fits.
-        for index in reversed(removed[:-1]):
-            if floored + min(sizes[index], floor) <= room:
-                floored += min(sizes[index], floor)
-                removed.remove(index)
-        words = _Words({index: Kept(index) for index in users if index not in removed})
+        aside = self._set_aside(transcript, sizes, order, room)
+        words = _Words({index: Kept(index) for index in users if index not in aside})
         words.tokens = sum(sizes[index] for index in words.kept)
         # The largest first, each by what is still over, so that as many as can stay whole.
         for index in sorted(words.kept, key=lambda index: (-sizes[index], index)):
-            if words.tokens <= room or sizes[index] <= floor:
+            if words.tokens <= room or sizes[index] <= self.min_user_message_tokens:
                 break
-            cut = self._cut(transcript, index, min(words.tokens - room, sizes[index] - floor))
+            cut = self._cut(transcript, index, min(words.tokens - room, sizes[index] - self.min_user_message_tokens))
             if cut is not None:
                 words.kept[index] = cut
                 words.tokens -= sizes[index] - transcript.counter.message_tokens(cut.message)
+        for index, stand_in in aside.items():
+            if stand_in is not None:
+                words.kept[index] = stand_in
+                words.tokens += transcript.counter.message_tokens(stand_in.message)
         # A cut lands near its size, not on it, and a message without text cannot be cut: remove more if need be.
         for index in order:
             if words.tokens <= room:
@@ -267,9 +291,53 @@ class UserMessageWindow(Strategy):
                 words.tokens -= (
                     sizes[index] if isinstance(entry, Kept) else transcript.counter.message_tokens(entry.message)
                 )
-                removed.append(index)
-        words.removed = sorted(removed)
+        words.removed = [index for index in users if index not in words.kept]
         return words
+
+    def _set_aside(
+        self, transcript: Transcript, sizes: Mapping[int, int], order: list[int], room: int
+    ) -> dict[int, Created | None]:
+        """The messages that must go, in `order`, even if the rest are cut to `min_user_message_tokens`.
+
+        Each is offloaded behind a reference (its stand-in) where a store is given, else removed (None).
+        """
+        floor = self.min_user_message_tokens
+        floored = sum(min(size, floor) for size in sizes.values())
+        aside: dict[int, Created | None] = {}
+        for index in order:
+            if floored <= room:
+                break
+            stand_in = self._offloaded(transcript, index)
+            floored -= min(sizes[index], floor) - (
+                transcript.counter.message_tokens(stand_in.message) if stand_in else 0
+            )
+            aside[index] = stand_in
+        # A message set aside early in the order may have freed too little to matter: one set aside later made the
+        # room, so each comes back, the last first, where it still fits.
+        for index in reversed(list(aside)[:-1]):
+            stand_in = aside[index]
+            back = min(sizes[index], floor) - (transcript.counter.message_tokens(stand_in.message) if stand_in else 0)
+            if floored + back <= room:
+                floored += back
+                del aside[index]
+        return aside
+
+    def _offloaded(self, transcript: Transcript, index: int) -> Created | None:
+        """The stand-in of the user message at `index` offloaded to the store, or None (no store, or it cannot be)."""
+        if self._offload is None or transcript.meta[index].get(OFFLOADED_META_KEY):
+            return None
+        offloaded = self._offload.offload(transcript, index)
+        if offloaded is None:
+            return None
+        stand_in = created(
+            {**transcript.messages[index], "content": offloaded.pointer},
+            self.name,
+            replacing=index,
+            base_meta={**transcript.meta[index], OFFLOADED_META_KEY: list(offloaded.references)},
+            offloaded=True,
+            original_tokens=transcript.tokens(index),
+        )
+        return stand_in if transcript.counter.message_tokens(stand_in.message) < transcript.tokens(index) else None
 
     def _cut(self, transcript: Transcript, index: int, excess: int) -> Created | None:
         return cut_middle_out(transcript, index, excess, strategy=self.name, min_keep_tokens=0, notice=DEFAULT_NOTICE)
