@@ -8,7 +8,8 @@ import pytest
 
 from proxy.engine import COMPACTION_META_KEY, ApproximateCounter, Kept, SlidingWindow, Transcript
 from proxy.engine.plan import EditPlan
-from proxy.engine.strategies.user_message_window import DEFAULT_OMISSION_NOTE, UserMessageWindow
+from proxy.engine.strategies.offload import OFFLOADED_META_KEY, MemoryOffloadStore
+from proxy.engine.strategies.user_message_window import DEFAULT_OMISSION_NOTE, DEFAULT_USER_POINTER, UserMessageWindow
 from tests.engine.conversations import assert_tool_pairs_intact
 
 COUNTER = ApproximateCounter()
@@ -129,7 +130,9 @@ def test_a_pasted_log_is_cut_middle_out_before_any_user_message_is_removed() -> 
     cut = output[2]["content"]
     assert cut.startswith("START of the deploy log") and cut.endswith("END: region eu-west-3")
     assert "tokens were cut from the middle of this message" in cut
-    assert COUNTER.message_tokens(output[2]) <= target // 2
+    # Over its share, the log takes the room nothing else needs (one short reply here), and no more.
+    assert COUNTER.messages_tokens(output) <= target
+    assert COUNTER.message_tokens(output[2]) > target // 2
     assert output[-1] == messages[-1]
 
 
@@ -206,3 +209,40 @@ def test_the_same_input_gives_the_same_plan_and_the_input_is_untouched() -> None
 def test_settings_out_of_range_are_refused(settings: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="must be"):
         UserMessageWindow(**settings)
+
+
+def test_with_a_store_the_messages_that_must_go_are_offloaded_behind_a_reference() -> None:
+    users = [{"role": "user", "content": f"message {n}: " + "word " * 200} for n in range(8)]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for number, user in enumerate(users):
+        messages += [user, {"role": "assistant", "content": f"reply {number}"}]
+    messages.append({"role": "user", "content": "And now?"})
+    transcript = _transcript(messages)
+    size = COUNTER.message_tokens(users[0])
+    store = MemoryOffloadStore()
+    window = UserMessageWindow(user_text_share=1.0, min_user_message_tokens=size).offloading_to(store)
+    pointer = DEFAULT_USER_POINTER.replace("{characters}", "1010").replace("{reference}", "offloaded-" + "0" * 32)
+    stand_in = COUNTER.message_tokens({"role": "user", "content": pointer.replace("{preview}", "x" * 203)})
+    # Room for four whole and the stand-ins of the other four.
+    target = transcript.tokens_of([0, len(messages) - 1]) + 4 * size + 4 * stand_in + NOTE_TOKENS
+
+    plan = window.plan(transcript, target)
+
+    output = _output(messages, plan)
+    assert [m for m in output if m in users] == [users[0], users[1], users[6], users[7]]
+    assert plan is not None
+    stand_ins = [entry for entry in plan.created() if entry.replaces is not None]
+    assert [entry.replaces for entry in stand_ins] == [5, 7, 9, 11]
+    for entry in stand_ins:
+        (reference,) = entry.meta[OFFLOADED_META_KEY]
+        assert store.get(reference) == messages[entry.replaces]["content"]
+        assert f"under reference '{reference}'" in entry.message["content"]
+    assert _note(plan)["removed_user_messages"] == 0
+
+    # A later compaction takes the stand-ins for the user's (short) messages: kept, or removed, not offloaded again.
+    again = transcript.edited(plan)
+    later = window.plan(again, again.total() - 1)
+    assert later is not None
+    held = [index for index in range(len(again)) if again.meta[index].get(OFFLOADED_META_KEY)]
+    assert len(held) == 4 and not [entry for entry in later.created() if entry.replaces in held]
+    assert sum(Kept(index) in later.entries for index in held) == 3, "the oldest in the middle went"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +19,17 @@ from proxy.engine.grouping import (
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.middle_out import DEFAULT_NOTICE, MiddleOut, cut_middle_out
+from proxy.engine.strategies.offload import OFFLOADED_META_KEY, OffloadStore, ToolResultOffload
+from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.transcript import Transcript, created
 
 DEFAULT_USER_TEXT_SHARE = 0.5
 """Provisional: the share of the target the user's earlier messages may take, until the recall benchmark sets it."""
+
+DEFAULT_USER_POINTER = (
+    "[User message offloaded ({characters} characters) under reference '{reference}'. It opens: {preview}]"
+)
+"""What stands in for an offloaded user message (`{characters}`, `{reference}`, `{preview}` substituted)."""
 
 NUM_REMOVED_PLACEHOLDER = "{num_removed}"
 NUM_REMOVED_USER_PLACEHOLDER = "{num_removed_user}"
@@ -30,6 +38,9 @@ DEFAULT_OMISSION_NOTE = (
     "[{num_removed} earlier assistant and tool messages and {num_removed_user} earlier user messages were removed to"
     " free up context; they cannot be recovered. The user's other messages are kept as they wrote them.]"
 )
+
+_LONGEST_COUNT = 999_999_999
+"""A count as long as any the note can give (earlier notes' counts add up), for the room it is given."""
 
 _CUT_MARKERS = frozenset({MiddleOut.name})
 """Strategies besides this one whose cut-down user message still holds the user's words (head and tail)."""
@@ -57,6 +68,11 @@ class _Words:
     removed: list[int] = field(default_factory=list)
     tokens: int = 0
 
+    @property
+    def shortened(self) -> bool:
+        """Whether any message was cut or removed."""
+        return bool(self.removed) or any(not isinstance(entry, Kept) for entry in self.kept.values())
+
 
 class UserMessageWindow(Strategy):
     """Keeps the user's own messages, and drops the oldest assistant and tool messages until the rest fits the target.
@@ -68,20 +84,25 @@ class UserMessageWindow(Strategy):
     - The user's earlier messages (role `user`, the user's text: not tool results, not notes or summaries compaction
       made) are kept byte for byte while together they fit `user_text_share` of the target, and leave room for the
       newest `min_keep_steps` steps of the current task. Over that, the longest (a pasted log or document) are cut
-      middle-out to a common size, never below `min_user_message_tokens`, keeping how each opens and closes; only if
-      that is not enough are whole messages removed: those in the middle first, oldest first, then the latest
-      `latest_user_messages`, and the opening `opening_user_messages` (where a task and its requirements are stated)
-      last of all.
+      middle-out, largest first and each by what is still over, never below `min_user_message_tokens`, keeping how
+      each opens and closes; only if that is not enough are whole messages removed: those in the middle first,
+      oldest first, then the latest `latest_user_messages`, and the opening `opening_user_messages` (where a task
+      and its requirements are stated) last of all.
     - The current task's Agent steps are kept, oldest going first when they do not fit, always keeping the newest
       `min_keep_steps`.
     - The rest of the earlier turns (assistant prose and reasoning, tool calls with all their results, notes and
       summaries) fills what is left, newest first, whole Agent steps only, stopping at the first that does not fit.
+    - What all that leaves unused goes back to the user's words that were over their share: cut less, or removed
+      fewer.
 
     One omission note says how many assistant and tool messages and how many user messages went: after the
     instructions, or after the task's user message when steps of the task went. The note is counted within the target
     (unlike `SlidingWindow`'s, which comes on top), so a chain's next strategy has nothing left to do; a later
-    compaction folds an earlier note into its own, so there is never more than one. Whenever `SlidingWindow` gets
-    within its note of the target, this gets within the target.
+    compaction folds an earlier note (its own or the sliding window's) into its own, so there is never more than
+    one. Whenever `SlidingWindow` gets within its note of the target, this gets within the target.
+
+    With a `store` (the proxy offloads with one), a user message that must go is offloaded behind a reference the
+    model can read back, and a short stand-in takes its place; a stand-in is one of the user's messages thereafter.
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1.
         Provisional default 0.5.
@@ -91,6 +112,9 @@ class UserMessageWindow(Strategy):
     :param latest_user_messages: How many of the user's latest earlier messages are removed just before those.
     :param omission_note: The user message left in place of what was removed (`{num_removed}` assistant and tool
         messages, `{num_removed_user}` user messages are substituted).
+    :param store: Where a user message that must go is offloaded, leaving a stand-in with its reference (readable back
+        through the proxy's read tool) instead of being removed; None removes it.
+    :param pointer: The stand-in's text (`{characters}`, `{reference}` and `{preview}` are substituted).
     :raises ValueError: If `user_text_share` is outside [0, 1] or a count is negative.
     """
 
@@ -105,6 +129,8 @@ class UserMessageWindow(Strategy):
         opening_user_messages: int = 2,
         latest_user_messages: int = 2,
         omission_note: str = DEFAULT_OMISSION_NOTE,
+        store: OffloadStore | None = None,
+        pointer: str = DEFAULT_USER_POINTER,
     ) -> None:
         if not 0 <= user_text_share <= 1:
             raise ValueError(f"`user_text_share` must be between 0 and 1, got {user_text_share}.")
@@ -123,6 +149,16 @@ class UserMessageWindow(Strategy):
         self.opening_user_messages = opening_user_messages
         self.latest_user_messages = latest_user_messages
         self.omission_note = omission_note
+        self.store = store
+        self.pointer = pointer
+        self._offload = None if store is None else ToolResultOffload(store, pointer=pointer)
+
+    def offloading_to(self, store: OffloadStore, pointer: str = DEFAULT_USER_POINTER) -> UserMessageWindow:
+        """The same window, offloading the user messages it must set aside to `store` (one request's, in the proxy)."""
+        offloading = copy.copy(self)
+        offloading.store, offloading.pointer = store, pointer
+        offloading._offload = ToolResultOffload(store, pointer=pointer)
+        return offloading
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
         instructions_end = leading_instructions_end(transcript)
@@ -132,14 +168,13 @@ class UserMessageWindow(Strategy):
         steps = current_step_groups(transcript, instructions_end, task_index)
         # The note is counted in: one left on top would set the next strategy of the chain going (the sliding window
         # would drop turns, the user's words with them, to make room for it).
-        note = self._note_message(len(transcript), len(transcript))
+        note = self._note_message(_LONGEST_COUNT, _LONGEST_COUNT)
         budget = target_tokens - transcript.tokens_of([*range(instructions_end), *task])
         budget -= transcript.counter.message_tokens(note)
         kept_steps = min(self.min_keep_steps, len(steps))
         needed = transcript.tokens_of(flatten(steps[len(steps) - kept_steps :]))
-        words = self._fit_words(
-            transcript, history.users, min(int(self.user_text_share * target_tokens), budget - needed)
-        )
+        user_room = min(int(self.user_text_share * target_tokens), budget - needed)
+        words = self._fit_words(transcript, history.users, user_room)
 
         room = budget - words.tokens
         task_tokens = transcript.tokens_of(flatten(steps))
@@ -149,8 +184,12 @@ class UserMessageWindow(Strategy):
         else:
             first_step = 0
             first_unit = newest_that_fit(transcript, history.units, room - task_tokens)
-
         kept_units = set(flatten(history.units[first_unit:]))
+        left = room - transcript.tokens_of([*flatten(steps[first_step:]), *kept_units])
+        if left > 0 and words.shortened:
+            # What the rest left unused goes back to the user's words: cut less, or remove fewer.
+            words = self._fit_words(transcript, history.users, words.tokens + left)
+
         entries: list[Entry] = [Kept(index) for index in range(instructions_end)]
         for index in range(instructions_end, task[0] if task else instructions_end):
             if index in words.kept:
@@ -159,12 +198,13 @@ class UserMessageWindow(Strategy):
                 entries.append(Kept(index))
         entries += [Kept(index) for index in [*task, *flatten(steps[first_step:])]]
         note_position = instructions_end if first_step == 0 else len(entries) - len(flatten(steps[first_step:]))
-        return self._with_note(transcript, entries, history, words, note_position)
+        return self._with_note(transcript, entries, words, note_position)
 
-    def _with_note(
-        self, transcript: Transcript, entries: list[Entry], history: _History, words: _Words, position: int
-    ) -> EditPlan | None:
-        """The plan of `entries` with one note for what they leave out, or None when they leave out only notes."""
+    def _with_note(self, transcript: Transcript, entries: list[Entry], words: _Words, position: int) -> EditPlan:
+        """The plan of `entries`, with one note at `position` for what they leave out, earlier notes folded in.
+
+        When they leave out nothing but earlier notes, those stay where they were and no note is added.
+        """
         present = {entry.index if isinstance(entry, Kept) else entry.replaces for entry in entries}
         notes = [index for index in range(len(transcript)) if index not in present and self._is_note(transcript, index)]
         missing = [index for index in range(len(transcript)) if index not in present and index not in notes]
@@ -202,8 +242,14 @@ class UserMessageWindow(Strategy):
         return _History(users, sorted([*steps, *singles]), notes)
 
     def _is_note(self, transcript: Transcript, index: int) -> bool:
-        """Whether the message at `index` is an omission note this strategy left."""
-        return transcript.created_by(index, self.name) and not self._is_user_words(transcript, index)
+        """Whether the message at `index` is an omission note this strategy or the sliding window left.
+
+        The sliding window's is folded in too, so a conversation holds one note whichever window wrote the last; its
+        count (of messages of any kind) joins the assistant and tool messages'.
+        """
+        if transcript.role(index) != "user" or self._is_user_words(transcript, index):
+            return False
+        return transcript.created_by(index, self.name) or transcript.created_by(index, SlidingWindow.name)
 
     def _is_user_words(self, transcript: Transcript, index: int) -> bool:
         """Whether the message at `index` is the user's own: as written, or cut down with its head and tail kept."""
@@ -212,29 +258,30 @@ class UserMessageWindow(Strategy):
         marker = transcript.marker(index)
         if marker is None:
             return True
-        return marker.get("strategy") in (self.name, *_CUT_MARKERS) and "removed_tokens" in marker
+        shortened = "removed_tokens" in marker or marker.get("offloaded") is True
+        return marker.get("strategy") in (self.name, *_CUT_MARKERS) and shortened
 
     def _fit_words(self, transcript: Transcript, users: list[int], room: int) -> _Words:
-        """The user's earlier messages within `room` tokens: cut middle-out to a common size, then removed in order."""
+        """The user's earlier messages within `room` tokens: the largest cut middle-out, then whole ones set aside."""
         sizes = {index: transcript.tokens(index) for index in users}
         if sum(sizes.values()) <= room:
             return _Words({index: Kept(index) for index in users}, [], sum(sizes.values()))
         order = self._removal_order(users)
-        floor = self.min_user_message_tokens
-        floored = sum(min(size, floor) for size in sizes.values())
-        removed: set[int] = set()
-        for index in order:
-            if floored <= room:
+        aside = self._set_aside(transcript, sizes, order, room)
+        words = _Words({index: Kept(index) for index in users if index not in aside})
+        words.tokens = sum(sizes[index] for index in words.kept)
+        # The largest first, each by what is still over, so that as many as can stay whole.
+        for index in sorted(words.kept, key=lambda index: (-sizes[index], index)):
+            if words.tokens <= room or sizes[index] <= self.min_user_message_tokens:
                 break
-            floored -= min(sizes[index], floor)
-            removed.add(index)
-        remaining = [index for index in users if index not in removed]
-        level = _water_level([sizes[index] for index in remaining], room, floor)
-        words = _Words()
-        for index in remaining:
-            cut = self._cut(transcript, index, sizes[index] - level) if sizes[index] > level else None
-            words.kept[index] = cut or Kept(index)
-            words.tokens += transcript.counter.message_tokens(cut.message) if cut else sizes[index]
+            cut = self._cut(transcript, index, min(words.tokens - room, sizes[index] - self.min_user_message_tokens))
+            if cut is not None:
+                words.kept[index] = cut
+                words.tokens -= sizes[index] - transcript.counter.message_tokens(cut.message)
+        for index, stand_in in aside.items():
+            if stand_in is not None:
+                words.kept[index] = stand_in
+                words.tokens += transcript.counter.message_tokens(stand_in.message)
         # A cut lands near its size, not on it, and a message without text cannot be cut: remove more if need be.
         for index in order:
             if words.tokens <= room:
@@ -244,9 +291,53 @@ class UserMessageWindow(Strategy):
                 words.tokens -= (
                     sizes[index] if isinstance(entry, Kept) else transcript.counter.message_tokens(entry.message)
                 )
-                removed.add(index)
-        words.removed = sorted(removed)
+        words.removed = [index for index in users if index not in words.kept]
         return words
+
+    def _set_aside(
+        self, transcript: Transcript, sizes: Mapping[int, int], order: list[int], room: int
+    ) -> dict[int, Created | None]:
+        """The messages that must go, in `order`, even if the rest are cut to `min_user_message_tokens`.
+
+        Each is offloaded behind a reference (its stand-in) where a store is given, else removed (None).
+        """
+        floor = self.min_user_message_tokens
+        floored = sum(min(size, floor) for size in sizes.values())
+        aside: dict[int, Created | None] = {}
+        for index in order:
+            if floored <= room:
+                break
+            stand_in = self._offloaded(transcript, index)
+            floored -= min(sizes[index], floor) - (
+                transcript.counter.message_tokens(stand_in.message) if stand_in else 0
+            )
+            aside[index] = stand_in
+        # A message set aside early in the order may have freed too little to matter: one set aside later made the
+        # room, so each comes back, the last first, where it still fits.
+        for index in reversed(list(aside)[:-1]):
+            stand_in = aside[index]
+            back = min(sizes[index], floor) - (transcript.counter.message_tokens(stand_in.message) if stand_in else 0)
+            if floored + back <= room:
+                floored += back
+                del aside[index]
+        return aside
+
+    def _offloaded(self, transcript: Transcript, index: int) -> Created | None:
+        """The stand-in of the user message at `index` offloaded to the store, or None (no store, or it cannot be)."""
+        if self._offload is None or transcript.meta[index].get(OFFLOADED_META_KEY):
+            return None
+        offloaded = self._offload.offload(transcript, index)
+        if offloaded is None:
+            return None
+        stand_in = created(
+            {**transcript.messages[index], "content": offloaded.pointer},
+            self.name,
+            replacing=index,
+            base_meta={**transcript.meta[index], OFFLOADED_META_KEY: list(offloaded.references)},
+            offloaded=True,
+            original_tokens=transcript.tokens(index),
+        )
+        return stand_in if transcript.counter.message_tokens(stand_in.message) < transcript.tokens(index) else None
 
     def _cut(self, transcript: Transcript, index: int, excess: int) -> Created | None:
         return cut_middle_out(transcript, index, excess, strategy=self.name, min_keep_tokens=0, notice=DEFAULT_NOTICE)
@@ -257,20 +348,6 @@ class UserMessageWindow(Strategy):
         rest = users[len(opening) :]
         split = max(len(rest) - self.latest_user_messages, 0)
         return [*rest[:split], *rest[split:], *reversed(opening)]
-
-
-def _water_level(sizes: list[int], room: int, floor: int) -> int:
-    """The largest size, not below `floor`, that `sizes` cut down to fit in `room` (the largest size if all fit)."""
-    low, high = floor, max(sizes, default=floor)
-    if sum(sizes) <= room:
-        return high
-    while low < high:
-        middle = (low + high + 1) // 2
-        if sum(min(size, middle) for size in sizes) <= room:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _count(marker: Mapping[str, Any], key: str) -> int:
