@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
         ["-m", "bench.resend", "--tokens", "20000", "--repeat", "1"],
         ["-m", "bench.exact_counts", "--tokens", "1000", "--turns", "2"],
         ["-m", "bench.retention", "--smoke"],
+        ["-m", "bench.digests", "--smoke"],
+        ["-m", "bench.repeated_lines"],
     ],
-    ids=["hook_vs_haystack", "resend", "exact_counts", "retention"],
+    ids=["hook_vs_haystack", "resend", "exact_counts", "retention", "digests", "repeated_lines"],
 )
 def test_bench_runs(args: list[str], tmp_path: Path) -> None:
     """The harness exits 0 (writing its results, where it has an option for it, under `tmp_path`)."""

@@ -6,7 +6,7 @@ rarely tells the model which result it was or whether it is worth reading back. 
 from another:
 
 - the call: the tool's name and its arguments (cut to `ARGUMENTS_CHARS`);
-- the size: lines and characters;
+- the size: lines and characters (and how many parts are not text: images, files);
 - a JSON object's top-level keys, or a JSON array's length and its first item's keys;
 - the first informative lines (lines with a letter or digit: not the opening `[` or `{`);
 - the error lines (error, fail, exception, traceback, warning, denied, not found ...), each once, the first ones and
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.engine.messages import Message, content_text
+from proxy.engine.messages import Message, content_parts, content_text
 from proxy.engine.tool_results import result_tool_name
 
 ARGUMENTS_CHARS: Final = 120
@@ -77,9 +77,10 @@ def digest(message: Message, call: Mapping[str, Any] | None) -> str:
         *(f"last: {_cut(line, LINE_CHARS)}" for line in last),
     ]
     line_count = text.count("\n") + (0 if text.endswith("\n") else 1) if text else 0
+    others = sum(1 for part in content_parts(message) if part.get("type") != "text")
     header = (
         f"Digest of {_call_text(message, call)}: {line_count} line{'' if line_count == 1 else 's'}, "
-        f"{len(text)} characters."
+        f"{len(text)} characters" + (f", {others} non-text part{'' if others == 1 else 's'}." if others else ".")
     )
     return _bounded(header, entries)
 

@@ -84,12 +84,17 @@ def test_bad_input_is_one_line_and_exit_status_2(args: list[str], stdin: bytes |
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def _file(step: int) -> str:
+    """A file's text: no line repeats (`repeated_lines` would shorten it without pruning)."""
+    return "".join(f"line {n} of file {step}\n" for n in range(120))
+
+
 def long_responses_request() -> dict[str, object]:
     items: list[dict[str, object]] = [{"role": "user", "content": "Read every file and report."}]
     for step in range(12):
         items.append({"type": "reasoning", "id": f"rs_{step}", "summary": [], "encrypted_content": "e" * 400})
         items.append({"type": "function_call", "call_id": f"c{step}", "name": "read", "arguments": f'{{"n": {step}}}'})
-        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": f"line of file {step}\n" * 120})
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": _file(step)})
     return {"model": "gpt-4o", "instructions": "You are a careful agent.", "input": items}
 
 

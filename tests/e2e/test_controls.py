@@ -265,7 +265,7 @@ async def test_an_sdk_agent_with_reasoning_streams_through_a_compacting_proxy(
     openai_upstream: OpenAIUpstream, responses_proxies: LoopbackProxies
 ) -> None:
     openai_upstream.responses_responder = responses_tool_loop_responder("read_file", steps=6)
-    # Pruning's placeholder is what this run checks (offloading's pointers, with their preview, fill a 3k window).
+    # Without offloading (its pointers, with their digests, fill a 3k window): the repeated lines are written once.
     proxy = await responses_proxies.start(context_windows={RESPONSES.model: 3000}, offload=False)
     async with openai.AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
         items: list[dict[str, Any]] = [{"role": "user", "content": "Review the module."}]
@@ -295,7 +295,7 @@ async def test_an_sdk_agent_with_reasoning_streams_through_a_compacting_proxy(
                 break
     assert final.output_text.startswith("done")
     forwarded = json.dumps(openai_upstream.responses_requests[-1]["input"])
-    assert "to free up context" in forwarded, "the run was compacted"
+    assert "line\\n[the previous line repeats 299 more times]" in forwarded, "the run was compacted, losslessly"
 
 
 async def test_an_overflow_inside_the_stream_is_retried_before_the_client_sees_it(

@@ -3,7 +3,7 @@ and the Responses API are checked for (read rounds, tenants, the next turn's pre
 
 The conversation's older large tool result is offloaded when it is compacted; the fake model (`reading_model`) calls
 the proxy's read tool with the reference it sees; the proxy answers the call itself and asks again; the client
-receives only the final answer, which quotes the secret marker the full text holds (and the preview does not).
+receives only the final answer, which quotes the secret marker it found in the text it read back.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The same Agent task through the proxy and through our hook in process sends the upstream the same messages.
 
+The hook prunes as the proxy does, with a digest under each placeholder (`proxy.engine.digest`); the hook's own
+`ToolResultPruningCompactor` writes Haystack's placeholder alone, as Haystack's does.
+
 One run points a Haystack `Agent`'s `OpenAIChatGenerator` at the real proxy (real compaction service, no hook);
 the other gives the Agent our `CompactionHook` with the proxy's defaults and talks to a fresh upstream directly.
 Both upstreams drive the same tool loop at the same small window, and record every request they receive.
@@ -28,6 +31,7 @@ from hooks.compaction import (
     UserMessageWindowCompactor,
 )
 from proxy.config import Settings
+from proxy.engine import Strategy, ToolResultPruning
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
 from tests.e2e.conftest import MODEL, WINDOW
@@ -37,6 +41,13 @@ from tests.support.openai_upstream import OpenAIUpstream
 API_KEY_VAR = "SAME_DECISION_TEST_OPENAI_KEY"
 STEPS = 30
 TASK = "Research alpha thoroughly."
+
+
+class DigestPruningCompactor(ToolResultPruningCompactor):
+    """Pruning as the proxy's chain prunes: Haystack's placeholder followed by the result's digest."""
+
+    def strategies(self) -> list[Strategy]:
+        return [ToolResultPruning(with_digest=True)]
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +113,7 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
 
     hook = CompactionHook(
         compactor=ChainCompactor(
-            [ToolResultPruningCompactor(), UserMessageWindowCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]
+            [DigestPruningCompactor(), UserMessageWindowCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]
         ),
         context_window=WINDOW,
         compact_at=settings.compact_at,
@@ -116,6 +127,7 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
         through_hook = sent(direct_upstream)
 
     assert len(through_proxy) == STEPS + 1
+    assert any("\nDigest of search(" in str(m["content"]) for m in through_proxy[-1]), "pruned with digests"
     shrank = sum(len(a) < len(b) for a, b in zip(through_proxy[1:], through_proxy, strict=False))
     assert shrank >= 2, "the proxy compacted fewer than twice"
     for index, (proxied, hooked) in enumerate(zip(through_proxy, through_hook, strict=False)):

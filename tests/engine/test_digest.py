@@ -122,7 +122,9 @@ def test_the_proxy_chain_prunes_with_a_digest_and_the_engine_default_keeps_hayst
     assert plain is not None and plain.compacted.messages[3]["content"] == placeholder
     proxy = chain_by_names(["tool_result_pruning"]).compact(Transcript(messages, COUNTER), 0)
     assert proxy is not None
-    assert proxy.compacted.messages[3]["content"] == placeholder + "\n" + digest(messages[3], messages[2]["tool_calls"][0])
+    assert proxy.compacted.messages[3]["content"] == placeholder + "\n" + digest(
+        messages[3], messages[2]["tool_calls"][0]
+    )
     pruning = strategy_by_name("tool_result_pruning")
     assert isinstance(pruning, ToolResultPruning) and pruning.with_digest and "tool_result_pruning" in DEFAULT_CHAIN
 
@@ -142,7 +144,9 @@ def test_an_offloaded_result_leaves_its_pointer_and_digest_and_stays_readable() 
 def test_a_reference_to_a_result_pruned_with_a_digest_gives_way_to_the_placeholder() -> None:
     """The dangling-reference repair still runs when the pruned copy carries a digest."""
     messages = run(
-        (call("run_tests", "{}"), TEST_LOG), (call("run_tests", "{}", "call_2"), TEST_LOG), (call("ls", "{}", "c3"), "a")
+        (call("run_tests", "{}"), TEST_LOG),
+        (call("run_tests", "{}", "call_2"), TEST_LOG),
+        (call("ls", "{}", "c3"), "a"),
     )
     chain = CompactionChain([DuplicateResults(), ToolResultPruning(min_tokens=10, with_digest=True)])
     compacted = chain.compact(Transcript(messages, COUNTER), 0)
@@ -150,3 +154,12 @@ def test_a_reference_to_a_result_pruned_with_a_digest_gives_way_to_the_placehold
     output = compacted.compacted.messages
     assert output[3]["content"] == DEFAULT_PLACEHOLDER.replace("{tool_name}", "run_tests")
     assert output[5]["content"].startswith(DEFAULT_PLACEHOLDER.replace("{tool_name}", "run_tests") + "\nDigest of")
+
+
+def test_a_result_with_images_says_how_many_parts_are_not_text() -> None:
+    content = [
+        {"type": "text", "text": "screenshot of the login page"},
+        {"type": "image_url", "image_url": {"url": "x"}},
+    ]
+    header = digest({"role": "tool", "tool_call_id": "c", "content": content}, call("screenshot", "{}")).splitlines()[0]
+    assert header == "Digest of screenshot({}): 1 line, 28 characters, 1 non-text part."

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import DEFAULT_CHAIN, CompactionChain, RepeatedLines, TiktokenCounter, Transcript
+from proxy.engine import DEFAULT_CHAIN, CompactionChain, DuplicateResults, RepeatedLines, TiktokenCounter, Transcript
 from proxy.engine.plan import COMPACTION_META_KEY
 from proxy.engine.strategies.repeated_lines import MARKER, collapsed, marker
 from proxy.engine.tool_results import LOSSLESS
@@ -113,3 +113,21 @@ def test_it_runs_only_over_the_target_and_leads_the_lossy_steps() -> None:
     assert CompactionChain([RepeatedLines()]).compact(transcript, transcript.total() - 1) is not None
     at = DEFAULT_CHAIN.index("repeated_lines")
     assert DEFAULT_CHAIN[at - 1 : at + 2] == ("json_minify", "repeated_lines", "tool_result_pruning")
+
+
+def test_a_copy_collapsed_by_an_earlier_compaction_is_still_a_duplicate_of_the_raw_copy_after_it() -> None:
+    """Rewrite memory replays the collapsed copy; the same log returned again later still makes it a reference."""
+    messages = conversation(LOG)
+    first = CompactionChain([RepeatedLines()]).compact(Transcript(messages, COUNTER), 0)
+    assert first is not None
+    again = {"id": "call_2", "type": "function", "function": {"name": "run_build", "arguments": "{}"}}
+    later = [
+        *first.compacted.messages[:4],
+        {"role": "assistant", "content": None, "tool_calls": [again]},
+        {"role": "tool", "tool_call_id": "call_2", "content": LOG},
+        messages[4],
+    ]
+    meta = [*first.compacted.meta[:4], {}, {}, {}]
+    second = CompactionChain([DuplicateResults()]).compact(Transcript(later, COUNTER, meta), 0)
+    assert second is not None
+    assert second.compacted.messages[3]["content"] == "[Same result as the later call `run_build` (call_2) below.]"

@@ -8,11 +8,10 @@ data. Results that are not JSON objects or arrays, or that would not get smaller
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import orjson
 
-from proxy.engine.strategies.text_rewrite import LosslessTextRewrite, rewritten_content
+from proxy.engine.strategies.text_rewrite import LosslessTextRewrite
 
 _JSON_START = re.compile(r"[ \t\r\n]*[\[{]")
 """What a JSON object or array opens with; anything else is passed over without copying or parsing it."""
@@ -46,8 +45,3 @@ class JsonMinify(LosslessTextRewrite):
     def rewrite(self, text: str) -> str | None:
         """`minified(text)`."""
         return minified(text)
-
-
-def minified_content(content: Any) -> str | list[Any] | None:
-    """The content with each JSON text minified (a string, or the `text` of each text part), or None if none was."""
-    return rewritten_content(content, minified)

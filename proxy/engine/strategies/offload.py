@@ -2,8 +2,9 @@
 
 Pruning forgets: its placeholder can only ask the model to run the tool again, which costs a round trip and is wrong
 for tools that are not idempotent. Offloading hands the full content to an `OffloadStore` and leaves, in place of
-the result, a reference with a short preview; a read tool over the same store gives the content back when the model
-needs it. Lossless compaction goes first, then offloading, and only then pruning, summarizing or dropping.
+the result, a reference with a short preview (Haystack's pointer) or a digest of what it held (the proxy's, see
+`proxy.engine.digest`); a read tool over the same store gives the content back when the model needs it. Lossless
+compaction goes first, then offloading, and only then pruning, summarizing or dropping.
 
 References are a hash of the content (`content_reference`), so compacting the same conversation twice, on any
 replica, writes the same bytes (rewrite memory replays them and the provider's prompt cache keeps hitting), and two
