@@ -78,6 +78,11 @@ def add_compact(subcommands: Any) -> None:
         "--superseded-tools", metavar="A,B,...", help="tools whose older results a newer same-argument call supersedes"
     )
     compact.add_argument(
+        "--user-text-share",
+        metavar="FRACTION",
+        help="share of the target the user's earlier messages may take in `user_message_window`, as `serve` takes it",
+    )
+    compact.add_argument(
         "--no-offload",
         action="store_true",
         help="plain pruning, as `serve --no-offload` or `X-Compaction-Offload: off` (default: offload as `serve` does)",
@@ -119,6 +124,7 @@ def compact_command(args: argparse.Namespace) -> int:
         "compact_to": args.compact_to,
         "strategies": args.strategies,
         "superseded_tools": args.superseded_tools,
+        "user_text_share": args.user_text_share,
         "offload": False if args.no_offload else None,
         "client_compaction": args.client_compaction,
     }
@@ -129,7 +135,11 @@ def compact_command(args: argparse.Namespace) -> int:
         if unknown:
             offline = ", ".join(OFFLINE_STRATEGIES)
             raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
-        base = chain_by_names(chain_names(settings.strategies), superseded_tools=settings.superseded_tools)
+        base = chain_by_names(
+            chain_names(settings.strategies),
+            superseded_tools=settings.superseded_tools,
+            user_text_share=settings.user_text_share,
+        )
         request, counter = _load(args)
         thresholds = Thresholds(args.context_window, settings.compact_at, settings.compact_to, request.reserved_tokens)
     except ValueError as error:

@@ -23,6 +23,7 @@ from hooks.compaction.counters import ApproximateTokenCounter, HaystackCounterAd
 from hooks.compaction.hook import CompactionHook
 from hooks.compaction.offload import ToolResultOffloadCompactor
 from hooks.compaction.summarizer import ChatGeneratorSummarizer, SummarizationCompactor
+from hooks.compaction.user_messages import UserMessageWindowCompactor
 
 allow_deserialization_module("hooks.compaction")
 
@@ -41,4 +42,5 @@ __all__ = [
     "TiktokenTokenCounter",
     "ToolResultOffloadCompactor",
     "ToolResultPruningCompactor",
+    "UserMessageWindowCompactor",
 ]

@@ -10,6 +10,7 @@ from proxy.config.kinds import ClientCompaction, Mode, ProviderState
 from proxy.config.probe_names import COUNT_PROBES, DEFAULT_COUNT_PROBES, WINDOW_PROBES, known_names
 from proxy.engine.strategies.offload import ToolResultOffload
 from proxy.engine.strategies.registry import DEFAULT_CHAIN
+from proxy.engine.strategies.user_message_window import DEFAULT_USER_TEXT_SHARE
 
 DEFAULT_STRATEGIES: Final = DEFAULT_CHAIN
 
@@ -41,9 +42,21 @@ class CompactionSettings(BaseModel):
         description=(
             "The compaction chain, in order; each runs only while the conversation is still over the target."
             " Names are those of the engine's strategies (`provider_compaction`, `duplicate_results`,"
-            " `superseded_results`, `json_minify`, `tool_result_pruning`, `sliding_window`, `summarization`,"
-            " `middle_out`) and `tool_result_offloading`, which places offloading (with `offload` on, it runs before"
-            " the first lossy step unless named). From the environment: a JSON list or comma-separated names."
+            " `superseded_results`, `json_minify`, `tool_result_pruning`, `user_message_window`, `sliding_window`,"
+            " `summarization`, `middle_out`) and `tool_result_offloading`, which places offloading (with `offload` on,"
+            " it runs before the first lossy step unless named). From the environment: a JSON list or comma-separated"
+            " names."
+        ),
+    )
+    user_text_share: float = Field(
+        default=DEFAULT_USER_TEXT_SHARE,
+        ge=0,
+        le=1,
+        description=(
+            "The share of the compaction target the user's own earlier messages may take (`user_message_window`):"
+            " within it they are kept byte for byte while old assistant messages and tool results go; past it the"
+            " longest are cut middle-out, then the middle ones removed before the opening and the latest. 0 keeps"
+            " none of them, 1 lets them take the whole target. Provisional default, to be set by the recall benchmark."
         ),
     )
     superseded_tools: list[str] = Field(

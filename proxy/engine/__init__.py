@@ -26,6 +26,7 @@ from proxy.engine.strategies import (
     SupersededResults,
     ToolResultOffload,
     ToolResultPruning,
+    UserMessageWindow,
 )
 from proxy.engine.strategies.registry import DEFAULT_CHAIN, STRATEGY_NAMES, chain_by_names
 from proxy.engine.transcript import Transcript
@@ -64,6 +65,7 @@ __all__ = [
     "ToolResultOffload",
     "ToolResultPruning",
     "Transcript",
+    "UserMessageWindow",
     "calibrated_decision",
     "chain_by_names",
     "compact_if_needed",

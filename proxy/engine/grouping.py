@@ -171,3 +171,15 @@ def historical_turn_groups(transcript: Transcript, instructions_end: int, task_i
 def flatten(groups: list[Group]) -> list[int]:
     """The indices of all groups, in order."""
     return [index for group in groups for index in group]
+
+
+def newest_that_fit(transcript: Transcript, groups: list[Group], budget: int) -> int:
+    """The position from which the newest groups fit in `budget`, adding newest first and stopping at the first miss."""
+    first = len(groups)
+    while first > 0:
+        tokens = transcript.tokens_of(groups[first - 1])
+        if tokens > budget:
+            break
+        budget -= tokens
+        first -= 1
+    return first

@@ -105,7 +105,9 @@ class CompactionPipeline:
         self.mode = settings.mode
         self.store: StateStore = store or open_store(settings)
         self.chain: CompactionChain = chain or chain_by_names(
-            chain_names(settings.strategies), superseded_tools=settings.superseded_tools
+            chain_names(settings.strategies),
+            superseded_tools=settings.superseded_tools,
+            user_text_share=settings.user_text_share,
         )
         self.windows = ContextWindows(settings.context_windows, settings.default_context_window)
         probes = ProbeBudget.of(settings, lambda kind, bound: self.metrics.probe_runs_refused.labels(kind, bound).inc())

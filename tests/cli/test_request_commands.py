@@ -47,7 +47,7 @@ def test_compact_fits_the_window_and_reports(tmp_path: Path) -> None:
     assert compacted["messages"][0] == body["messages"][0]  # type: ignore[index]
     assert compacted["messages"][-1] == body["messages"][-1]  # type: ignore[index]
     report = result.stderr.decode()
-    assert "strategies: sliding_window" in report and "removed" in report
+    assert "strategies: user_message_window" in report and "removed" in report
     counter = TiktokenCounter()
     assert counter.messages_tokens(compacted["messages"]) + 3 <= 0.4 * 4000
 

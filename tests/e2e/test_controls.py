@@ -168,7 +168,7 @@ async def test_metrics_count_compactions_by_strategy(wire: FormatCase, roomy: Lo
     proxy = await roomy.start(context_windows={wire.model: WINDOW})
     await wire.post(proxy, wire.conversation(30, tools=False), **{"X-Context-Window": "3000"})
     exposed = await proxy.exposition()
-    assert 'compaction_proxy_compactions_total{strategy="sliding_window"} 1.0' in exposed
+    assert 'compaction_proxy_compactions_total{strategy="user_message_window"} 1.0' in exposed
     assert f'compaction_proxy_outcomes_total{{api="{wire.name}",outcome="compacted"}} 1.0' in exposed
 
 

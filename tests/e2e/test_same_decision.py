@@ -28,6 +28,7 @@ from hooks.compaction import (
     SlidingWindowCompactor,
     TiktokenTokenCounter,
     ToolResultPruningCompactor,
+    UserMessageWindowCompactor,
 )
 from proxy.config import Settings
 from proxy.engine import Strategy, ToolResultPruning
@@ -111,7 +112,9 @@ async def test_proxy_and_hook_send_the_same_messages() -> None:
         through_proxy = sent(via_proxy_upstream)
 
     hook = CompactionHook(
-        compactor=ChainCompactor([DigestPruningCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]),
+        compactor=ChainCompactor(
+            [DigestPruningCompactor(), UserMessageWindowCompactor(), SlidingWindowCompactor(), MiddleOutCompactor()]
+        ),
         context_window=WINDOW,
         compact_at=settings.compact_at,
         compact_to=settings.compact_to,

@@ -55,12 +55,14 @@ def conversations(
     instruction_words: int = 60,
     client_context: bool = False,
     checkpoints: bool = False,
+    pasted_words: int = 0,
 ) -> Conversation:
     """A random agent conversation.
 
     :param instruction_words: The most words of each leading system or developer message.
     :param client_context: Put Codex-like stated context (environment, AGENTS.md) among the leading instructions.
     :param checkpoints: Let some model replies carry a provider compaction checkpoint.
+    :param pasted_words: The most words of a log or document the user pastes into some of their messages.
     """
     messages: list[dict[str, Any]] = []
     meta: list[dict[str, Any]] = []
@@ -84,7 +86,8 @@ def conversations(
     call_number = 0
     turns = draw(st.integers(min_value=0, max_value=max_turns))
     for turn in range(turns):
-        add({"role": "user", "content": f"task {turn}: " + _text(draw, 80)})
+        pasted = _text(draw, pasted_words) if pasted_words and draw(st.booleans()) else ""
+        add({"role": "user", "content": f"task {turn}: " + _text(draw, 80) + pasted})
         for _step in range(draw(st.integers(min_value=0, max_value=max_steps))):
             parallel = draw(st.integers(min_value=1, max_value=3))
             calls = []

@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from proxy.config import Settings
+from proxy.engine import CompactionChain
 from proxy.pipeline.routed import RoutedPipelines, build_pipeline
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
@@ -53,11 +54,15 @@ class LoopbackProxies:
         self.defaults = {"window_probes": [], "count_probes": [], **defaults}
         self._servers: list[TestServer] = []
 
-    async def start(self, **settings: Any) -> RunningProxy:
-        """A proxy with the default settings updated by `settings`."""
+    async def start(self, chain: CompactionChain | None = None, **settings: Any) -> RunningProxy:
+        """A proxy with the default settings updated by `settings`.
+
+        :param chain: The compaction chain its pipeline runs, instead of the one `strategies` names (a benchmark's
+            baseline strategies, which the registry does not know).
+        """
         values = {**self.defaults, **settings}
         configured = Settings(**values)
-        service = build_pipeline(configured)
+        service = build_pipeline(configured) if chain is None else CompactionPipeline(configured, chain=chain)
         server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)

@@ -11,6 +11,7 @@ from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer, SummaryRequest
 from proxy.engine.strategies.superseded_results import SupersededResults
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+from proxy.engine.strategies.user_message_window import UserMessageWindow
 
 __all__ = [
     "CompactionChain",
@@ -29,4 +30,5 @@ __all__ = [
     "SupersededResults",
     "ToolResultOffload",
     "ToolResultPruning",
+    "UserMessageWindow",
 ]

@@ -47,26 +47,39 @@ class MiddleOut(Strategy):
         )
 
     def _cut(self, transcript: Transcript, index: int, excess: int) -> Created | None:
-        message = transcript.messages[index]
-        location = _largest_text(message)
-        if location is None:
-            return None
-        text, rebuild = location
-        counter = transcript.counter
-        text_tokens = counter.text_tokens(text)
-        keep = max(text_tokens - excess - _NOTICE_RESERVE, self.min_keep_tokens)
-        if keep >= text_tokens:
-            return None
-        head, tail = counter.cut_middle(text, keep)
-        removed = text_tokens - counter.text_tokens(head) - counter.text_tokens(tail)
-        notice = self.notice.replace("{removed_tokens}", str(removed))
-        return created(
-            rebuild(head + notice + tail),
-            self.name,
-            replacing=index,
-            base_meta=transcript.meta[index],
-            removed_tokens=removed,
+        return cut_middle_out(
+            transcript, index, excess, strategy=self.name, min_keep_tokens=self.min_keep_tokens, notice=self.notice
         )
+
+
+def cut_middle_out(
+    transcript: Transcript, index: int, excess: int, *, strategy: str, min_keep_tokens: int, notice: str
+) -> Created | None:
+    """The message at `index` with the middle of its largest text cut out, about `excess` tokens smaller, or None.
+
+    The cut keeps at least `min_keep_tokens` of the text (half at each end) and puts `notice` (`{removed_tokens}`
+    substituted) where the middle was; the created message is marked by `strategy` with the `removed_tokens`. None
+    when the message has no text, or the text is already no longer than what would be kept.
+    """
+    message = transcript.messages[index]
+    location = _largest_text(message)
+    if location is None:
+        return None
+    text, rebuild = location
+    counter = transcript.counter
+    text_tokens = counter.text_tokens(text)
+    keep = max(text_tokens - excess - _NOTICE_RESERVE, min_keep_tokens)
+    if keep >= text_tokens:
+        return None
+    head, tail = counter.cut_middle(text, keep)
+    removed = text_tokens - counter.text_tokens(head) - counter.text_tokens(tail)
+    return created(
+        rebuild(head + notice.replace("{removed_tokens}", str(removed)) + tail),
+        strategy,
+        replacing=index,
+        base_meta=transcript.meta[index],
+        removed_tokens=removed,
+    )
 
 
 def _largest_first(transcript: Transcript) -> Iterator[int]:

@@ -15,6 +15,7 @@ from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization, Summarizer
 from proxy.engine.strategies.superseded_results import SupersededResults
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+from proxy.engine.strategies.user_message_window import DEFAULT_USER_TEXT_SHARE, UserMessageWindow
 
 STRATEGY_NAMES = (
     ProviderCompaction.name,
@@ -23,6 +24,7 @@ STRATEGY_NAMES = (
     JsonMinify.name,
     RepeatedLines.name,
     ToolResultPruning.name,
+    UserMessageWindow.name,
     SlidingWindow.name,
     Summarization.name,
     MiddleOut.name,
@@ -30,15 +32,21 @@ STRATEGY_NAMES = (
 """Every strategy, in the order a chain runs them."""
 DEFAULT_CHAIN = tuple(name for name in STRATEGY_NAMES if name != Summarization.name)
 """Every strategy but summarization (it needs an LLM): lossless steps first, then loss. `superseded_results` does
-nothing until tools are named for it."""
+nothing until tools are named for it. `user_message_window` reaches the target wherever `sliding_window` would while
+keeping the user's messages, so the sliding window after it acts only where the user's words alone do not fit."""
 
 
 def strategy_by_name(
-    name: str, summarizer: Summarizer | None = None, *, superseded_tools: Sequence[str] = ()
+    name: str,
+    summarizer: Summarizer | None = None,
+    *,
+    superseded_tools: Sequence[str] = (),
+    user_text_share: float = DEFAULT_USER_TEXT_SHARE,
 ) -> Strategy:
     """A strategy with its default settings.
 
     :param superseded_tools: The tools whose older results `superseded_results` replaces (see `SupersededResults`).
+    :param user_text_share: The share of the target the user's earlier messages may take (see `UserMessageWindow`).
     :raises ValueError: If the name is unknown, or `summarization` is asked for without a summarizer.
     """
     if name == ProviderCompaction.name:
@@ -53,6 +61,8 @@ def strategy_by_name(
         return RepeatedLines()
     if name == ToolResultPruning.name:
         return ToolResultPruning(with_digest=True)
+    if name == UserMessageWindow.name:
+        return UserMessageWindow(user_text_share=user_text_share)
     if name == SlidingWindow.name:
         return SlidingWindow()
     if name == MiddleOut.name:
@@ -65,10 +75,19 @@ def strategy_by_name(
 
 
 def chain_by_names(
-    names: Sequence[str], summarizer: Summarizer | None = None, *, superseded_tools: Sequence[str] = ()
+    names: Sequence[str],
+    summarizer: Summarizer | None = None,
+    *,
+    superseded_tools: Sequence[str] = (),
+    user_text_share: float = DEFAULT_USER_TEXT_SHARE,
 ) -> CompactionChain:
-    """A chain of the named strategies, in order.
+    """A chain of the named strategies, in order, with the settings `strategy_by_name` takes.
 
     :raises ValueError: If a name is unknown or the list is empty.
     """
-    return CompactionChain([strategy_by_name(name, summarizer, superseded_tools=superseded_tools) for name in names])
+    return CompactionChain(
+        [
+            strategy_by_name(name, summarizer, superseded_tools=superseded_tools, user_text_share=user_text_share)
+            for name in names
+        ]
+    )

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.engine.grouping import (
-    Group,
     current_step_groups,
     flatten,
     historical_turn_groups,
     latest_user_index,
     leading_instructions_end,
+    newest_that_fit,
 )
 from proxy.engine.plan import EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy
@@ -93,11 +93,9 @@ class SlidingWindow(Strategy):
         if task_tokens > budget:
             # The current task alone is over budget: all history goes, then the task's oldest steps.
             first_turn = len(turns)
-            first_step = min(
-                _first_group_that_fits(transcript, steps, budget), max(len(steps) - self.min_keep_steps, 0)
-            )
+            first_step = min(newest_that_fit(transcript, steps, budget), max(len(steps) - self.min_keep_steps, 0))
         else:
-            first_turn = _first_group_that_fits(transcript, turns, budget - task_tokens)
+            first_turn = newest_that_fit(transcript, turns, budget - task_tokens)
             first_step = 0
 
         kept_turns = flatten(turns[first_turn:])
@@ -105,15 +103,3 @@ class SlidingWindow(Strategy):
         kept_set = set(kept)
         note_position = instructions_end if first_step == 0 else instructions_end + len(kept_turns) + len(task)
         return _Split(kept, [index for index in range(len(transcript)) if index not in kept_set], note_position)
-
-
-def _first_group_that_fits(transcript: Transcript, groups: list[Group], budget: int) -> int:
-    """The position from which the newest groups fit in `budget`, adding newest first and stopping at the first miss."""
-    first = len(groups)
-    while first > 0:
-        tokens = transcript.tokens_of(groups[first - 1])
-        if tokens > budget:
-            break
-        budget -= tokens
-        first -= 1
-    return first

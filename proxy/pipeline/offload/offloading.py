@@ -25,10 +25,11 @@ from proxy.engine.strategies.offload import StagingOffloadStore, ToolResultOfflo
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.strategies.summarization import Summarization
 from proxy.engine.strategies.tool_result_pruning import ToolResultPruning
+from proxy.engine.strategies.user_message_window import UserMessageWindow
 from proxy.engine.transcript import Transcript
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
-from proxy.pipeline.offload.tool import POINTER, R, as_forwarded, offer_declined
+from proxy.pipeline.offload.tool import POINTER, USER_POINTER, R, as_forwarded, offer_declined
 from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -42,7 +43,9 @@ OFFLOADED_HEADER: Final = "X-Compaction-Offloaded"
 REFRESHES_REMEMBERED: Final = 10_000
 """Sets of offloaded results whose last refresh is remembered (one per conversation holding any, about)."""
 
-LOSSY: Final = frozenset({ToolResultPruning.name, SlidingWindow.name, Summarization.name, MiddleOut.name})
+LOSSY: Final = frozenset(
+    {ToolResultPruning.name, UserMessageWindow.name, SlidingWindow.name, Summarization.name, MiddleOut.name}
+)
 """Strategies that lose content: offloading goes before the first of them (before `tool_result_pruning`), unless the
 configured chain names `tool_result_offloading` where it should run."""
 
@@ -100,6 +103,8 @@ class Offloading:
     def for_request(self, request: WireRequest, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
+        The user message window offloads there too: a user message it must set aside leaves a reference.
+
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
             The setting can turn it off too, and so can a request the read tool cannot be offered to (counted):
             then there is no staging store and the chain is the proxy's, which prunes.
@@ -115,7 +120,10 @@ class Offloading:
             self.metrics().offload_declined.labels(reason).inc()
             return None, self.base
         staging = StagingOffloadStore()
-        strategies = list(self.base.strategies)
+        strategies = [
+            strategy.offloading_to(staging, USER_POINTER) if isinstance(strategy, UserMessageWindow) else strategy
+            for strategy in self.base.strategies
+        ]
         at = self.position
         if at is None:
             at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
