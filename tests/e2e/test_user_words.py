@@ -9,21 +9,16 @@ prefix the upstream saw stays byte-identical, and a later compaction keeps the r
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.engine.strategies.offload import content_reference
-from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
-from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import examples
 from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import FormatCase, Upstream, by_format
-from tests.support.wire_formats.case import PARAGRAPH
 
 WINDOW = 6000
 NOTE = b"earlier assistant and tool messages and"
@@ -147,38 +142,3 @@ def test_random_conversations_keep_the_users_words_the_pairs_and_the_prefix(
     compacted, next_turn = first
     assert [entry for entry in wire.entries_of(compacted) if _is_requirement(entry)] == sent
     assert wire.entries_bytes(next_turn).startswith(wire.entries_bytes(compacted)[:-1])
-
-
-def long_requirement(turn: int) -> str:
-    """A requirement with a document pasted in, its secret in the middle (what a middle-out cut would lose)."""
-    return f"Requirement {turn}: " + PARAGRAPH * 20 + f"SECRET-{1000 + turn} " + PARAGRAPH * 20
-
-
-@by_format()
-async def test_with_offloading_the_users_messages_that_must_go_are_read_back(
-    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
-) -> None:
-    wire.use_reading_model(format_upstream)
-    format_upstream.context_window = 1_000_000
-    proxy = await format_proxies.start(context_windows={wire.model: 12_000})
-    body = wire.conversation(16, paragraphs=4, tools=False)
-    turned = with_requirements(body[wire.entries])
-    entries = [
-        {**entry, "content": long_requirement(int(entry["content"].split()[1][:-1]))}
-        if _is_requirement(entry)
-        else entry
-        for entry in turned
-    ]
-
-    status, headers, answer = await wire.post(proxy, {**body, wire.entries: entries})
-
-    assert status == 200, answer
-    first = wire.forwarded(format_upstream)[0]
-    held = [turn for turn in range(16) if content_reference(long_requirement(turn)).encode() in first]
-    assert len(held) >= 2 and headers["X-Compaction-Offloaded"] == str(len(held))
-    assert READ_TOOL in wire.tool_names(first)
-    assert b"User message offloaded" in first
-    # The model read them back in full (at most `offload_reads_per_answer`, 8, in one answer), secrets and all.
-    found = [int(secret) - 1000 for secret in re.findall(r"SECRET-(\d+)", wire.read(answer).text)]
-    assert set(found) <= set(held) and len(found) == int(headers["X-Compaction-Reads"]) == min(len(held), 8)
-    assert first.count(b"Requirement 0: ") == 1, "the opening requirement stays, whole or cut"

@@ -101,8 +101,9 @@ class UserMessageWindow(Strategy):
     compaction folds an earlier note (its own or the sliding window's) into its own, so there is never more than
     one. Whenever `SlidingWindow` gets within its note of the target, this gets within the target.
 
-    With a `store` (the proxy offloads with one), a user message that must go is offloaded behind a reference the
-    model can read back, and a short stand-in takes its place; a stand-in is one of the user's messages thereafter.
+    With a `store`, a user message that must go is offloaded behind a reference the model can read back, and a short
+    stand-in takes its place; a stand-in is one of the user's messages thereafter. (The proxy does not give it one
+    yet: the read tool it would add is not reserved in the target.)
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1.
         Provisional default 0.5.
@@ -154,7 +155,7 @@ class UserMessageWindow(Strategy):
         self._offload = None if store is None else ToolResultOffload(store, pointer=pointer)
 
     def offloading_to(self, store: OffloadStore, pointer: str = DEFAULT_USER_POINTER) -> UserMessageWindow:
-        """The same window, offloading the user messages it must set aside to `store` (one request's, in the proxy)."""
+        """The same window, offloading the user messages it must set aside to `store` (one request's, say)."""
         offloading = copy.copy(self)
         offloading.store, offloading.pointer = store, pointer
         offloading._offload = ToolResultOffload(store, pointer=pointer)

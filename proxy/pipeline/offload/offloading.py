@@ -29,7 +29,7 @@ from proxy.engine.strategies.user_message_window import UserMessageWindow
 from proxy.engine.transcript import Transcript
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
-from proxy.pipeline.offload.tool import POINTER, USER_POINTER, R, as_forwarded, offer_declined
+from proxy.pipeline.offload.tool import POINTER, R, as_forwarded, offer_declined
 from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -103,8 +103,6 @@ class Offloading:
     def for_request(self, request: WireRequest, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
-        The user message window offloads there too: a user message it must set aside leaves a reference.
-
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
             The setting can turn it off too, and so can a request the read tool cannot be offered to (counted):
             then there is no staging store and the chain is the proxy's, which prunes.
@@ -120,10 +118,7 @@ class Offloading:
             self.metrics().offload_declined.labels(reason).inc()
             return None, self.base
         staging = StagingOffloadStore()
-        strategies = [
-            strategy.offloading_to(staging, USER_POINTER) if isinstance(strategy, UserMessageWindow) else strategy
-            for strategy in self.base.strategies
-        ]
+        strategies = list(self.base.strategies)
         at = self.position
         if at is None:
             at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))

@@ -30,12 +30,6 @@ POINTER: Final = (
 """What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool; the
 digest that follows it (`proxy.engine.digest`) says what the result held."""
 
-USER_POINTER: Final = (
-    "[User message offloaded ({characters} characters) under reference '{reference}'. To read it in full, call "
-    f"{READ_TOOL} with this reference. It opens: {{preview}}]"
-)
-"""What stands in for a user message the user message window offloaded, naming the read tool."""
-
 _DESCRIPTION: Final = (
     "Read the full text of an earlier tool result that was offloaded to save context. Pass the reference quoted in "
     "its placeholder."
