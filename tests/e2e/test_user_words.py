@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import examples
 from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import FormatCase, Upstream, by_format
