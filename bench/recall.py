@@ -51,7 +51,7 @@ FILL_TO: Final = TRIGGER / TARGET * 0.95
 
 TODAY_ROW: Final = "today's default chain (pinned names), offload on"
 DEFAULT_ROW: Final = "default chain, offload on"
-SHARES: Final = (0.25, 0.75, 1.0)
+SHARES: Final = (0.5, 0.6, 1.0)
 """`user_text_share` values tried besides the default's."""
 WINDOWS: Final = (32_768, 65_536)
 FILL: Final = 2.5

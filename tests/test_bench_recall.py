@@ -55,11 +55,6 @@ def test_the_default_keeps_as_many_facts_as_keeping_the_opening_and_latest(resul
     assert sum(ours.values()) >= sum(theirs.values()), (ours, theirs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33: the default chain bills 2.5 to 4% more than today's at both cached prices (it keeps the "
-    "user's words); see docs/benchmarks-retention.md",
-)
 def test_the_default_bills_no_more_than_todays_chain(results: list[recall.Result]) -> None:
     ours, today = (recall.summary(results, row)["billed"] for row in (recall.DEFAULT_ROW, recall.TODAY_ROW))
     for price in CACHED_PRICES:

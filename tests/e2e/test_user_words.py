@@ -22,7 +22,7 @@ from tests.support.proxies import LoopbackProxies
 from tests.support.wire_formats import FormatCase, Upstream, by_format
 
 WINDOW = 6000
-NOTE = b"earlier assistant and tool messages and"
+NOTE = b"Earlier assistant and tool messages were removed"
 """Words of the user message window's omission note."""
 
 

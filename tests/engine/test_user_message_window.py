@@ -76,7 +76,31 @@ def test_every_user_message_survives_byte_for_byte_while_tool_output_and_prose_g
     assert all(entry.replaces is None for entry in plan.created()), "no user message is cut when all fit"
     note = _note(plan)
     assert note["removed_user_messages"] == 0 and note["removed_messages"] > 0
-    assert f"{note['removed_messages']} earlier assistant and tool messages and 0 earlier user" in output[1]["content"]
+    text = next(entry.message["content"] for entry in plan.created() if entry.replaces is None)
+    assert "Earlier assistant and tool messages were removed" in text and "and 0 of the user's earlier" in text
+    assert output.index(messages[1]) + 1 == [m["content"] for m in output].index(text), (
+        "the note stands where the first removed message was: the opening request before it stays cached"
+    )
+
+
+def test_a_later_compaction_keeps_the_prefix_through_the_note_byte_for_byte() -> None:
+    messages = _requirements_then_work()
+    window = UserMessageWindow()
+    transcript = _transcript(messages)
+    first = window.plan(transcript, transcript.total() // 4)
+    assert first is not None
+    compacted = transcript.edited(first)
+    added = [*_step("e", "more numbers " * 300), {"role": "user", "content": "And the appendix."}]
+    later = Transcript([*compacted.messages, *added], COUNTER, [*compacted.meta, *({} for _ in added)])
+
+    second = window.plan(later, later.total() * 3 // 4)
+
+    assert second is not None and second.removed_count() > 0
+    compacted_messages = [dict(m) for m in compacted.messages]
+    recompacted = _output(list(later.messages), second)
+    note_at = next(i for i, m in enumerate(compacted_messages) if str(m["content"]).startswith("[Earlier assistant"))
+    assert note_at >= 2
+    assert recompacted[: note_at + 1] == compacted_messages[: note_at + 1], "instructions, opening and note unchanged"
 
 
 def test_sliding_window_at_the_same_target_loses_the_requirements() -> None:
@@ -154,7 +178,7 @@ def test_when_cutting_is_not_enough_the_middle_goes_first_and_the_opening_last()
     survivors = [m for m in output if m in users]
     assert survivors == [users[0], users[1], users[6], users[7]]
     assert _note(plan)["removed_user_messages"] == 4
-    assert "and 4 earlier user messages were removed" in output[1]["content"]
+    assert any("and 4 of the user's earlier messages" in m["content"] for m in output)
 
 
 def test_an_earlier_note_is_folded_into_the_next_with_its_counts() -> None:

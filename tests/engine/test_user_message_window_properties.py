@@ -15,7 +15,11 @@ from proxy.engine import DEFAULT_CHAIN, ApproximateCounter, CompactionChain, Kep
 from proxy.engine.grouping import current_step_groups, flatten, latest_user_index, leading_instructions_end
 from proxy.engine.plan import EditPlan
 from proxy.engine.strategies.offload import MemoryOffloadStore
-from proxy.engine.strategies.user_message_window import NUM_REMOVED_PLACEHOLDER, UserMessageWindow
+from proxy.engine.strategies.user_message_window import (
+    NUM_REMOVED_PLACEHOLDER,
+    NUM_REMOVED_USER_PLACEHOLDER,
+    UserMessageWindow,
+)
 from tests.engine.conversations import Conversation, assert_tool_pairs_intact, conversations
 from tests.support.examples import examples
 
@@ -166,7 +170,8 @@ def test_a_later_compaction_of_the_grown_conversation_keeps_one_note_and_the_use
         return
     assert _notes(later, second, (NAME,)) <= 1
     note = next(entry for entry in second.created() if entry.replaces is None)
-    assert note.message["content"].startswith(window.omission_note.split(NUM_REMOVED_PLACEHOLDER)[0])
+    fixed_start = window.omission_note.split(NUM_REMOVED_PLACEHOLDER)[0].split(NUM_REMOVED_USER_PLACEHOLDER)[0]
+    assert note.message["content"].startswith(fixed_start)
     users = _user_words(later)
     if later.tokens_of(users) <= _user_room(later, target, window):
         assert all(Kept(index) in second.entries for index in users)

@@ -70,7 +70,7 @@ def test_the_earlier_user_messages_reach_every_request_of_a_60_step_run(long_tas
         m for m in result["messages"] if m.meta.get("context_compaction", {}).get("strategy") == "user_message_window"
     ]
     assert len(notes) == 1, "one omission note at most"
-    assert "and 0 earlier user messages were removed" in (notes[0].text or "")
+    assert "and 0 of the user's earlier messages" in (notes[0].text or "")
 
 
 async def test_the_async_run_keeps_them_too(long_task_upstream: OpenAIUpstream) -> None:

@@ -23,8 +23,14 @@ from proxy.engine.strategies.offload import OFFLOADED_META_KEY, OffloadStore, To
 from proxy.engine.strategies.sliding_window import SlidingWindow
 from proxy.engine.transcript import Transcript, created
 
-DEFAULT_USER_TEXT_SHARE = 0.5
-"""Provisional: the share of the target the user's earlier messages may take, until the recall benchmark sets it."""
+DEFAULT_USER_TEXT_SHARE = 0.8
+"""The share of the target the user's earlier messages may take by default, chosen with `python -m bench.recall`.
+
+A cap, not a reservation: room the user's words leave goes to the rest. From 0.6 on every requirement and correction
+was kept and the bill stayed at or under that of the chain that kept none (their block is the stable, cached opening
+of every request after a compaction); lower shares kept more tool output and decisions but billed more (see
+docs/benchmarks-retention.md).
+"""
 
 DEFAULT_USER_POINTER = (
     "[User message offloaded ({characters} characters) under reference '{reference}'. It opens: {preview}]"
@@ -35,8 +41,8 @@ NUM_REMOVED_PLACEHOLDER = "{num_removed}"
 NUM_REMOVED_USER_PLACEHOLDER = "{num_removed_user}"
 
 DEFAULT_OMISSION_NOTE = (
-    "[{num_removed} earlier assistant and tool messages and {num_removed_user} earlier user messages were removed to"
-    " free up context; they cannot be recovered. The user's other messages are kept as they wrote them.]"
+    "[Earlier assistant and tool messages were removed to free up context, and {num_removed_user} of the user's"
+    " earlier messages; they cannot be recovered. The user's other messages are kept as they wrote them.]"
 )
 
 _LONGEST_COUNT = 999_999_999
@@ -51,7 +57,8 @@ class _History:
     """The conversation before the current task, sorted by what happens to it.
 
     :param users: The user's messages, oldest first.
-    :param units: Everything else, in units removed whole (an Agent step, or one message), oldest first.
+    :param units: Everything else, in units removed whole (what one turn holds besides the user's message), oldest
+        first.
     :param notes: This strategy's earlier omission notes, folded into a new one.
     """
 
@@ -90,14 +97,17 @@ class UserMessageWindow(Strategy):
       and its requirements are stated) last of all.
     - The current task's Agent steps are kept, oldest going first when they do not fit, always keeping the newest
       `min_keep_steps`.
-    - The rest of the earlier turns (assistant prose and reasoning, tool calls with all their results, notes and
-      summaries) fills what is left, newest first, whole Agent steps only, stopping at the first that does not fit.
+    - The rest of the earlier turns (assistant prose and reasoning, tool calls with all their results, summaries)
+      fills what is left, newest turn first, each turn's share as one (whole Agent steps, never split), stopping at
+      the first that does not fit.
     - What all that leaves unused goes back to the user's words that were over their share: cut less, or removed
       fewer.
 
-    One omission note says how many assistant and tool messages and how many user messages went: after the
-    instructions, or after the task's user message when steps of the task went. The note is counted within the target
-    (unlike `SlidingWindow`'s, which comes on top), so a chain's next strategy has nothing left to do; a later
+    One omission note says that assistant and tool messages went, and how many user messages: where the first of
+    them was (or where an earlier note stood), so the instructions and the user's opening messages before it stay
+    the prefix the provider has cached; after the task's user message when steps of the task went. Its default text
+    carries no count that changes from one compaction to the next, for the same reason. The note is counted within the
+    target (unlike `SlidingWindow`'s, which comes on top), so a chain's next strategy has nothing left to do; a later
     compaction folds an earlier note (its own or the sliding window's) into its own, so there is never more than
     one. Whenever `SlidingWindow` gets within its note of the target, this gets within the target.
 
@@ -198,13 +208,16 @@ class UserMessageWindow(Strategy):
             elif index in kept_units:
                 entries.append(Kept(index))
         entries += [Kept(index) for index in [*task, *flatten(steps[first_step:])]]
-        note_position = instructions_end if first_step == 0 else len(entries) - len(flatten(steps[first_step:]))
+        note_position = None if first_step == 0 else len(entries) - len(flatten(steps[first_step:]))
         return self._with_note(transcript, entries, words, note_position)
 
-    def _with_note(self, transcript: Transcript, entries: list[Entry], words: _Words, position: int) -> EditPlan:
+    def _with_note(self, transcript: Transcript, entries: list[Entry], words: _Words, position: int | None) -> EditPlan:
         """The plan of `entries`, with one note at `position` for what they leave out, earlier notes folded in.
 
-        When they leave out nothing but earlier notes, those stay where they were and no note is added.
+        With `position` None the note stands where the earliest of them was (an earlier note, or the first message
+        removed), so what comes before it, the instructions and the user's opening messages, stays the prefix the
+        provider has cached. When they leave out nothing but earlier notes, those stay where they were and no note is
+        added.
         """
         present = {entry.index if isinstance(entry, Kept) else entry.replaces for entry in entries}
         notes = [index for index in range(len(transcript)) if index not in present and self._is_note(transcript, index)]
@@ -225,6 +238,9 @@ class UserMessageWindow(Strategy):
             removed_user_messages=users,
             kept_messages=len(entries),
         )
+        if position is None:
+            first = min([*notes, *missing])
+            position = sum(1 for entry in entries if _source_position(entry) < first)
         return EditPlan(len(transcript), (*entries[:position], note, *entries[position:]))
 
     def _note_message(self, others: int, users: int) -> dict[str, str]:
@@ -240,7 +256,7 @@ class UserMessageWindow(Strategy):
         in_steps = set(flatten(steps))
         taken = {*users, *notes, *in_steps}
         singles = [[index] for index in range(start, end) if index not in taken]
-        return _History(users, sorted([*steps, *singles]), notes)
+        return _History(users, _by_turn(sorted([*steps, *singles]), users), notes)
 
     def _is_note(self, transcript: Transcript, index: int) -> bool:
         """Whether the message at `index` is an omission note this strategy or the sliding window left.
@@ -349,6 +365,27 @@ class UserMessageWindow(Strategy):
         rest = users[len(opening) :]
         split = max(len(rest) - self.latest_user_messages, 0)
         return [*rest[:split], *rest[split:], *reversed(opening)]
+
+
+def _by_turn(units: list[Group], users: list[int]) -> list[Group]:
+    """`units` (whole Agent steps and single messages, in order) joined into one per turn: those no user message parts.
+
+    Dropping a turn's assistant and tool messages together keeps what survives of a turn whole, and lands a compaction
+    as far under the target as the sliding window's turns do, so the next one comes no sooner.
+    """
+    turns: list[Group] = []
+    starts = iter(users)
+    boundary = next(starts, None)
+    for unit in units:
+        crossed = False
+        while boundary is not None and boundary < unit[0]:
+            crossed = True
+            boundary = next(starts, None)
+        if turns and not crossed:
+            turns[-1] = [*turns[-1], *unit]
+        else:
+            turns.append(list(unit))
+    return turns
 
 
 def _count(marker: Mapping[str, Any], key: str) -> int:
