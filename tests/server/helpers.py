@@ -62,6 +62,17 @@ class Recording(PassThrough):
         return [outcome for _, outcome in self.outcomes]
 
 
+@dataclass
+class HeldReport(Recording):
+    """Records an outcome only once the test releases it, to show that the client's answer does not wait for it."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
+        await self.release.wait()
+        return await super().complete(plan, outcome)
+
+
 MakeProxy = Callable[..., Awaitable[Proxy]]
 
 

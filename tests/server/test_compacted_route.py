@@ -19,7 +19,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.server.keys import METRICS
-from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
+from tests.server.helpers import HeldReport, MakeProxy, Proxy, Recording, raw_request
 from tests.support.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder
 
 MESSAGES: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
@@ -89,17 +89,6 @@ class Broken(Recording):
         if self.fail_complete:
             raise ValueError("boom")
         return None
-
-
-@dataclass
-class HeldReport(Recording):
-    """Records an outcome only once the test releases it, to show that the client's answer does not wait for it."""
-
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
-        await self.release.wait()
-        return await super().complete(plan, outcome)
 
 
 @pytest.fixture
