@@ -81,7 +81,8 @@ def add_compact(subcommands: Any) -> None:
     compact.add_argument(
         "--no-offload",
         action="store_true",
-        help="plain pruning, as `serve --offload false` or `X-Compaction-Offload: off` (default: offload as `serve` does)",
+        help="plain pruning, as `serve --offload false` or `X-Compaction-Offload: off` (default: offload as `serve`"
+        " does)",
     )
     compact.add_argument(
         "--client-compaction",

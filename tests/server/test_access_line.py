@@ -72,7 +72,6 @@ async def test_the_proxys_own_502_counts_its_bytes(make_proxy: MakeProxy, caplog
 
 async def _post(port: int) -> tuple[int, bytes, bytes]:
     request = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-        f"Content-Length: {len(BODY)}\r\n\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(BODY)}\r\n\r\n"
     ).encode() + BODY
     return await raw_request(port, request)

@@ -101,7 +101,7 @@ async def screenshot(
             devtools.close()
             process.kill()
             await process.wait()
-    path.write_bytes(png)
+    await asyncio.to_thread(path.write_bytes, png)
 
 
 def _as_fds_3_and_4(commands: int, answers: int) -> None:
