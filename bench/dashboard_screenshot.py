@@ -1,4 +1,4 @@
-"""The README's dashboard screenshot: a proxy in front of the fake upstream, a few minutes of traffic, Chromium.
+"""The dashboard screenshot of docs/using.md: a proxy in front of the fake upstream, a few minutes of traffic, Chromium.
 
 Each minute sends the run of `tests.e2e.dashboard_traffic` (more agent tasks in some minutes than in others) through
 a proxy with `dashboard` on, in real time: the proxy's own ring samples its metrics once a minute, as in production.
