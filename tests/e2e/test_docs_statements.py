@@ -6,13 +6,16 @@ from __future__ import annotations
 import re
 
 import aiohttp
+import orjson
 import pytest
 from pydantic import ValidationError
 
 from proxy.config import Settings
+from proxy.engine import TiktokenCounter
 from proxy.pipeline.offload.tool import READ_TOOL
 from tests.e2e.conftest import StartProxy
 from tests.e2e.test_readme_reference import REFERENCE, names, readme_table, send
+from tests.support.chat_requests import history, post
 from tests.support.exported_metrics import declared_names
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.test_docs import PAGES, prose
@@ -56,3 +59,22 @@ def test_a_settings_minimum_length_is_in_its_row(setting: str, short: object) ->
         Settings(**{setting: short})
     rows = {names(row[0])[0]: row for row in readme_table("Settings")}
     assert "at least 16 characters" in rows[setting][4]
+
+
+async def test_tokens_before_of_a_resent_conversation_is_counted_with_the_rewrite_replayed_as_documented(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    base_url = await start_proxy()
+    first = orjson.loads(history(30))
+    status, headers, answer = await post(base_url, orjson.dumps(first))
+    assert status == 200 and headers["X-Compaction"] == "compacted"
+    resent = {**first, "messages": [*first["messages"], answer["choices"][0]["message"], USER_AGAIN]}
+    status, headers, _ = await post(base_url, orjson.dumps(resent))
+    as_sent = TiktokenCounter().messages_tokens(resent["messages"])
+    assert status == 200 and int(headers["X-Compaction-Tokens-Before"]) < as_sent / 2  # the replayed conversation's
+    rows = {names(row[0])[0]: row[2] for row in readme_table("Response headers") if row[0]}
+    assert "rewrite replayed" in rows["X-Compaction-Tokens-Before"]
+    assert "(any size)" in rows["X-Compaction-Tokens-Before-Bound"]
+
+
+USER_AGAIN = {"role": "user", "content": "And the fix?"}
