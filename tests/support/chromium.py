@@ -98,9 +98,12 @@ async def screenshot(
         try:
             png = await asyncio.wait_for(asyncio.to_thread(devtools.capture, url, ready, width, height), within)
         finally:
-            devtools.close()
-            process.kill()
-            await process.wait()
+            devtools.close()  # Chromium shuts down, its helper processes with it, when its pipe closes
+            try:
+                await asyncio.wait_for(process.wait(), within)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
     await asyncio.to_thread(path.write_bytes, png)
 
 
@@ -118,39 +121,57 @@ class _DevTools:
         self.commands, self.answers = commands, answers
         self.next_id = 0
         self.buffer = b""
+        self.events: list[str] = []
+        """The methods of the events received so far, in order (`Page.loadEventFired`, ...)."""
 
     def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
-        """Send one command and return its result (events in between are skipped)."""
+        """Send one command and return its result (events in between are kept in `events`)."""
         self.next_id += 1
         message: dict[str, Any] = {"id": self.next_id, "method": method, "params": params}
         if session is not None:
             message["sessionId"] = session
         self.commands.write(json.dumps(message).encode() + b"\0")
         while True:
-            while b"\0" not in self.buffer:
-                chunk = self.answers.read(65536)
-                if not chunk:
-                    raise AssertionError(f"chromium closed its debugging pipe during {method}")
-                self.buffer += chunk
-            raw, self.buffer = self.buffer.split(b"\0", 1)
-            answer = json.loads(raw)
+            answer = self._next(method)
             if answer.get("id") == self.next_id:
                 if "error" in answer:
                     raise AssertionError(f"{method}: {answer['error']}")
                 return dict(answer["result"])
 
+    def wait_for_event(self, method: str) -> None:
+        """Return once an event `method` has arrived (at once when one already had)."""
+        while method not in self.events:
+            self._next(method)
+
+    def _next(self, waiting_for: str) -> dict[str, Any]:
+        """The next message on the pipe; an event's method is noted in `events`."""
+        while b"\0" not in self.buffer:
+            chunk = self.answers.read(65536)
+            if not chunk:
+                raise AssertionError(f"chromium closed its debugging pipe waiting for {waiting_for}")
+            self.buffer += chunk
+        raw, self.buffer = self.buffer.split(b"\0", 1)
+        message: dict[str, Any] = json.loads(raw)
+        if "method" in message:
+            self.events.append(message["method"])
+        return message
+
     def capture(self, url: str, ready: str, width: int, height: int) -> bytes:
-        """Open `url`, wait until `ready` holds (the page resolves it, no polling here), then take the PNG."""
+        """Open `url`, wait for its load event, then until `ready` holds (checked each frame), then take the PNG."""
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.call(
             "Emulation.setDeviceMetricsOverride", session, width=width, height=height, deviceScaleFactor=1, mobile=False
         )
         self.call("Page.enable", session)
+        self.events.clear()
         self.call("Page.navigate", session, url=url)
+        self.wait_for_event("Page.loadEventFired")  # the page's own document: not about:blank's, which it replaces
         waited = f"new Promise(done => {{ const check = () => ({ready}) ? done(true) : requestAnimationFrame(check);"
         waited += " check(); })"
-        self.call("Runtime.evaluate", session, expression=waited, awaitPromise=True)
+        result = self.call("Runtime.evaluate", session, expression=waited, awaitPromise=True, returnByValue=True)
+        if result.get("result", {}).get("value") is not True:
+            raise AssertionError(f"the page never got ready ({ready}): {result}")
         shot = self.call("Page.captureScreenshot", session, format="png")
         return base64.b64decode(shot["data"])
 
