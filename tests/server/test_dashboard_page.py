@@ -70,6 +70,9 @@ async def test_a_few_minutes_fill_the_time_axis_and_the_y_axis_names_zero_and_it
     levels = re.findall(r'<text[^>]*class="level"[^>]*>([^<]*)</text>', requests)
     assert times == ["4 min ago", "2 min ago", "now"]  # from the oldest point kept to now: not "60 min ago"
     assert sorted(levels) == ["0", "1", "2"]
+    for figure in dom.split("<section")[1:]:  # no figure repeats a label (a count's middle may round to its top)
+        texts = re.findall(r'<text[^>]*class="level"[^>]*>([^<]*)</text>', figure)
+        assert texts and len(texts) == len(set(texts))
     circles = [float(x) for x in re.findall(r'<circle cx="([\d.]+)"', requests)]
     assert len(circles) == len(TRAFFIC) + 1 and min(circles) < 200  # spread over the plot (560 wide)
 

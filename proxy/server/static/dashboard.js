@@ -50,11 +50,15 @@ function plot(figure, ends, windowSeconds) {
   const y = (v) => PAD.top + (1 - (v - bottom) / span) * (HEIGHT - PAD.top - PAD.bottom);
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: WIDTH - PAD.right, y1: y(0), y2: y(0) }));
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: HEIGHT - PAD.bottom }));
-  // The y-axis is labelled at its top, its middle, zero and its bottom (each once).
-  const levels = [...new Set([top, (top + bottom) / 2, 0, bottom])].filter((v) => top !== bottom || v === 0);
-  for (const value of levels) {
+  // The y-axis is labelled at its top, zero, its bottom and its middle, each text once (a count's middle may round
+  // to its top).
+  const shown = new Set();
+  for (const value of [top, 0, bottom, (top + bottom) / 2]) {
+    const text = formatted(value, figure.kind);
+    if (shown.has(text)) continue;
+    shown.add(text);
     const label = svgElement("text", { x: PAD.left - 4, y: y(value) + 3, "text-anchor": "end", class: "level" });
-    label.textContent = formatted(value, figure.kind);
+    label.textContent = text;
     svg.append(label);
   }
   const minutes = seconds / 60;
