@@ -1,8 +1,9 @@
-"""The README's dashboard screenshot: a proxy in front of the fake upstream, a few minutes of traffic, Chromium.
+"""The dashboard screenshot of docs/using.md: a proxy in front of the fake upstream, a few minutes of traffic, Chromium.
 
 Each minute sends the run of `tests.e2e.dashboard_traffic` (more agent tasks in some minutes than in others) through
 a proxy with `dashboard` on, in real time: the proxy's own ring samples its metrics once a minute, as in production.
-Then headless Chromium renders `/dashboard` to a PNG.
+Then headless Chromium renders `/dashboard` to a PNG once the page has drawn its figures (never "Loading the
+figures…").
 
 `python -m bench.dashboard_screenshot deploy/docs/dashboard.png` (about `--minutes` + 1 minutes).
 """
@@ -36,7 +37,8 @@ async def main(path: Path, minutes: int) -> None:
                 await exercise(proxy.url, upstream, tasks=TASKS[minute % len(TASKS)], key=f"sk-minute-{minute}")
                 if minute < minutes:
                     await asyncio.sleep(max(0.0, started + (minute + 1) * STEP_SECONDS + 1 - time.monotonic()))
-            await screenshot(proxy.url.removesuffix("/v1") + "/dashboard", path, height=1320)
+            page = proxy.url.removesuffix("/v1") + "/dashboard"
+            await screenshot(page, path, ready="document.body.dataset.loaded === 'true'", height=1320)
         finally:
             await proxies.close()
     print(path)

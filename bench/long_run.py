@@ -13,7 +13,7 @@ provider would bill (`bench.billing`) is set against the proxy's run over as man
 `python -m bench.long_run --strategies summarization,sliding_window,middle_out` runs it with another chain (and
 `--window`, `--result-lines`, `--tasks`, `--steps`, and proxy settings such as `--settings "compact_to=0.3
 compact_at=0.8"`; `--strategies` and `--settings` may be given more than once, one run for each pair) and prints
-its figures as JSON, or with `--markdown` as the tables the README quotes.
+its figures as JSON, or with `--markdown` as the tables docs/benchmarks.md quotes.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--log-dir", type=Path, default=Path("."), help="where the proxy's log goes")
-    parser.add_argument("--markdown", action="store_true", help="print the README's tables instead of JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the tables of docs/benchmarks.md, not JSON")
     options = parser.parse_args()
     shape = {"window": options.window, "result_lines": options.result_lines}
     direct = asyncio.run(direct_run(options.tasks, options.steps, **shape))

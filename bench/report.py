@@ -1,4 +1,4 @@
-"""The benchmark's markdown report: the tables the README quotes, from the results `bench.run` gathered."""
+"""The benchmark's markdown report: the tables docs/benchmarks.md quotes, from the results `bench.run` gathered."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The benchmark: every figure the README quotes, measured in one run on one machine, printed as a markdown table.
+"""The benchmark: every figure docs/benchmarks.md quotes, measured in one run on one machine, as markdown tables.
 
     python -m bench [--quick] [--output bench/results/bench.json]
 

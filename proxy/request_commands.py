@@ -29,6 +29,7 @@ from proxy.engine import (
     compact_if_needed,
     counter_for_model,
 )
+from proxy.engine.messages import ROLES, Message
 from proxy.engine.strategies.offload import ToolResultOffload, held_references
 from proxy.formats import format_of_body
 from proxy.pipeline.client_compaction import deferral
@@ -85,7 +86,8 @@ def add_compact(subcommands: Any) -> None:
     compact.add_argument(
         "--no-offload",
         action="store_true",
-        help="plain pruning, as `serve --no-offload` or `X-Compaction-Offload: off` (default: offload as `serve` does)",
+        help="plain pruning, as `serve --offload false` or `X-Compaction-Offload: off` (default: offload as `serve`"
+        " does)",
     )
     compact.add_argument(
         "--client-compaction",
@@ -131,10 +133,7 @@ def compact_command(args: argparse.Namespace) -> int:
     try:
         # The serve command's validation, so a bad fraction or chain gets the same one-line explanation.
         settings = load_settings(cli=flags, environ={})
-        unknown = [name for name in settings.strategies if name not in OFFLINE_STRATEGIES]
-        if unknown:
-            offline = ", ".join(OFFLINE_STRATEGIES)
-            raise CommandError(f"--strategies: {', '.join(unknown)} cannot run offline; choose from {offline}")
+        _check_offline(settings.strategies)
         base = chain_by_names(
             chain_names(settings.strategies),
             superseded_tools=settings.superseded_tools,
@@ -177,6 +176,31 @@ def compact_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_offline(strategies: list[str]) -> None:
+    """Refuse a chain `compact` cannot run: a name no strategy has, or summarization, which needs the upstream."""
+    choices = f"choose from {', '.join(OFFLINE_STRATEGIES)}"
+    unknown = [name for name in strategies if name not in (*STRATEGY_NAMES, ToolResultOffload.name)]
+    if unknown:
+        raise CommandError(f"--strategies: unknown strategy {', '.join(unknown)}; {choices}")
+    online = [name for name in strategies if name not in OFFLINE_STRATEGIES]
+    if online:
+        raise CommandError(f"--strategies: {', '.join(online)} cannot run offline (it asks the upstream); {choices}")
+
+
+def _check_messages(messages: list[Message]) -> None:
+    """Refuse a message no provider takes: a role it does not know, or content that is not text, parts or null.
+
+    The proxy forwards such a request untouched for the provider to refuse; these commands say so at once.
+    """
+    for position, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise CommandError(f"message {position}: role {role!r} is not one of {', '.join(sorted(ROLES))}")
+        if content is not None and not isinstance(content, str | list):
+            kind = type(content).__name__
+            raise CommandError(f"message {position}: content must be a string, a list of parts or null, not {kind}")
+
+
 def _load(args: argparse.Namespace) -> tuple[WireRequest, TokenCounter]:
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
@@ -187,6 +211,7 @@ def _load(args: argparse.Namespace) -> tuple[WireRequest, TokenCounter]:
         request = args.wire.parse(raw, None)
     except InvalidRequest as error:
         raise CommandError(str(error)) from None
+    _check_messages(request.messages)
     counter: TokenCounter = ApproximateCounter() if args.approximate else counter_for_model(request.model)
     return request, counter
 

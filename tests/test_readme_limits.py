@@ -1,4 +1,5 @@
-"""The README's table of limits and timeouts says what the settings are: every bound is in it, with its default.
+"""The table of limits and timeouts (docs/reliability.md) says what the settings are: every bound is in it, with
+its default.
 
 A bound is a setting that caps what a request, a client, a tenant or the state may cost (sizes, counts, rates,
 timeouts). Each must be listed with the default the code has, so an operator reading the reliability section learns
@@ -13,7 +14,7 @@ from typing import Any, Final
 
 from proxy.config import Settings
 
-README: Final = Path(__file__).resolve().parents[1] / "README.md"
+PAGE: Final = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 BOUND: Final = re.compile(
     r"^max_|_max_|_timeout$|_seconds$|_bytes$|_rate$|_rounds$|_per_answer$|_per_minute$|_concurrency$"
 )
@@ -26,7 +27,7 @@ QUANTITY: Final = re.compile(r"^([\d,]+(?:\.\d+)?) ?(s|bytes/s|bytes|KiB|MiB|GiB
 
 def table() -> dict[str, str]:
     """Each setting the limits table names, and the default the table gives it (as written)."""
-    text = README.read_text()
+    text = PAGE.read_text()
     start = text.index("**Limits and timeouts**")
     rows = [line for line in text[start:].split("\n\n", 2)[1].splitlines() if line.startswith("| `")]
     defaults: dict[str, str] = {}

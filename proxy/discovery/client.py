@@ -65,6 +65,9 @@ class ProbeClient:
         self.settings = settings
         self.upstream = settings.upstream
         self._session: aiohttp.ClientSession | None = None
+        self.reached = True
+        """Whether the last probe reached the upstream (an answer of any status), so that a run that found nothing
+        can say why: the upstream did not report a window, or could not be asked."""
 
     async def fetch(
         self, method: str, path: str, body: Mapping[str, Any] | None, credentials: Mapping[str, str]
@@ -99,9 +102,11 @@ class ProbeClient:
             async with self._client().request(
                 method, self.upstream + path, data=data, headers=sent, allow_redirects=False
             ) as response:
+                self.reached = True
                 payload = await read_bounded(response) if response.status == 200 else None
                 return ProbeAnswer(response.status, response.headers, payload)
         except (aiohttp.ClientError, OSError, TimeoutError):
+            self.reached = False
             return None
 
     async def aclose(self) -> None:

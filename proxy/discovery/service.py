@@ -229,6 +229,14 @@ class WindowDiscovery:
         back_off = min(RETRY_SECONDS * 2 ** min(failures - 1, 16), max(self.refresh, RETRY_SECONDS))
         tokens = previous.tokens if previous is not None else None
         self._known.put(key, _Known(tokens, answer.locked, now + back_off, failures))
+        if failures == 1 and not self.client.reached:
+            logger.warning(
+                "Could not reach the upstream to ask for model %r's context window; asking again in %d s. Check the"
+                " upstream setting and that the upstream is up.",
+                shown(model),
+                back_off,
+            )
+            return
         if failures == 1 and not answer.locked:
             fallback = self.windows.resolve_window(model, None, b"")
             if fallback is not None and fallback.source is WindowSource.TABLE:

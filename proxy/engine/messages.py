@@ -22,6 +22,8 @@ Message = Mapping[str, Any]
 
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
 TOOL_RESULT_ROLES = frozenset({"tool", "function"})
+ROLES = INSTRUCTION_ROLES | TOOL_RESULT_ROLES | {"user", "assistant"}
+"""Every role a message may have (the proxy forwards others untouched, for the provider to refuse)."""
 
 OPAQUE_PART = "opaque"
 """A content part a front end adds for something the model reads but the engine cannot see into (an encrypted

@@ -57,6 +57,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     try:
         response = await handler(request)
         record.status = response.status
+        record.bytes_out += _unsent_body_bytes(response)
         return response
     except web.HTTPException as exc:
         record.status = exc.status
@@ -64,7 +65,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     except asyncio.CancelledError:
         if record.status is None:
             record.status = CLIENT_CLOSED
-        record.client_disconnected = True
+        record.client_disconnected = not record.answered
         raise
     except Exception:
         record.error = record.error or "internal"
@@ -77,11 +78,23 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
             return web.Response(status=record.status)  # never sent: the connection is already closing
         server_log.exception("unhandled error in the proxy", extra={"fields": {"route": record.route}})
         record.status = 500
-        return internal_error(shape_of(request))
+        response = internal_error(shape_of(request))
+        record.bytes_out += _unsent_body_bytes(response)
+        return response
     finally:
         metrics.in_flight.dec()
         _account(request, record)
         REQUEST_ID.reset(named)
+
+
+def _unsent_body_bytes(response: web.StreamResponse) -> int:
+    """The body of a response the proxy answers itself (an error, a probe), which aiohttp sends after the handler.
+
+    A relayed response was written chunk by chunk, and counted as it went (`proxy.server.relay.write`).
+    """
+    if isinstance(response, web.Response) and not response.prepared and isinstance(response.body, bytes):
+        return len(response.body)
+    return 0
 
 
 def _account(request: web.Request, record: RequestRecord) -> None:

@@ -29,8 +29,11 @@ ASSETS: Final = {
     "/dashboard": ("dashboard.html", "text/html"),
     "/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard.css": ("dashboard.css", "text/css"),
+    "/dashboard.svg": ("dashboard.svg", "image/svg+xml"),
+    "/favicon.ico": ("dashboard.svg", "image/svg+xml"),
 }
-"""The page and what it loads: path -> (file in `proxy/server/static`, content type)."""
+"""The page and what it loads: path -> (file in `proxy/server/static`, content type). A browser asks for
+`/favicon.ico` on its own (for `dashboard.json`, say): answered here, never forwarded to the upstream."""
 
 DATA_PATH: Final = "/dashboard.json"
 

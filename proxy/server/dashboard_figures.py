@@ -70,8 +70,12 @@ class Figure:
     kind: Kind = "count"
 
     def to_json(self, window: Window) -> dict[str, Any]:
-        """The figure for `window`: each series' value per minute, and the headline numbers over the window."""
+        """The figure for `window`: each series' value per minute, and the headline numbers over the window.
+
+        A count is 0 in a minute it counted nothing; a share or ratio is null there (nothing to divide by).
+        """
         per_minute = [self.series(minute) for minute in window.minutes]
+        idle = 0.0 if self.kind == "count" else None  # a minute without traffic counted nothing; a share has no whole
         names = sorted({name for minute in [*per_minute, self.series(window.total)] for name in minute})
         return {
             "id": self.id,
@@ -80,7 +84,7 @@ class Figure:
             "kind": self.kind,
             "divides_by": self.divides_by,
             "metrics": list(self.metrics),
-            "series": [{"name": name, "values": [minute.get(name) for minute in per_minute]} for name in names],
+            "series": [{"name": name, "values": [minute.get(name, idle) for minute in per_minute]} for name in names],
             "items": [vars(item) for item in self.items(window.total)],
         }
 
@@ -263,7 +267,8 @@ FIGURES: Final = (
         "decisions",
         "What compaction did, by API",
         "requests per minute",
-        "Compacted share: compacted requests / requests the compaction side saw (chat completions and responses).",
+        "Compacted share: compacted requests / requests the compaction side saw (chat completions, responses and the"
+        " Messages API).",
         ("compaction_proxy_decisions_total",),
         lambda change: _counts(_decisions(change)),
         _decision_items,

@@ -44,6 +44,9 @@ class RequestRecord:
     fail_open: list[str] = field(default_factory=list)
     retried: bool = False
     stripped_usage: bool = False
+    answered: bool = False
+    """The whole answer was written, its end included: a client that closes its connection after that (curl does,
+    while the proxy still records the answer's usage) left nothing unanswered."""
     client_disconnected: bool = False
     error: str | None = None
 

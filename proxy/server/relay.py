@@ -126,4 +126,5 @@ async def finish(request: web.Request, out: web.StreamResponse) -> bool:
     except ConnectionError:
         request[RECORD].client_disconnected = True
         return False
+    request[RECORD].answered = True
     return True

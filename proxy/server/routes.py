@@ -14,7 +14,9 @@ INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths the proxy serves itself (for GET) instead of forwarding."""
 
 
-DASHBOARD_PATHS: Final = frozenset({"/dashboard", "/dashboard.json", "/dashboard.js", "/dashboard.css"})
+DASHBOARD_PATHS: Final = frozenset(
+    {"/dashboard", "/dashboard.json", "/dashboard.js", "/dashboard.css", "/dashboard.svg", "/favicon.ico"}
+)
 """The dashboard's page, data and assets (see `proxy.server.dashboard`): served (for GET) behind the proxy keys."""
 
 

@@ -146,6 +146,9 @@ class Upstream:
         self.first_byte_timeout = settings.first_byte_timeout
         self.idle_timeout = settings.idle_timeout
         self._turn_started = time.monotonic()
+        self.unreachable: str | None = None
+        """Why the last request could not connect to the upstream (connection refused, DNS lookup failed, ...), or
+        None once one did: `/readyz` reports it."""
 
     @staticmethod
     def create_session(settings: Settings) -> aiohttp.ClientSession:
@@ -194,7 +197,11 @@ class Upstream:
         except TimeoutError as exc:
             raise UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise _unreachable(exc) from exc
+            error = _unreachable(exc)
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                self.unreachable = str(error)
+            raise error from exc
+        self.unreachable = None
         if record is not None:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = response.status

@@ -59,9 +59,11 @@ async def test_the_snippet_and_the_curl_command_show_the_headers() -> None:
     async with OpenAIUpstream() as upstream:
         proxy = ProcessProxy(None, command=[str(script), "serve", "--upstream", upstream.base_url], port=0)
         async with proxy:
+            export = re.search(r"^export OPENAI_BASE_URL=(\S+)$", five_minutes(), re.MULTILINE)
+            assert export is not None and export.group(1) == "http://127.0.0.1:8080/v1"  # with /v1, as the SDK wants
             environment = {
                 **os.environ,
-                "OPENAI_BASE_URL": proxy.url + "/v1",
+                "OPENAI_BASE_URL": export.group(1).replace("http://127.0.0.1:8080", proxy.url),
                 "OPENAI_API_KEY": "sk-five-minutes",
             }
             printed = await run([sys.executable, "-c", block("python")], environment)

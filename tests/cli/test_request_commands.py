@@ -74,6 +74,22 @@ def test_compact_under_the_trigger_prints_the_body_unchanged() -> None:
             b"{}",
             b"compact_to (0.5) must be below compact_at (0.3)",
         ),
+        (["compact", "-", "--context-window", "100", "--strategies", "bogus"], b"{}", b"unknown strategy bogus"),
+        (
+            ["compact", "-", "--context-window", "100", "--strategies", "summarization"],
+            b"{}",
+            b"summarization cannot run offline",
+        ),
+        (
+            ["compact", "-", "--context-window", "100"],
+            b'{"messages": [{"role": "wizard", "content": "hi"}]}',
+            b"message 0: role 'wizard' is not one of",
+        ),
+        (
+            ["count", "-"],
+            b'{"messages": [{"role": "user", "content": 42}]}',
+            b"message 0: content must be a string, a list of parts or null, not int",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(args: list[str], stdin: bytes | None, message: bytes) -> None:
@@ -87,6 +103,15 @@ def test_bad_input_is_one_line_and_exit_status_2(args: list[str], stdin: bytes |
 def _file(step: int) -> str:
     """A file's text: no line repeats (`repeated_lines` would shorten it without pruning)."""
     return "".join(f"line {n} of file {step}\n" for n in range(120))
+
+
+def test_compact_help_names_the_serve_flag_serve_takes() -> None:
+    help_text = run("compact", "--help").stdout.decode()
+    assert "serve --offload false" in " ".join(help_text.split())
+    refused = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--no-offload"], capture_output=True, timeout=60, check=False
+    )
+    assert refused.returncode == 2  # the flag the help named before is not one `serve` takes
 
 
 def long_responses_request() -> dict[str, object]:

@@ -1,8 +1,8 @@
-"""The README's reference tables hold what the proxy does: every header and value it documents is one a running proxy
+"""The reference's tables hold what the proxy does: every header and value it documents is one a running proxy
 sends, every metric it lists is one `/metrics` exports (and the other way round), and every setting has its row.
 
-The tables are read from README.md as a user reads them; the proxy is the real one on loopback in front of the
-OpenAI-like upstream, driven by traffic that makes each header appear.
+The tables are read from docs/reference.md (the README links there) as a user reads them; the proxy is the real one
+on loopback in front of the OpenAI-like upstream, driven by traffic that makes each header appear.
 """
 
 from __future__ import annotations
@@ -45,10 +45,14 @@ NOT_PRODUCED_HERE = {
 """Header values whose traffic is another test's subject (named here); this test checks the proxy's code sends them."""
 
 
+REFERENCE = ROOT / "docs" / "reference.md"
+
+
 def readme_table(heading: str) -> list[list[str]]:
-    """The rows of the first table under `### heading`, as cells with their backticks, header and rule left out."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index(f"\n### {heading}\n") :].split("\n### ", 2)[1]
+    """The rows of the first table under `## heading` of the reference, as cells with their backticks, header and rule
+    left out."""
+    reference = REFERENCE.read_text()
+    section = reference[reference.index(f"\n## {heading}\n") :].split("\n## ", 2)[1]
     rows = [line for line in section.splitlines() if line.startswith("|")]
     return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|"))] for row in rows[2:]]
 
@@ -132,7 +136,7 @@ async def test_every_documented_header_and_value_is_sent(upstream: OpenAIUpstrea
             if name.lower().startswith("x-compaction"):
                 sent.setdefault(name, set()).add(value)
     documented = documented_headers()
-    assert set(sent) <= set(documented), f"sent but not in the README's table: {set(sent) - set(documented)}"
+    assert set(sent) <= set(documented), f"sent but not in the reference's table: {set(sent) - set(documented)}"
     for header, values in documented.items():
         elsewhere = [value for (name, value) in NOT_PRODUCED_HERE if name == header]
         if None in elsewhere:

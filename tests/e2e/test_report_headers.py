@@ -1,6 +1,6 @@
 """The response headers that tell a client what was done: integers, honest in observe mode, never silent.
 
-That the README documents each of them, and nothing the proxy does not send, is `test_readme_reference.py`.
+That docs/reference.md documents each of them, and nothing the proxy does not send, is `test_readme_reference.py`.
 """
 
 from __future__ import annotations

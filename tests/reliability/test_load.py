@@ -9,7 +9,7 @@ documented usage-chunk handling). No errors, and the proxy's memory stays bounde
 after, read from /proc, with a second round to show that nothing accumulates.
 
 Bounded in count (ROUNDS x STREAMS requests) and in time (every wait has a deadline); the figures are printed, for the
-README's reliability section. Deselect with `-m "not load"`.
+reliability page (docs/reliability.md). Deselect with `-m "not load"`.
 """
 
 from __future__ import annotations

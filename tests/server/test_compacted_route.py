@@ -20,7 +20,7 @@ from openai import AsyncOpenAI, OpenAI
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
 from proxy.server.keys import METRICS
 from proxy.simulator.openai_upstream import OpenAIUpstream, fixed_responder, tool_loop_responder
-from tests.server.helpers import MakeProxy, Proxy, Recording, raw_request
+from tests.server.helpers import HeldReport, MakeProxy, Proxy, Recording, raw_request
 
 MESSAGES: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
 
@@ -63,7 +63,7 @@ class TrimOnOverflow(Recording):
     retry: bool = True
 
     async def complete(self, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
-        self.outcomes.append((plan, outcome))
+        await self.record(plan, outcome)
         error = (outcome.error_body or {}).get("error") or {}
         if not self.retry or outcome.status != 400 or error.get("code") != "context_length_exceeded":
             return None
@@ -105,7 +105,7 @@ async def test_non_streaming_async_sdk(upstream: OpenAIUpstream, recording_proxy
     assert upstream.chat_requests[-1]["messages"] == MESSAGES
     [incoming] = chat.prepared
     assert incoming.path == "/v1/chat/completions" and incoming.headers["Authorization"] == "Bearer sk-test"
-    [(_, outcome)] = chat.outcomes
+    [outcome] = await chat.reported(1)
     assert outcome.status == 200
     assert outcome.usage == upstream.usages[-1]
     assert outcome.reply is not None and outcome.reply["content"] == "ok 2 messages"
@@ -142,7 +142,24 @@ async def test_non_streaming_sync_sdk(upstream: OpenAIUpstream, recording_proxy:
             return client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES).choices[0].message.content
 
     assert await asyncio.to_thread(call) == "ok 2 messages"
-    assert chat.outcomes[-1][1].usage == upstream.usages[-1]
+    [outcome] = await chat.reported(1)
+    assert outcome.usage == upstream.usages[-1]
+
+
+async def test_the_outcome_is_reported_after_the_client_has_its_answer(
+    upstream: OpenAIUpstream, make_proxy: MakeProxy
+) -> None:
+    # Why a test reads outcomes through `reported()`: a sync SDK in a thread could read them before they existed.
+    chat = HeldReport()
+    proxy = await make_proxy(upstream.base_url, chat)
+    async with sdk(proxy) as client:
+        reply = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    assert reply.choices[0].message.content == "ok 2 messages"
+    assert chat.outcomes == []  # the client has its answer; the report is still to come
+    waiting = asyncio.ensure_future(chat.reported(1))
+    chat.release.set()
+    [outcome] = await waiting
+    assert outcome.usage == upstream.usages[-1]
 
 
 async def test_streaming_sdk_sync_and_async(upstream: OpenAIUpstream, recording_proxy: tuple[Proxy, Recording]) -> None:
@@ -155,7 +172,7 @@ async def test_streaming_sdk_sync_and_async(upstream: OpenAIUpstream, recording_
         call.function.arguments or "" for chunk in chunks for call in (chunk.choices[0].delta.tool_calls or [])
     )
     assert arguments == '{"step": 1, "call": 0}{"step": 1, "call": 1}'
-    outcome = chat.outcomes[-1][1]
+    [outcome] = await chat.reported(1)
     assert outcome.usage is None  # nobody asked for it
     assert outcome.reply is not None
     assert [call["function"] for call in outcome.reply["tool_calls"]] == [
@@ -175,8 +192,9 @@ async def test_streaming_sdk_sync_and_async(upstream: OpenAIUpstream, recording_
             return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
 
     assert await asyncio.to_thread(call) == "héllo wörld"
-    assert chat.outcomes[-1][1].usage == upstream.usages[-1]
-    assert chat.outcomes[-1][1].reply == {"role": "assistant", "content": "héllo wörld"}
+    outcome = (await chat.reported(2))[-1]
+    assert outcome.usage == upstream.usages[-1]
+    assert outcome.reply == {"role": "assistant", "content": "héllo wörld"}
 
 
 def _normalized(stream: bytes) -> bytes:
@@ -201,7 +219,7 @@ async def test_injected_usage_is_stripped(
     assert b'"usage"' not in via
     assert _normalized(via) == _normalized(direct)  # exactly the stream the client would have seen without the proxy
     assert upstream.chat_requests[-1]["stream_options"] == {"include_usage": True}
-    outcome = chat.outcomes[-1][1]
+    [outcome] = await chat.reported(1)
     assert outcome.usage == upstream.usages[-1]
     assert outcome.reply is not None and len(outcome.reply["tool_calls"]) == 2
     assert outcome.reply["tool_calls"][1]["function"] == {"name": "lookup", "arguments": '{"step": 1, "call": 1}'}
@@ -211,7 +229,7 @@ async def test_injected_usage_is_stripped(
         stream = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
         chunks = [chunk async for chunk in stream]
     assert all(chunk.usage is None and chunk.choices for chunk in chunks)
-    assert chat.outcomes[-1][1].usage == upstream.usages[-1]
+    assert (await chat.reported(2))[-1].usage == upstream.usages[-1]
 
     # A client that asked for usage itself gets it.
     async with sdk(proxy) as client:
@@ -236,7 +254,7 @@ async def test_retry_once_with_a_new_plan(make_proxy: MakeProxy) -> None:
             text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
             assert text == "ok 2 messages"
         assert len(upstream.chat_requests) == 4
-        assert [outcome.status for _, outcome in chat.outcomes] == [400, 200, 400, 200]
+        assert [outcome.status for outcome in await chat.reported(4)] == [400, 200, 400, 200]
         assert metric(proxy, "compaction_proxy_retries_total") == 2
 
         chat.retry = False
@@ -349,5 +367,6 @@ async def test_gzip_completion_is_relayed_compressed_and_parsed_from_a_copy(make
         async with sdk(proxy) as client:
             reply = await client.chat.completions.create(model="m", messages=MESSAGES)
         assert reply.choices[0].message.content == "zipped"
-    assert chat.outcomes[-1][1].usage == completion["usage"]
-    assert chat.outcomes[-1][1].reply == {"role": "assistant", "content": "zipped"}
+    outcome = (await chat.reported(2))[-1]
+    assert outcome.usage == completion["usage"]
+    assert outcome.reply == {"role": "assistant", "content": "zipped"}

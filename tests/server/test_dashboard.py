@@ -100,3 +100,16 @@ async def test_the_data_never_holds_message_content_and_names_only_metrics_the_p
         assert set(figure["metrics"]) <= served, figure["id"]
     requests = next(figure for figure in orjson.loads(data)["figures"] if figure["id"] == "requests")
     assert requests["items"] == [{"id": "chat_completions", "label": "chat_completions", "value": 3.0, "kind": "count"}]
+
+
+async def test_the_browsers_icon_requests_are_answered_here_never_forwarded(
+    upstream: OpenAIUpstream, make_proxy: MakeProxy
+) -> None:
+    proxy = await make_proxy(upstream.base_url, dashboard=True)
+    _, _, page = await get(proxy.url + "/dashboard")
+    icon = re.search(rb'<link rel="icon" href="([^"]+)"', page)
+    assert icon is not None
+    for path in ("/" + icon.group(1).decode(), "/favicon.ico"):  # the page's own icon, and what a browser asks anyway
+        status, headers, body = await get(proxy.url + path)
+        assert status == 200 and headers["Content-Type"].startswith("image/svg+xml") and body.startswith(b"<svg")
+    assert upstream.requests == []

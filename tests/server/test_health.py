@@ -43,6 +43,25 @@ async def test_healthz_readyz_metrics(upstream: OpenAIUpstream, proxy: Proxy) ->
     assert all(request.path not in ("/healthz", "/readyz", "/metrics") for request in upstream.requests)
 
 
+async def test_readyz_is_degraded_while_the_upstream_refuses_connections(make_proxy: MakeProxy) -> None:
+    async with OpenAIUpstream() as upstream:
+        proxy = await make_proxy(upstream.base_url)
+    # The upstream is gone: its port refuses connections.
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/chat/completions", data=body) as response:
+            assert response.status == 502
+        async with http.get(proxy.url + "/readyz") as response:
+            answer = await response.json()
+        assert response.status == 200 and answer["status"] == "degraded"
+        assert "could not connect to the upstream (connection refused)" in answer["reason"]
+        async with OpenAIUpstream(port=upstream.port):
+            async with http.post(proxy.url + "/v1/chat/completions", data=body) as response:
+                assert response.status == 200
+            async with http.get(proxy.url + "/readyz") as response:
+                assert await response.json() == {"status": "ready"}
+
+
 class WithMetrics(PassThrough):
     def __init__(self) -> None:
         self.counter: Counter | None = None

@@ -51,3 +51,15 @@ async def test_every_logger_is_the_proxys_and_a_learned_window_is_logged_once() 
     [unreported] = [record for record in records if "reported no context window" in record["message"]]
     assert "the shipped table's 128000 tokens are used" in unreported["message"]
     assert "Set context_windows" not in unreported["message"]
+
+
+async def test_an_upstream_that_refuses_connections_is_logged_as_unreachable_not_as_windowless() -> None:
+    async with OpenAIUpstream() as upstream:
+        refusing = upstream.base_url
+    async with ProcessProxy(refusing) as proxy, aiohttp.ClientSession() as http:
+        async with http.post(proxy.url + "/v1/chat/completions", json=long_conversation(1)) as response:
+            assert response.status == 502
+        record = await proxy.wait_for_log(lambda record: "context window" in record["message"])
+        records = proxy.records()
+    assert record["message"].startswith("Could not reach the upstream to ask for model 'gpt-4o-mini'")
+    assert not [record for record in records if "reported no context window" in record["message"]]

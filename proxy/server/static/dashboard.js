@@ -29,6 +29,15 @@ function formatted(value, kind) {
   return Math.round(value).toLocaleString("en-US");
 }
 
+// The time axis spans the minutes kept (at least MIN_MINUTES, at most the window): a few minutes of data fill the
+// plot instead of sitting in the last sliver of an hour.
+const MIN_MINUTES = 4;
+
+function shownSeconds(ends, windowSeconds) {
+  const kept = Math.ceil((ends[ends.length - 1] - ends[0]) / 60);
+  return 60 * Math.min(Math.max(kept, MIN_MINUTES), Math.round(windowSeconds / 60));
+}
+
 function plot(figure, ends, windowSeconds) {
   const svg = svgElement("svg", { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-label": figure.title });
   const values = figure.series.flatMap((series) => series.values.filter((v) => v !== null));
@@ -36,21 +45,27 @@ function plot(figure, ends, windowSeconds) {
   const bottom = Math.min(0, ...values);
   const span = top - bottom || 1;
   const now = ends[ends.length - 1];
-  const x = (i) => PAD.left + (1 - (now - ends[i]) / windowSeconds) * (WIDTH - PAD.left - PAD.right);
+  const seconds = shownSeconds(ends, windowSeconds);
+  const x = (i) => PAD.left + (1 - (now - ends[i]) / seconds) * (WIDTH - PAD.left - PAD.right);
   const y = (v) => PAD.top + (1 - (v - bottom) / span) * (HEIGHT - PAD.top - PAD.bottom);
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: WIDTH - PAD.right, y1: y(0), y2: y(0) }));
   svg.append(svgElement("line", { class: "axis", x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: HEIGHT - PAD.bottom }));
-  for (const [value, anchor] of [[top, "top"], [bottom, "bottom"]]) {
-    if (anchor === "bottom" && value === 0 && top !== 0) continue;
-    const label = svgElement("text", { x: PAD.left - 4, y: y(value) + 3, "text-anchor": "end" });
-    label.textContent = formatted(value, figure.kind);
+  // The y-axis is labelled at its top, zero, its bottom and its middle, each text once (a count's middle may round
+  // to its top).
+  const shown = new Set();
+  for (const value of [top, 0, bottom, (top + bottom) / 2]) {
+    const text = formatted(value, figure.kind);
+    if (shown.has(text)) continue;
+    shown.add(text);
+    const label = svgElement("text", { x: PAD.left - 4, y: y(value) + 3, "text-anchor": "end", class: "level" });
+    label.textContent = text;
     svg.append(label);
   }
-  const minutes = Math.round(windowSeconds / 60);
+  const minutes = seconds / 60;
   const ticks = [[`${minutes} min ago`, 0, "start"], [`${minutes / 2} min ago`, 0.5, "middle"], ["now", 1, "end"]];
   for (const [text, share, anchor] of ticks) {
     const position = PAD.left + share * (WIDTH - PAD.left - PAD.right);
-    const label = svgElement("text", { x: position, y: HEIGHT - 4, "text-anchor": anchor });
+    const label = svgElement("text", { x: position, y: HEIGHT - 4, "text-anchor": anchor, class: "time" });
     label.textContent = text;
     svg.append(label);
   }
