@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.server.keys import COMPACTION, METRICS, READINESS, UPSTREAM
+from proxy.server.keys import COMPACTION, METRICS, READINESS, ROUTES
 from proxy.server.readiness import unready_reason
 
 
@@ -19,18 +19,19 @@ async def readyz(request: web.Request) -> web.Response:
     A replica whose state store does not answer still forwards every request (uncompacted: fail open), and every
     replica of a gateway shares that store, so a 503 then would take the whole Service out of rotation for nothing:
     the answer stays 200, with `{"status": "degraded", "reason": ...}` for people and monitors to see. The same holds
-    for an upstream the last request could not connect to (every replica shares it too).
+    for a route's upstream that the route's last request could not connect to (every replica shares it too).
     """
     readiness = request.app[READINESS]
     if not readiness.ready:
         state = "shutting_down" if readiness.shutting_down else "starting"
         return web.json_response({"status": state}, status=503)
     reason = await unready_reason(request.app[COMPACTION])
-    unreachable = request.app[UPSTREAM].unreachable
+    unreachable = next((route for route in request.app[ROUTES].routes if route.upstream.unreachable), None)
     if reason is None and unreachable is not None:
         reason = (
-            f"the last request could not connect to the upstream ({unreachable}); requests are answered 502 until it"
-            " answers: check the upstream setting and that the upstream is up"
+            f"the last request on route {unreachable.name} could not connect to its upstream"
+            f" ({unreachable.upstream.unreachable}); its requests are answered 502 until it answers: check the"
+            " upstream setting and that the upstream is up"
         )
     if reason is not None:
         return web.json_response({"status": "degraded", "reason": reason})

@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.cli.test_five_minutes import run
-from tests.support.anthropic_upstream import AnthropicUpstream
 from tests.support.process_proxy import ProcessProxy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from proxy.config import Settings
 from proxy.engine import TiktokenCounter
 from proxy.pipeline.offload.tool import READ_TOOL
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.e2e.conftest import StartProxy
 from tests.e2e.test_readme_reference import REFERENCE, names, readme_table, send
 from tests.support.chat_requests import history, post
 from tests.support.exported_metrics import declared_names
-from tests.support.openai_upstream import OpenAIUpstream
 from tests.test_docs import PAGES, prose
 
 UNREADABLE = (b"{not json", b'{"model": "gpt-4o-mini", "messages": "oops"}')

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from proxy.server.logging import ACCESS_LOGGER
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import HeldReport, MakeProxy, raw_request
-from tests.support.openai_upstream import OpenAIUpstream
 
 BODY = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hello."}]})
 

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from proxy.server.dashboard import DATA_PATH, RING
 from proxy.server.keys import METRICS
+from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.server.helpers import MakeProxy
 from tests.support.chromium import chromium_or_skip, dump_dom
-from tests.support.openai_upstream import OpenAIUpstream
 
 BODY = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hello."}]}
 TRAFFIC = (2, 0, 1, 0)

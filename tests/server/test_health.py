@@ -54,7 +54,7 @@ async def test_readyz_is_degraded_while_the_upstream_refuses_connections(make_pr
         async with http.get(proxy.url + "/readyz") as response:
             answer = await response.json()
         assert response.status == 200 and answer["status"] == "degraded"
-        assert "could not connect to the upstream (connection refused)" in answer["reason"]
+        assert "could not connect to its upstream (connection refused)" in answer["reason"]
         async with OpenAIUpstream(port=upstream.port):
             async with http.post(proxy.url + "/v1/chat/completions", data=body) as response:
                 assert response.status == 200
