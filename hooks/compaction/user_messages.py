@@ -21,9 +21,10 @@ class UserMessageWindowCompactor(EngineCompactor):
     The leading system messages and the latest user message are always kept. The user's earlier messages are kept
     byte for byte within `user_text_share` of the target; past it the longest (a pasted log) are cut middle-out, then
     the ones in the middle are removed before the opening ones (where a task's requirements are stated) and the
-    latest. Assistant prose, reasoning and tool calls with all their results go first, oldest first, a whole Agent
-    step at a time; the current task's newest `min_keep_steps` steps always stay. One omission note says how many
-    assistant and tool messages and how many user messages went; a later compaction folds it into its own.
+    latest. Assistant prose, reasoning and tool calls with all their results go first, oldest turn first, a turn's
+    share at a time; the current task's newest `min_keep_steps` steps always stay. One omission note, where the first
+    removed message was, says that assistant and tool messages went and how many user messages; a later compaction
+    folds it into its own in the same place, so the messages before it stay a cached prefix.
 
     ```python
     from hooks.compaction import CompactionHook, UserMessageWindowCompactor
@@ -49,8 +50,10 @@ class UserMessageWindowCompactor(EngineCompactor):
         :param min_user_message_tokens: The size below which no user message is cut: past it, messages are removed.
         :param opening_user_messages: How many of the user's first messages are the last to be removed.
         :param latest_user_messages: How many of the user's latest earlier messages are removed just before those.
-        :param omission_note: The user message left in place of what was removed: `{num_removed}` is replaced by the
-            number of assistant and tool messages removed, `{num_removed_user}` by the number of user messages.
+        :param omission_note: The user message left in place of what was removed: `{num_removed_user}` is replaced by
+            the number of user messages removed, and `{num_removed}`, where a note names it, by the number of
+            assistant and tool messages (the default does not: a count that changes every compaction would change the
+            cached prefix).
         :raises ValueError: If `user_text_share` is outside [0, 1] or a count is negative.
         """
         self.user_text_share = user_text_share

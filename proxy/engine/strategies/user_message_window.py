@@ -115,8 +115,8 @@ class UserMessageWindow(Strategy):
     stand-in takes its place; a stand-in is one of the user's messages thereafter. (The proxy does not give it one
     yet: the read tool it would add is not reserved in the target.)
 
-    :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1.
-        Provisional default 0.5.
+    :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1 (see
+        `DEFAULT_USER_TEXT_SHARE`).
     :param min_keep_steps: The fewest complete recent Agent steps of the current task kept even over the target.
     :param min_user_message_tokens: The size below which no user message is cut: past it, messages are removed.
     :param opening_user_messages: How many of the user's first messages are the last to be removed.
