@@ -68,17 +68,17 @@ def read_tool_tokens(request: WireRequest, wire: WireFormat, max_tools: int) -> 
     """What offering the read tool adds to `request`, counted as its format counts tools; 0 when it cannot be offered.
 
     Its declaration, and on the Messages API the tool-use system prompt a request without tools does not pay for.
-    Counted with the model's counter, in the unit of the compaction target.
+    Counted with the model's counter, in the unit of the compaction target. Providers render tool schemas their own
+    way: the declaration is counted both as the engine renders tools (`overhead_tokens`) and as the JSON the request
+    carries, and the larger is taken, so that the request with the tool stays within the target either way.
     """
     offered = as_forwarded(request, wire.read_tool, (READ_TOOL,), max_tools)
     if offered is request:
         return 0
     counter = counter_for_model(request.model)
-
-    def cost(sent: WireRequest) -> int:
-        return counter.overhead_tokens(sent.overhead_fields) + sent.added_prompt_tokens
-
-    return max(cost(offered) - cost(request), 0)
+    rendered = counter.overhead_tokens(offered.overhead_fields) - counter.overhead_tokens(request.overhead_fields)
+    declared = counter.text_tokens(orjson.dumps([wire.read_tool]).decode())
+    return max(rendered, declared, 0) + max(offered.added_prompt_tokens - request.added_prompt_tokens, 0)
 
 
 def offer_declined(request: WireRequest, max_tools: int) -> str | None:
