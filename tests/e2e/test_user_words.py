@@ -4,6 +4,8 @@ A conversation whose user messages state requirements (short, each with a code t
 answers fill the window goes through the proxy with its default settings (offloading on). Every user message, within
 the budget the user text may take, reaches the upstream byte for byte; the next turns replay the rewrite, so the
 prefix the upstream saw stays byte-identical, and a later compaction keeps the requirements again with one note.
+Requirements too long to keep are offloaded behind references the model reads back in full, with the read tool's
+tokens within the compaction target.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ async def test_with_offloading_the_users_messages_that_must_go_are_read_back_wit
     assert len(held) >= 2 and headers["X-Compaction-Offloaded"] == str(len(held))
     assert wire.tool_names(first) == [READ_TOOL]
     assert b"User message offloaded" in first
-    assert first.count(b"Requirement 0: ") == 1, "the opening requirement stays, whole or cut"
+    assert first.count(b"Requirement 0: ") == 1, "the opening requirement stays: whole, cut, or behind its stand-in"
     defaults = Settings()
     target = Thresholds(window, defaults.compact_at, defaults.compact_to, body.get("max_tokens", 0)).target_total
     assert wire.upstream_prompt_tokens(format_upstream)[0] <= target, "the read tool's tokens are within the target"

@@ -115,7 +115,7 @@ class UserMessageWindow(Strategy):
     stand-in takes its place; a stand-in is one of the user's messages thereafter. Reading it back takes a tool the
     request may not have had: when a compaction offloads one, it is made again within the target less
     `reserved_tokens`, what the tool adds to the request, so the request with the tool still fits. A compaction that
-    offloads none decides exactly as without a store.
+    offloads none reserves nothing: it decides as if `reserved_tokens` were 0.
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1 (see
         `DEFAULT_USER_TEXT_SHARE`).
