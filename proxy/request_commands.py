@@ -144,7 +144,7 @@ def compact_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from None
     # Offloaded texts go to a store thrown away at exit: the body printed is the one `serve` forwards.
-    _, chain = Offloading(settings, MemoryStore(), base, CompactionMetrics).for_request(request, off=False)
+    _, chain = Offloading(settings, MemoryStore(), base, CompactionMetrics).for_request(request, args.wire, off=False)
     deferred, _ = deferral(settings.client_compaction, {}, request)
     thresholds = replace(thresholds, client_compacts=deferred is not None)
     transcript = Transcript(request.messages, counter)

@@ -115,7 +115,7 @@ class OverflowRetry:
         """The retry compacted to `window`, or None when nothing may or can be removed."""
         settings, request, scale = self.settings, exchange.request, refused.scale
         thresholds = Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
-        staging, strategies = self.offloading.for_request(request, exchange.offload_off)
+        staging, strategies = self.offloading.for_request(request, exchange.wire, exchange.offload_off)
         provider_overhead = refused.provider_tokens(0)
         target = int(thresholds.target_tokens(provider_overhead) / scale)
 

@@ -243,7 +243,7 @@ class CompactionPipeline:
         )
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(
-            request, exchange.offload_off or not measured.decision.compact
+            request, incoming.wire, exchange.offload_off or not measured.decision.compact
         )
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         work = partial(self.work.run, exchange, whole=True)

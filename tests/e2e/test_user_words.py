@@ -4,22 +4,30 @@ A conversation whose user messages state requirements (short, each with a code t
 answers fill the window goes through the proxy with its default settings (offloading on). Every user message, within
 the budget the user text may take, reaches the upstream byte for byte; the next turns replay the rewrite, so the
 prefix the upstream saw stays byte-identical, and a later compaction keeps the requirements again with one note.
+Requirements too long to keep are offloaded behind references the model reads back in full, with the read tool's
+tokens within the compaction target.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.config import Settings
+from proxy.engine import Thresholds
+from proxy.engine.strategies.offload import content_reference
+from proxy.formats.anthropic.rules import MAX_BREAKPOINTS
+from proxy.pipeline.offload.tool import READ_TOOL
 from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
 from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import examples
 from tests.support.proxies import LoopbackProxies
-from tests.support.wire_formats import FormatCase, Upstream, by_format
+from tests.support.wire_formats import PARAGRAPH, FormatCase, Upstream, by_format
 
 WINDOW = 6000
 NOTE = b"Earlier assistant and tool messages were removed"
@@ -143,3 +151,46 @@ def test_random_conversations_keep_the_users_words_the_pairs_and_the_prefix(
     compacted, next_turn = first
     assert [entry for entry in wire.entries_of(compacted) if _is_requirement(entry)] == sent
     assert wire.entries_bytes(next_turn).startswith(wire.entries_bytes(compacted)[:-1])
+
+
+def long_requirement(turn: int) -> str:
+    """A requirement with a document pasted in, its secret in the middle (what a middle-out cut would lose)."""
+    return f"Requirement {turn}: " + PARAGRAPH * 20 + f"SECRET-{1000 + turn} " + PARAGRAPH * 20
+
+
+@by_format()
+async def test_with_offloading_the_users_messages_that_must_go_are_read_back_within_the_target(
+    wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
+) -> None:
+    wire.use_reading_model(format_upstream)
+    format_upstream.context_window = 1_000_000
+    window = 12_000
+    proxy = await format_proxies.start(context_windows={wire.model: window})
+    # No tools: the read tool is the only one the forwarded request can have, and its tokens must fit the target.
+    body = {key: value for key, value in wire.conversation(16, paragraphs=4, tools=False).items() if key != "tools"}
+    entries = [
+        {**entry, "content": long_requirement(int(entry["content"].split()[1][:-1]))}
+        if _is_requirement(entry)
+        else entry
+        for entry in with_requirements(body[wire.entries])
+    ]
+
+    status, headers, answer = await wire.post(proxy, {**body, wire.entries: entries})
+
+    assert status == 200, answer
+    assert headers["X-Compaction"] == "compacted"
+    first = wire.forwarded(format_upstream)[0]
+    held = [turn for turn in range(16) if content_reference(long_requirement(turn)).encode() in first]
+    assert len(held) >= 2 and headers["X-Compaction-Offloaded"] == str(len(held))
+    assert wire.tool_names(first) == [READ_TOOL]
+    assert b"User message offloaded" in first
+    assert first.count(b"Requirement 0: ") == 1, "the opening requirement stays: whole, cut, or behind its stand-in"
+    defaults = Settings()
+    target = Thresholds(window, defaults.compact_at, defaults.compact_to, body.get("max_tokens", 0)).target_total
+    assert wire.upstream_prompt_tokens(format_upstream)[0] <= target, "the read tool's tokens are within the target"
+    # The proxy's cache breakpoint (Messages API) ends the compacted prefix, never the client's newest message.
+    assert first.count(b'"cache_control"') <= MAX_BREAKPOINTS
+    assert wire.entries_of(first)[-1] == entries[-1], "the newest message goes as the client sent it"
+    # The model read them back in full (at most `offload_reads_per_answer`, 8, in one answer), secrets and all.
+    found = [int(secret) - 1000 for secret in re.findall(r"SECRET-(\d+)", wire.read(answer).text)]
+    assert set(found) <= set(held) and len(found) == int(headers["X-Compaction-Reads"]) == min(len(held), 8)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import DEFAULT_CHAIN, ApproximateCounter, CompactionChain, Kept, Transcript, chain_by_names
 from proxy.engine.grouping import current_step_groups, flatten, latest_user_index, leading_instructions_end
-from proxy.engine.plan import EditPlan
+from proxy.engine.plan import COMPACTION_META_KEY, EditPlan
 from proxy.engine.strategies.offload import MemoryOffloadStore
 from proxy.engine.strategies.user_message_window import (
     NUM_REMOVED_PLACEHOLDER,
@@ -175,3 +175,32 @@ def test_a_later_compaction_of_the_grown_conversation_keeps_one_note_and_the_use
     users = _user_words(later)
     if later.tokens_of(users) <= _user_room(later, target, window):
         assert all(Kept(index) in second.entries for index in users)
+
+
+def _offloads(plan: EditPlan | None) -> bool:
+    """Whether `plan` offloads a user message behind a stand-in."""
+    return plan is not None and any(
+        entry.strategy == NAME and entry.meta[COMPACTION_META_KEY].get("offloaded") is True for entry in plan.created()
+    )
+
+
+@PROPERTY_SETTINGS
+@given(
+    conversation=CONVERSATIONS,
+    fraction=st.floats(min_value=0.0, max_value=1.1),
+    reserved=st.integers(min_value=1, max_value=400),
+)
+def test_the_read_tools_tokens_are_reserved_only_when_a_user_message_is_offloaded(
+    conversation: Conversation, fraction: float, reserved: int
+) -> None:
+    transcript = Transcript(conversation.messages, COUNTER, conversation.meta)
+    target = int(transcript.total() * fraction)
+    plain = UserMessageWindow().offloading_to(MemoryOffloadStore()).plan(transcript, target)
+    reserving = UserMessageWindow().offloading_to(MemoryOffloadStore(), reserved_tokens=reserved)
+    plan = reserving.plan(transcript, target)
+    if not _offloads(plain):
+        assert plan == plain, "a compaction that offloads no user message decides as if nothing were reserved"
+        return
+    assert plan == UserMessageWindow().offloading_to(MemoryOffloadStore()).plan(transcript, target - reserved)
+    if _user_room(transcript, target - reserved, reserving) >= 0 and plan is not None:
+        assert transcript.edited(plan).total() <= target - reserved

@@ -16,7 +16,7 @@ from proxy.engine.grouping import (
     leading_instructions_end,
     newest_that_fit,
 )
-from proxy.engine.plan import Created, EditPlan, Entry, Kept
+from proxy.engine.plan import COMPACTION_META_KEY, Created, EditPlan, Entry, Kept
 from proxy.engine.strategies.base import Strategy
 from proxy.engine.strategies.middle_out import DEFAULT_NOTICE, MiddleOut, cut_middle_out
 from proxy.engine.strategies.offload import OFFLOADED_META_KEY, OffloadStore, ToolResultOffload
@@ -112,8 +112,10 @@ class UserMessageWindow(Strategy):
     one. Whenever `SlidingWindow` gets within its note of the target, this gets within the target.
 
     With a `store`, a user message that must go is offloaded behind a reference the model can read back, and a short
-    stand-in takes its place; a stand-in is one of the user's messages thereafter. (The proxy does not give it one
-    yet: the read tool it would add is not reserved in the target.)
+    stand-in takes its place; a stand-in is one of the user's messages thereafter. Reading it back takes a tool the
+    request may not have had: when a compaction offloads one, it is made again within the target less
+    `reserved_tokens`, what the tool adds to the request, so the request with the tool still fits. A compaction that
+    offloads none reserves nothing: it decides as if `reserved_tokens` were 0.
 
     :param user_text_share: The share of the target the user's earlier messages may take, between 0 and 1 (see
         `DEFAULT_USER_TEXT_SHARE`).
@@ -126,6 +128,8 @@ class UserMessageWindow(Strategy):
     :param store: Where a user message that must go is offloaded, leaving a stand-in with its reference (readable back
         through the proxy's read tool) instead of being removed; None removes it.
     :param pointer: The stand-in's text (`{characters}`, `{reference}` and `{preview}` are substituted).
+    :param reserved_tokens: What the request grows by once it holds a stand-in (the read tool's declaration), taken
+        off the target of a compaction that offloads a user message.
     :raises ValueError: If `user_text_share` is outside [0, 1] or a count is negative.
     """
 
@@ -142,6 +146,7 @@ class UserMessageWindow(Strategy):
         omission_note: str = DEFAULT_OMISSION_NOTE,
         store: OffloadStore | None = None,
         pointer: str = DEFAULT_USER_POINTER,
+        reserved_tokens: int = 0,
     ) -> None:
         if not 0 <= user_text_share <= 1:
             raise ValueError(f"`user_text_share` must be between 0 and 1, got {user_text_share}.")
@@ -150,6 +155,7 @@ class UserMessageWindow(Strategy):
             "min_user_message_tokens": min_user_message_tokens,
             "opening_user_messages": opening_user_messages,
             "latest_user_messages": latest_user_messages,
+            "reserved_tokens": reserved_tokens,
         }
         for setting, value in counts.items():
             if value < 0:
@@ -162,16 +168,34 @@ class UserMessageWindow(Strategy):
         self.omission_note = omission_note
         self.store = store
         self.pointer = pointer
+        self.reserved_tokens = reserved_tokens
         self._offload = None if store is None else ToolResultOffload(store, pointer=pointer)
 
-    def offloading_to(self, store: OffloadStore, pointer: str = DEFAULT_USER_POINTER) -> UserMessageWindow:
+    def offloading_to(
+        self, store: OffloadStore, pointer: str = DEFAULT_USER_POINTER, reserved_tokens: int = 0
+    ) -> UserMessageWindow:
         """The same window, offloading the user messages it must set aside to `store` (one request's, say)."""
+        if reserved_tokens < 0:
+            raise ValueError(f"`reserved_tokens` must be at least 0, got {reserved_tokens}.")
         offloading = copy.copy(self)
-        offloading.store, offloading.pointer = store, pointer
+        offloading.store, offloading.pointer, offloading.reserved_tokens = store, pointer, reserved_tokens
         offloading._offload = ToolResultOffload(store, pointer=pointer)
         return offloading
 
     def _propose(self, transcript: Transcript, target_tokens: int) -> EditPlan | None:
+        plan = self._plan(transcript, target_tokens)
+        if self.reserved_tokens and any(self._offloads(entry) for entry in plan.created()):
+            # The read tool comes with the stand-ins: its tokens are taken off the target only when it comes.
+            plan = self._plan(transcript, target_tokens - self.reserved_tokens)
+        return plan
+
+    def _offloads(self, entry: Created) -> bool:
+        """Whether `entry` is a stand-in for a user message this compaction offloaded."""
+        marker = entry.meta.get(COMPACTION_META_KEY)
+        return entry.strategy == self.name and isinstance(marker, Mapping) and marker.get("offloaded") is True
+
+    def _plan(self, transcript: Transcript, target_tokens: int) -> EditPlan:
+        """The plan within `target_tokens` (see the class docstring)."""
         instructions_end = leading_instructions_end(transcript)
         task_index = latest_user_index(transcript)
         task = [] if task_index is None else [task_index]

@@ -8,7 +8,7 @@ parts). Anything else is the API's to judge: the proxy forwards it untouched.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -37,14 +37,23 @@ class MessagesRequest(BodyFields):
     body: Mapping[str, Any]
     conversation_tools: Any = None
     """The client's own `tools`, as parsed (the body's differ once the read tool is added)."""
+    mapped_conversation: Conversation | None = field(default=None, compare=False, repr=False)
+    """`conversation` once mapped: a copy with other `tools` (`dataclasses.replace`, the read tool added) keeps it."""
 
-    @cached_property
+    @property
     def conversation(self) -> Conversation:
         """Its `system` and `messages` as the engine's messages, mapped on first use.
 
-        A small request sized by its bytes (`text_only`) never needs them.
+        A small request sized by its bytes (`text_only`) never needs them. A copy of the request with the read tool
+        added maps to the same engine messages, objects and all: forwarding tells what compaction changed by them, so
+        a fresh mapping would have every message look changed (and the proxy's cache breakpoint go on the last).
         """
-        return Conversation.of(self.body.get("system"), self.body["messages"])
+        mapped = self.mapped_conversation
+        system, messages = self.body.get("system"), self.body["messages"]
+        if mapped is None or mapped.system is not system or mapped.messages is not messages:
+            mapped = Conversation.of(system, messages)
+            object.__setattr__(self, "mapped_conversation", mapped)
+        return mapped
 
     @property
     def last_message(self) -> Message | None:

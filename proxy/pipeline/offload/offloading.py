@@ -29,7 +29,7 @@ from proxy.engine.strategies.user_message_window import UserMessageWindow
 from proxy.engine.transcript import Transcript
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
-from proxy.pipeline.offload.tool import POINTER, R, as_forwarded, offer_declined
+from proxy.pipeline.offload.tool import POINTER, USER_POINTER, R, as_forwarded, offer_declined, read_tool_tokens
 from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -100,8 +100,13 @@ class Offloading:
         """Whether the read tool cannot be offered to this request (`proxy.pipeline.offload.tool.offer_declined`)."""
         return offer_declined(request, self.settings.offload_max_tools) is not None
 
-    def for_request(self, request: WireRequest, off: bool) -> tuple[StagingOffloadStore | None, CompactionChain]:
+    def for_request(
+        self, request: WireRequest, wire: WireFormat, off: bool
+    ) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
+
+        The user message window offloads there too: a user message it must set aside leaves a reference, and a
+        compaction that does so aims under the target by what the read tool adds to the request (`read_tool_tokens`).
 
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
             The setting can turn it off too, and so can a request the read tool cannot be offered to (counted):
@@ -118,7 +123,13 @@ class Offloading:
             self.metrics().offload_declined.labels(reason).inc()
             return None, self.base
         staging = StagingOffloadStore()
-        strategies = list(self.base.strategies)
+        reserved = read_tool_tokens(request, wire, self.settings.offload_max_tools)
+        strategies = [
+            strategy.offloading_to(staging, USER_POINTER, reserved)
+            if isinstance(strategy, UserMessageWindow)
+            else strategy
+            for strategy in self.base.strategies
+        ]
         at = self.position
         if at is None:
             at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))

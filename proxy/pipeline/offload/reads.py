@@ -30,7 +30,7 @@ import orjson
 
 from proxy.engine.counting import TokenCounter
 from proxy.engine.json_bytes import json_bytes
-from proxy.engine.messages import Message, content_text, is_tool_result
+from proxy.engine.messages import Message, content_text, is_tool_result, role_of
 from proxy.engine.strategies.json_minify import minified
 from proxy.engine.strategies.offload import content_reference
 from proxy.engine.strategies.repeated_lines import collapsed
@@ -265,17 +265,17 @@ class ReadBack:
 
 
 def resent_originals(messages: Sequence[Message], references: Collection[str]) -> dict[str, str]:
-    """The texts, among the tool results of `messages`, that were offloaded under these references.
+    """The texts, among the tool results and user messages of `messages`, that were offloaded under these references.
 
     A result is offloaded as sent, JSON-minified when `json_minify` rewrote it first, or with its repeated lines
-    collapsed when `repeated_lines` did: all are tried. One pass, hashing each tool result at most three times; it
-    stops once every reference is found.
+    collapsed when `repeated_lines` did: all are tried (a user message, which the user message window offloads, too).
+    One pass, hashing each message at most three times; it stops once every reference is found.
     """
     found: dict[str, str] = {}
     for message in messages:
         if len(found) == len(references):
             break
-        if not is_tool_result(message):
+        if not (is_tool_result(message) or role_of(message) == "user"):
             continue
         text = content_text(message)
         for candidate in (text, minified(text), collapsed(text)):

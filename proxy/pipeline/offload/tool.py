@@ -16,8 +16,9 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
+from proxy.engine.counting import counter_for_model
 from proxy.engine.strategies.offload import REFERENCE_PREFIX
-from proxy.pipeline.wire import WireRequest
+from proxy.pipeline.wire import WireFormat, WireRequest
 
 R = TypeVar("R", bound=WireRequest)
 
@@ -30,9 +31,15 @@ POINTER: Final = (
 """What stands in for an offloaded result in the proxy (`ToolResultOffload`'s placeholders), naming the read tool; the
 digest that follows it (`proxy.engine.digest`) says what the result held."""
 
+USER_POINTER: Final = (
+    "[User message offloaded ({characters} characters) under reference '{reference}'. To read it in full, call "
+    f"{READ_TOOL} with this reference. It opens: {{preview}}]"
+)
+"""What stands in for a user message the user message window offloaded, naming the read tool."""
+
 _DESCRIPTION: Final = (
-    "Read the full text of an earlier tool result that was offloaded to save context. Pass the reference quoted in "
-    "its placeholder."
+    "Read the full text of an earlier tool result or user message that was offloaded to save context. Pass the "
+    "reference quoted in its placeholder."
 )
 _PARAMETERS: Final = {
     "type": "object",
@@ -55,6 +62,23 @@ def as_forwarded(request: R, tool: Mapping[str, Any], held: Sequence[str], max_t
     Never to a request the read tool cannot be offered to (`offer_declined`).
     """
     return with_read_tool(request, tool) if held and offer_declined(request, max_tools) is None else request
+
+
+def read_tool_tokens(request: WireRequest, wire: WireFormat, max_tools: int) -> int:
+    """What offering the read tool adds to `request`, counted as its format counts tools; 0 when it cannot be offered.
+
+    Its declaration, and on the Messages API the tool-use system prompt a request without tools does not pay for.
+    Counted with the model's counter, in the unit of the compaction target. Providers render tool schemas their own
+    way: the declaration is counted both as the engine renders tools (`overhead_tokens`) and as the JSON the request
+    carries, and the larger is taken, so that the request with the tool stays within the target either way.
+    """
+    offered = as_forwarded(request, wire.read_tool, (READ_TOOL,), max_tools)
+    if offered is request:
+        return 0
+    counter = counter_for_model(request.model)
+    rendered = counter.overhead_tokens(offered.overhead_fields) - counter.overhead_tokens(request.overhead_fields)
+    declared = counter.text_tokens(orjson.dumps([wire.read_tool]).decode())
+    return max(rendered, declared, 0) + max(offered.added_prompt_tokens - request.added_prompt_tokens, 0)
 
 
 def offer_declined(request: WireRequest, max_tools: int) -> str | None:

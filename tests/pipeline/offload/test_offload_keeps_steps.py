@@ -10,6 +10,7 @@ from proxy.config import Settings
 from proxy.engine import Transcript, counter_for_model
 from proxy.engine.strategies.registry import chain_by_names
 from proxy.formats.chat_completions.request import ChatRequest
+from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.compacting import chain_names
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading
@@ -22,7 +23,7 @@ WINDOWS = (4096, 8192, 16384)
 def removed(offloading: Offloading, transcript: Transcript, target: int, *, off: bool) -> int:
     """How many of the conversation's messages the request's chain removes (neither kept nor stood in for)."""
     request = ChatRequest.parse(orjson.dumps({"model": "gpt-4o-mini", "messages": transcript.messages}))
-    _, chain = offloading.for_request(request, off)
+    _, chain = offloading.for_request(request, CHAT_COMPLETIONS, off)
     result = chain.compact(transcript, target)
     return result.plan.removed_count() if result is not None else 0
 

@@ -1,4 +1,4 @@
-"""Finding an offloaded result again in the original a client re-sends: as sent, or JSON-minified as offloaded."""
+"""Finding an offloaded text again in the original a client re-sends: as sent, or JSON-minified as offloaded."""
 
 from __future__ import annotations
 
@@ -16,10 +16,15 @@ def test_each_reference_is_found_in_the_tool_result_it_came_from() -> None:
     compact = minified(PRETTY)
     assert compact is not None
     messages = [
-        {"role": "user", "content": PLAIN},  # not a tool result: never looked at
+        {"role": "assistant", "content": PLAIN},  # neither a tool result nor the user's: never looked at
         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": PLAIN}]},
         {"role": "tool", "tool_call_id": "c2", "content": PRETTY},
     ]
     wanted = {content_reference(PLAIN), content_reference(compact), content_reference("never sent")}
     assert resent_originals(messages, wanted) == {content_reference(PLAIN): PLAIN, content_reference(compact): compact}
     assert resent_originals(messages[:1], {content_reference(PLAIN)}) == {}
+
+
+def test_a_user_message_the_window_offloaded_is_found_as_sent() -> None:
+    messages = [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": PLAIN}]
+    assert resent_originals(messages, {content_reference(PLAIN)}) == {content_reference(PLAIN): PLAIN}
