@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Settings
-from proxy.engine import COMPACTION_META_KEY, counter_for_model
+from proxy.engine import COMPACTION_META_KEY, DEFAULT_CHAIN, UserMessageWindow, counter_for_model
 from proxy.engine.plan import Created, EditPlan, Kept
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, UpstreamOutcome
@@ -204,8 +204,14 @@ async def test_a_lookup_from_a_hint_finds_what_a_lookup_of_the_whole_chain_finds
 async def test_a_resent_conversation_asks_redis_for_its_new_part_only(
     redis_store: RedisStore, mget_sizes: list[int]
 ) -> None:
-    """Once its rewrite and anchor were found, each lookup starts where they were: not at the chain's head - 512."""
-    service = CompactionPipeline(Settings(context_windows={"gpt-4o-mini": 40_000}), store=redis_store)
+    """Once its rewrite and anchor were found, each lookup starts where they were: not at the chain's head - 512.
+
+    The chain drops whole turns (the default's user message window would keep every one of these long user messages,
+    and a forwarded conversation that grows past RESTORE_AFTER_MESSAGES could not tell a lookup from its head apart).
+    """
+    strategies = [name for name in DEFAULT_CHAIN if name != UserMessageWindow.name]
+    settings = Settings(context_windows={"gpt-4o-mini": 40_000}, strategies=strategies)
+    service = CompactionPipeline(settings, store=redis_store)
     asked = mget_sizes
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Review the repository."}]
     compactions = 0
