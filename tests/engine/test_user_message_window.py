@@ -57,6 +57,16 @@ def _requirements_then_work() -> list[dict[str, Any]]:
     ]
 
 
+def _eight_user_turns() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Eight equal user messages, each with a short reply, then the task: the user's eight and the conversation."""
+    users = [{"role": "user", "content": f"message {n}: " + "word " * 200} for n in range(8)]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for number, user in enumerate(users):
+        messages += [user, {"role": "assistant", "content": f"reply {number}"}]
+    messages.append({"role": "user", "content": "And now?"})
+    return users, messages
+
+
 def test_every_user_message_survives_byte_for_byte_while_tool_output_and_prose_go() -> None:
     messages = _requirements_then_work()
     transcript = _transcript(messages)
@@ -161,11 +171,7 @@ def test_a_pasted_log_is_cut_middle_out_before_any_user_message_is_removed() -> 
 
 
 def test_when_cutting_is_not_enough_the_middle_goes_first_and_the_opening_last() -> None:
-    users = [{"role": "user", "content": f"message {n}: " + "word " * 200} for n in range(8)]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
-    for number, user in enumerate(users):
-        messages += [user, {"role": "assistant", "content": f"reply {number}"}]
-    messages.append({"role": "user", "content": "And now?"})
+    users, messages = _eight_user_turns()
     transcript = _transcript(messages)
     size = COUNTER.message_tokens(users[0])
     # Room for four of the eight at their full size, with no cutting allowed.
@@ -236,11 +242,7 @@ def test_settings_out_of_range_are_refused(settings: dict[str, Any]) -> None:
 
 
 def test_with_a_store_the_messages_that_must_go_are_offloaded_behind_a_reference() -> None:
-    users = [{"role": "user", "content": f"message {n}: " + "word " * 200} for n in range(8)]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
-    for number, user in enumerate(users):
-        messages += [user, {"role": "assistant", "content": f"reply {number}"}]
-    messages.append({"role": "user", "content": "And now?"})
+    users, messages = _eight_user_turns()
     transcript = _transcript(messages)
     size = COUNTER.message_tokens(users[0])
     store = MemoryOffloadStore()

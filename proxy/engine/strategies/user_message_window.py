@@ -57,14 +57,12 @@ class _History:
     """The conversation before the current task, sorted by what happens to it.
 
     :param users: The user's messages, oldest first.
-    :param units: Everything else, in units removed whole (what one turn holds besides the user's message), oldest
-        first.
-    :param notes: This strategy's earlier omission notes, folded into a new one.
+    :param units: Everything else but earlier notes (`_with_note` folds those), in units removed whole (what one turn
+        holds besides the user's message), oldest first.
     """
 
     users: list[int]
     units: list[Group]
-    notes: list[int]
 
 
 @dataclass
@@ -275,12 +273,11 @@ class UserMessageWindow(Strategy):
         """The messages between the instructions and the task, sorted by `_History`'s kinds."""
         end = start if task_index is None else task_index
         users = [index for index in range(start, end) if self._is_user_words(transcript, index)]
-        notes = [index for index in range(start, end) if self._is_note(transcript, index)]
+        notes = {index for index in range(start, end) if self._is_note(transcript, index)}
         steps = agent_step_groups(transcript, start, end)
-        in_steps = set(flatten(steps))
-        taken = {*users, *notes, *in_steps}
+        taken = {*users, *notes, *flatten(steps)}
         singles = [[index] for index in range(start, end) if index not in taken]
-        return _History(users, _by_turn(sorted([*steps, *singles]), users), notes)
+        return _History(users, _by_turn(sorted([*steps, *singles]), users))
 
     def _is_note(self, transcript: Transcript, index: int) -> bool:
         """Whether the message at `index` is an omission note this strategy or the sliding window left.
