@@ -21,6 +21,9 @@ which `json_minify` shortens without changing what it parses to.
 from __future__ import annotations
 
 import re
+from array import array
+from collections.abc import Iterator
+from itertools import accumulate
 from typing import Final
 
 from proxy.engine.strategies.json_minify import minified
@@ -39,6 +42,12 @@ def marker(lines: int, times: int) -> str:
     return f"[{what} {times} more time{'' if times == 1 else 's'}]"
 
 
+_SHORTEST_MARKER: Final = len("[the previous line repeats 1 more time]")
+"""The shortest marker: a stretch of repeated lines no longer than it cannot shorten a text."""
+
+_NONZERO: Final = re.compile(b"[^\\x00]")
+
+
 def collapsed(text: str) -> str | None:
     """`text` with each run of repeated lines or blocks written once and marked, or None when that does not shorten it.
 
@@ -48,11 +57,18 @@ def collapsed(text: str) -> str | None:
     ids = _line_ids(lines)
     if len(set(ids)) == len(ids) or any(MARKER.fullmatch(line) for line in lines) or minified(text) is not None:
         return None
-    following = _next_same(ids)
+    ends = list(accumulate((len(line) + 1 for line in lines), initial=0))
+    runs = _Runs(ids, ends)
     written: list[str] = []
     start = 0
     while start < len(lines):
-        size, times = _best_run(lines, ids, following, start)
+        here = runs.at(start)
+        if not here:
+            upto = runs.next_start(len(lines))
+            written.extend(lines[start:upto])
+            start = upto
+            continue
+        size, times = _best_run(here, ends, start)
         written.extend(lines[start : start + size])
         if times > 1:
             written.append(marker(size, times - 1))
@@ -67,36 +83,72 @@ def _line_ids(lines: list[str]) -> list[int]:
     return [numbering.setdefault(line, len(numbering)) for line in lines]
 
 
-def _next_same(ids: list[int]) -> list[int]:
-    """For each line, the index of the next identical line, or -1."""
-    following = [-1] * len(ids)
-    last: dict[int, int] = {}
-    for index in range(len(ids) - 1, -1, -1):
-        following[index] = last.get(ids[index], -1)
-        last[ids[index]] = index
-    return following
+class _Runs:
+    """Where blocks of each size repeat, found for all lines at once so that no start is searched one size at a time.
 
-
-def _best_run(lines: list[str], ids: list[int], following: list[int], start: int) -> tuple[int, int]:
-    """The block size and repetitions of the run at `start` that saves the most characters; `(1, 1)` when none does.
-
-    Only block sizes at which the line at `start` appears again are tried (`following`), so a text with few repeated
-    lines costs little; ties go to the smaller block.
+    A block of `size` lines at `start` repeats `times` times exactly when every line from `start` up to
+    `start + size * (times - 1)` equals the line `size` further on, so one stretch of such lines answers for every
+    start inside it. The stretches are found in C: the line numbers are packed into one big integer (a byte each when
+    there are few distinct lines, the text's costliest case to search), which is XORed with itself shifted by `size`
+    lines; its runs of zero bytes are the stretches. A stretch too short to pay for a marker is dropped.
     """
+
+    def __init__(self, ids: list[int], ends: list[int]) -> None:
+        most = max(ids) + 1
+        code = "B" if most < 2**8 else "H" if most < 2**16 else "I"
+        packed = array(code, [number + 1 for number in ids]).tobytes()  # no zero: the lines shifted in match none
+        width = array(code).itemsize
+        whole = int.from_bytes(packed, "little")
+        stretches: list[tuple[int, int, int]] = []
+        for size in range(1, min(MAX_BLOCK_LINES, len(ids) // 2) + 1):
+            differences = (whole ^ (whole >> (8 * width * size))).to_bytes(len(packed), "little")
+            for first, end in _zero_runs(differences, width, size):
+                if ends[end] - ends[first] > _SHORTEST_MARKER + 1:
+                    stretches.append((first, size, end))
+        stretches.sort(reverse=True)
+        self._pending = stretches
+        self._open: dict[int, int] = {}
+
+    def at(self, start: int) -> list[tuple[int, int]]:
+        """`(size, times)` of each block at `start` that repeats, smallest first; `start` must grow between calls."""
+        pending, open_ = self._pending, self._open
+        while pending and pending[-1][0] <= start:
+            _, size, end = pending.pop()
+            open_[size] = end
+        runs = []
+        for size in sorted(open_):
+            times = 1 + (open_[size] - start) // size
+            if times > 1:
+                runs.append((size, times))
+            else:
+                del open_[size]
+        return runs
+
+    def next_start(self, limit: int) -> int:
+        """Where the next stretch begins (`limit` when none is left), once `at` found nothing repeating."""
+        return self._pending[-1][0] if self._pending else limit
+
+
+def _zero_runs(data: bytes, width: int, size: int) -> Iterator[tuple[int, int]]:
+    """The item ranges `[first, end)` of `data` (items of `width` bytes) that are zero, at least `size` items long."""
+    needed = b"\x00" * (width * size)
+    at = data.find(needed)
+    while at != -1:
+        stop = _NONZERO.search(data, at)
+        end_byte = stop.start() if stop else len(data)
+        first, end = -(-at // width), end_byte // width
+        if end - first >= size:
+            yield first, end
+        at = data.find(needed, end_byte)
+
+
+def _best_run(runs: list[tuple[int, int]], ends: list[int], start: int) -> tuple[int, int]:
+    """Of the `runs` at `start`, the one that saves the most characters; `(1, 1)` when none does (ties: smaller)."""
     best, best_gain = (1, 1), 0
-    again = following[start]
-    while again != -1 and again - start <= MAX_BLOCK_LINES:
-        size = again - start
-        block = ids[start:again]
-        times = 1
-        while ids[start + times * size : start + (times + 1) * size] == block:
-            times += 1
-        if times > 1:
-            block_chars = sum(len(line) + 1 for line in lines[start:again])
-            gain = block_chars * (times - 1) - len(marker(size, times - 1)) - 1
-            if gain > best_gain:
-                best, best_gain = (size, times), gain
-        again = following[again]
+    for size, times in runs:
+        gain = (ends[start + size] - ends[start]) * (times - 1) - len(marker(size, times - 1)) - 1
+        if gain > best_gain:
+            best, best_gain = (size, times), gain
     return best
 
 
