@@ -16,7 +16,6 @@ is now (the digest, `proxy.engine.digest`). For every tool result a compaction r
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
@@ -24,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.publish import published
 from bench.retention import COMPACT_AT, COMPACT_TO, SEEDS, SMOKE, WINDOW, transcript
 from proxy.engine import DEFAULT_CHAIN, CompactionChain, Thresholds, TiktokenCounter, Transcript, chain_by_names
 from proxy.engine.compaction import compact_if_needed
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="write the JSON results here")
     args = parser.parse_args(argv)
     results = run(*SMOKE) if args.smoke else run()
-    print("\n".join(render(results)))
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return published(render(results), results, args.output)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ controls: nothing repeats in them, and nothing may be removed. Tokens are counte
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench.publish import published
 from bench.retention import _Agent
 from proxy.engine import TiktokenCounter
 from proxy.engine.strategies.repeated_lines import collapsed
@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="write the JSON results here")
     args = parser.parse_args(argv)
     results = run()
-    print("\n".join(render(results)))
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return published(render(results), results, args.output)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.publish import published
 from proxy.engine import DEFAULT_CHAIN, CompactionChain, Thresholds, TiktokenCounter, Transcript, chain_by_names
 from proxy.engine.compaction import compact_if_needed
 from proxy.engine.strategies.offload import MemoryOffloadStore, ToolResultOffload, content_reference
@@ -312,10 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compact-to", type=float, default=COMPACT_TO, help="the target, a fraction of the window")
     args = parser.parse_args(argv)
     results = run(*SMOKE, compact_to=args.compact_to) if args.smoke else run(compact_to=args.compact_to)
-    print("\n".join(render(results)))
-    if args.output:
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return published(render(results), results, args.output)
 
 
 if __name__ == "__main__":
