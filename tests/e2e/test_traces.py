@@ -8,6 +8,7 @@ Spans are read once the proxy has shut down: its shutdown flushes the exporter, 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
@@ -269,3 +270,31 @@ async def _python(code: str, argument: str, environment: Mapping[str, str]) -> s
     return await asyncio.to_thread(
         subprocess.run, [sys.executable, "-c", code, argument], capture_output=True, text=True, env=env, check=False
     )
+
+
+async def test_env_takes_the_endpoint_and_the_service_name_from_the_standard_variables(
+    simulator: Simulator, receiver: OtlpReceiver, proxies: LoopbackProxies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "agents-gateway")
+    proxy = await proxies.start(otel_endpoint="env")
+    await calls(proxy)["responses"][0]({})
+    await proxies.close()
+    (span,) = receiver.spans
+    assert span.resource["service.name"] == "agents-gateway" and span.attributes["gen_ai.provider.name"] == "openai"
+
+
+async def test_a_collector_that_does_not_answer_never_fails_a_request(
+    simulator: Simulator, proxies: LoopbackProxies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spans to a port nobody listens on are retried off the request path, then dropped when the proxy stops."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # the longest the shutdown's last export may try
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    proxy = await proxies.start(otel_endpoint=f"http://127.0.0.1:{port}")
+    for call, _, _ in calls(proxy).values():
+        await call({})
+    assert len(reported(simulator)) >= len(calls(proxy))
+    await proxies.close()
