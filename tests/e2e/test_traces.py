@@ -8,11 +8,13 @@ Spans are read once the proxy has shut down: its shutdown flushes the exporter, 
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +36,16 @@ SECRET = "Quetzalcoatl"
 PARAGRAPH = f"{SECRET} asked about the deployment, the logs and the failing test, and waited for an answer. "
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
+
+NOT_PRODUCED_HERE = {
+    "error.type": "test_a_request_the_upstream_refuses_is_a_span_with_its_error",
+    "compaction_proxy.fail_open": "the access log's fail_open, from the same record (tests/e2e/test_store_outage.py)",
+    "compaction_proxy.retried": "test_an_overflows_retry_is_one_span_with_the_retrys_usage",
+    "compaction_proxy.cache_miss.<cause>": "tests/server/test_tracing.py (filled by the cache-miss attribution)",
+}
+"""Documented attributes the traffic of the first test does not produce, and where they are shown."""
 
 Usage = tuple[int, int, int]
 """Input tokens (cached included), cached input tokens, output tokens: as the fake upstream reported them."""
@@ -156,6 +168,12 @@ def strings_in(span: ReceivedSpan) -> list[str]:
     return [value for value in flat if isinstance(value, str)]
 
 
+def documented() -> set[str]:
+    """The attribute names of docs/tracing.md's table."""
+    rows = [line for line in DOCS.read_text().splitlines() if line.startswith("| `")]
+    return {re.findall(r"`([^`]+)`", row)[0] for row in rows}
+
+
 async def test_each_model_request_is_one_client_span_carrying_the_conventions_and_the_decision(
     simulator: Simulator, receiver: OtlpReceiver, proxies: LoopbackProxies, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,6 +222,9 @@ async def test_each_model_request_is_one_client_span_carrying_the_conventions_an
     assert compacted["compaction_proxy.decision"] == "compacted" and compacted["gen_ai.conversation.compacted"]
     assert compacted["compaction_proxy.tokens_before"] > WINDOW * 0.7 > compacted["compaction_proxy.tokens_after"]
     assert compacted["compaction_proxy.strategies"] and all(compacted["compaction_proxy.strategies"])
+    sent = {name for span in receiver.spans for name in span.attributes}
+    assert sent <= documented() and documented() - sent == set(NOT_PRODUCED_HERE)
+
     # The model called the proxy's read tool: the request's usage is that of every upstream call made for it.
     assert len(calls_made["compacted"]) > 1
     assert all(prompt < WINDOW * 0.7 for prompt, _, _ in calls_made["compacted"])
@@ -220,6 +241,20 @@ async def test_a_request_the_upstream_refuses_is_a_span_with_its_error(
     (span,) = receiver.spans
     assert span.attributes["error.type"] == "400" and span.span.status.code == Status.STATUS_CODE_ERROR
     assert span.attributes["http.response.status_code"] == 400 and "gen_ai.usage.input_tokens" not in span.attributes
+
+
+async def test_an_overflows_retry_is_one_span_with_the_retrys_usage(
+    simulator: Simulator, receiver: OtlpReceiver, proxies: LoopbackProxies
+) -> None:
+    """The proxy believes the window twice the upstream's: the upstream refuses, the proxy compacts and retries."""
+    proxy = await proxies.start(otel_endpoint=receiver.endpoint, context_windows={GPT: 2 * WINDOW})
+    openai = AsyncOpenAI(base_url=proxy.url, api_key=KEY, max_retries=0)
+    await openai.chat.completions.create(model=GPT, messages=history(30))
+    await proxies.close()
+    (span,) = receiver.spans
+    assert span.attributes["compaction_proxy.retried"] is True and span.attributes["gen_ai.conversation.compacted"]
+    assert span.attributes["compaction_proxy.decision"] == "compacted-after-overflow"
+    assert span.attributes["gen_ai.usage.input_tokens"] == added(reported(simulator))[0]  # the refusal reported none
 
 
 OFF = """
