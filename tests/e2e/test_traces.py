@@ -8,6 +8,8 @@ Spans are read once the proxy has shut down: its shutdown flushes the exporter, 
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import socket
 import subprocess
@@ -258,7 +260,8 @@ async def test_an_overflows_retry_is_one_span_with_the_retrys_usage(
 
 
 OFF = """
-import asyncio, os, sys
+import asyncio
+import sys
 import aiohttp
 from aiohttp.test_utils import TestServer
 from proxy.config import Settings
@@ -275,32 +278,35 @@ async def main() -> None:
         async with http.post(url, json=body, headers={"Authorization": "Bearer sk-x"}) as response:
             assert response.status == 200, response.status
     await server.close()
-    print(sorted(name for name in sys.modules if name.startswith(("opentelemetry.sdk", "proxy.server.otel_export"))))
+    print(sorted(name for name in sys.modules if name.startswith(("opentelemetry", "proxy.server.otel_export"))))
 
 asyncio.run(main())
 """
 
 
+WITHOUT_OPENTELEMETRY = 'import sys\nsys.modules["opentelemetry"] = None  # as if the `otel` extra were not installed\n'
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["installed", "not-installed"])
 async def test_without_otel_endpoint_nothing_is_exported_and_opentelemetry_is_not_imported(
-    simulator: Simulator, receiver: OtlpReceiver
+    simulator: Simulator, receiver: OtlpReceiver, installed: bool
 ) -> None:
-    """The standard variables alone, naming a receiver that listens, turn nothing on: `otel_endpoint` does."""
+    """The standard variables alone, naming a receiver that listens, turn nothing on: `otel_endpoint` does. The
+    proxy serves the same without the `otel` extra."""
     environment = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint + "/v1/traces",
         "OTEL_SERVICE_NAME": "should-not-matter",
     }
-    finished = await _python(textwrap.dedent(OFF), simulator.base_url, environment)
+    code = textwrap.dedent(OFF) if installed else WITHOUT_OPENTELEMETRY + textwrap.dedent(OFF)
+    finished = await _python(code, simulator.base_url, environment)
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip() == "[]"
+    assert finished.stdout.strip() == ("[]" if installed else "['opentelemetry']")  # the blocking entry only
     assert receiver.exports == [] and len(simulator.usages) == 1
 
 
 async def _python(code: str, argument: str, environment: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh interpreter (its own `sys.modules`) without blocking the loop the fakes serve on."""
-    import asyncio
-    import os
-
     env = {**os.environ, **environment}
     return await asyncio.to_thread(
         subprocess.run, [sys.executable, "-c", code, argument], capture_output=True, text=True, env=env, check=False
