@@ -11,14 +11,15 @@ from proxy.config.compaction import CompactionSettings
 from proxy.config.routes import RouteSettings
 from proxy.config.state import StateSettings
 from proxy.config.summaries import SummarySettings
+from proxy.config.tracing import TracingSettings
 from proxy.config.upstream import UpstreamSettings
 
 
-class Settings(StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings):
+class Settings(TracingSettings, StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings):
     """Everything the proxy can be configured with. Immutable once loaded; see `load_settings` for the sources.
 
     The fields are declared by concern: `UpstreamSettings` (the provider and its timeouts), `ClientSettings` (the
-    listening side and its limits), `CompactionSettings`, `SummarySettings` and `StateSettings`.
+    listening side and its limits), `CompactionSettings`, `SummarySettings`, `StateSettings` and `TracingSettings`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_enum_values=False)

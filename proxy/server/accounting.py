@@ -22,6 +22,7 @@ from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
 from proxy.server.record import RequestRecord
 from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind
+from proxy.server.tracing import trace_request
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 server_log = logging.getLogger(SERVER_LOGGER)
@@ -84,6 +85,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         metrics.in_flight.dec()
         _account(request, record)
+        trace_request(request, record)
         REQUEST_ID.reset(named)
 
 

@@ -22,6 +22,7 @@ from proxy.server.metrics import ProxyMetrics
 from proxy.server.pod_metrics import shared_directory
 from proxy.server.readiness import Readiness
 from proxy.server.route_table import RouteTable
+from proxy.server.tracing import exporter
 from proxy.server.websocket import OPEN_TUNNELS, TUNNEL_SLOTS, TunnelSlots, close_tunnels
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -87,6 +88,7 @@ def create_app(
     dashboard.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_route_table)
+    app.cleanup_ctx.append(exporter)
     app.on_startup.append(_warm_up)
     app.on_startup.append(_ready)
     app.on_shutdown.append(_stopping)

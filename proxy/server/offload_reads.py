@@ -33,8 +33,8 @@ from proxy.pipeline.offload.reads import ReadBack, Round
 from proxy.pipeline.offload.rounds import summed, without_tools
 from proxy.server.decoding import outcome_from_body
 from proxy.server.held_stream import Held, hold_response, refused, relay_failure
-from proxy.server.keys import METRICS
 from proxy.server.offload_streams import EditedStream, StreamEdits
+from proxy.server.pipeline_calls import count_usage
 from proxy.server.relay import ClientReply, finish, pump, write
 from proxy.server.sse import StreamObserver
 
@@ -86,7 +86,7 @@ async def answer_reads(
         return out
     first = usages[0]
     for round_usage in [*usages[1:], held.usage or {}]:  # the first round's is counted with the outcome below
-        request.app[METRICS].count_usage(back.wire.usage_in_chat_terms(round_usage))
+        count_usage(request, back.wire.usage_in_chat_terms(round_usage))
     await complete(request, plan, UpstreamOutcome(200, back.wire.usage_in_chat_terms(first)))
     return out
 

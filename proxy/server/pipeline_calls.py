@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -59,6 +60,7 @@ async def prepare(
         request.app[METRICS].fail_open.labels(stage=plan.failed_open).inc()
         record.fail_open.append(plan.failed_open)
     record.model = plan.model
+    record.stream = plan.stream
     record.decided(plan.response_headers)
     return plan
 
@@ -82,7 +84,7 @@ async def prepare_count(request: web.Request, body: bytes, wire: WireFormat) -> 
 
 async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
     """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
-    request.app[METRICS].count_usage(outcome.usage)
+    count_usage(request, outcome.usage)
 
     async def report() -> ForwardPlan | None:
         try:
@@ -92,6 +94,12 @@ async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOut
             return None
 
     return await asyncio.shield(report())
+
+
+def count_usage(request: web.Request, usage: Mapping[str, Any] | None) -> None:
+    """Count an upstream call's usage report (chat completion field names) in the metrics and the request's record."""
+    request.app[METRICS].count_usage(usage)
+    request[RECORD].used(usage)
 
 
 def _plan_or_none(plan: object, method: str) -> ForwardPlan | None:

@@ -6,6 +6,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
@@ -35,6 +36,18 @@ class RequestRecord:
     """Where the context window the decision used came from (the `X-Compaction-Window-Source` value sent back)."""
     tokens_before: int | None = None
     tokens_after: int | None = None
+    strategies: str | None = None
+    """The strategies that changed the conversation, comma-separated (the `X-Compaction-Strategies` value)."""
+    context_window: int | None = None
+    stream: bool = False
+    """The request asked for a streamed answer."""
+    prompt_tokens: int | None = None
+    """Prompt tokens the upstream reported (cached ones included), over every upstream call made for the request."""
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    cache_misses: dict[str, int] = field(default_factory=dict)
+    """Prompt tokens the provider did not serve from its cache, by cause, where the miss attribution filled them in;
+    the trace span carries each as `compaction_proxy.cache_miss.<cause>` (`proxy.server.tracing`)."""
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     upstream_status: int | None = None
@@ -59,6 +72,18 @@ class RequestRecord:
         self.window_source = headers.get(WINDOW_SOURCE_HEADER, self.window_source)
         self.tokens_before = _count(headers.get("X-Compaction-Tokens-Before")) or self.tokens_before
         self.tokens_after = _count(headers.get("X-Compaction-Tokens-After")) or self.tokens_after
+        self.strategies = headers.get("X-Compaction-Strategies", self.strategies)
+        self.context_window = _count(headers.get("X-Compaction-Context-Window")) or self.context_window
+
+    def used(self, usage: Mapping[str, Any] | None) -> None:
+        """Add an upstream call's usage report (chat completion field names) to the request's token counts."""
+        if not usage:
+            return
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        self.prompt_tokens = _added(self.prompt_tokens, usage.get("prompt_tokens"))
+        self.cached_tokens = _added(self.cached_tokens, cached)
+        self.completion_tokens = _added(self.completion_tokens, usage.get("completion_tokens"))
 
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
@@ -68,3 +93,10 @@ class RequestRecord:
 def _count(header: str | None) -> int | None:
     """A token count the compaction side reported in a header, as a number for the access line."""
     return int(header) if header is not None and header.isdigit() else None
+
+
+def _added(total: int | None, value: Any) -> int | None:
+    """`total` plus `value` when `value` is a token count (a non-negative int, not a bool); `total` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return total
+    return (total or 0) + value

@@ -551,6 +551,15 @@ def test_chart_routes_reach_the_settings(helm: ModuleType, tmp_path: Path) -> No
     ]
 
 
+def test_chart_otel_endpoint_reaches_the_settings(helm: ModuleType, tmp_path: Path) -> None:
+    [settings] = check_proxy_settings(rendered_docs(helm, {"otelEndpoint": "http://otel.observability:4318"}), tmp_path)
+    assert settings.otel_endpoint == "http://otel.observability:4318"
+    [default] = check_proxy_settings(rendered_docs(helm, {}), tmp_path)
+    assert default.otel_endpoint is None
+    with pytest.raises(helm.HelmError, match="otelEndpoint"):
+        render(helm, {"otelEndpoint": "otel:4318"})
+
+
 @pytest.mark.parametrize(
     ("values", "workers"),
     [

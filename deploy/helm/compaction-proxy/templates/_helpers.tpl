@@ -193,6 +193,10 @@ The pod must have the volumes of "compaction-proxy.volumes".
       value: {{ $values.shutdownGraceSeconds | quote }}
     - name: COMPACTION_PROXY_LOG_LEVEL
       value: {{ $values.logLevel | quote }}
+    {{- with $values.otelEndpoint }}
+    - name: COMPACTION_PROXY_OTEL_ENDPOINT
+      value: {{ . | quote }}
+    {{- end }}
     {{- with $values.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
