@@ -85,6 +85,7 @@ async def run_codex(
     *,
     login: Mapping[str, str] = API_KEY_LOGIN,
     config: Mapping[str, str] | None = None,
+    model: str = MODEL,
 ) -> tuple[int, str, str]:
     """`codex exec` of `prompt` with its built-in OpenAI provider at `base_url`: its exit code, stdout and stderr.
 
@@ -109,7 +110,7 @@ async def run_codex(
     ]
     for key, value in {"openai_base_url": base_url, **(config or {})}.items():
         command += ["-c", f"{key}={json.dumps(value)}"]
-    command += ["-m", MODEL, prompt]
+    command += ["-m", model, prompt]
     return await run_cli(command, workdir, env)
 
 
