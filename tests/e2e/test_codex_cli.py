@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +72,34 @@ async def upstream() -> AsyncIterator[OpenAIUpstream]:
         yield fake
 
 
-async def run_codex(binary: Path, base_url: str, workdir: Path, home: Path, prompt: str) -> tuple[int, str, str]:
+API_KEY_LOGIN: Mapping[str, str] = {"OPENAI_API_KEY": "sk-dummy-for-loopback"}
+"""The environment of Codex signed in with an API key (the default of `run_codex`)."""
+
+
+async def run_codex(
+    binary: Path,
+    base_url: str,
+    workdir: Path,
+    home: Path,
+    prompt: str,
+    *,
+    login: Mapping[str, str] = API_KEY_LOGIN,
+    config: Mapping[str, str] | None = None,
+    model: str = MODEL,
+) -> tuple[int, str, str]:
+    """`codex exec` of `prompt` with its built-in OpenAI provider at `base_url`: its exit code, stdout and stderr.
+
+    :param login: Environment variables of its login (an API key by default; a ChatGPT login lives in `home`).
+    :param config: More `-c key=value` settings, each value a string.
+    """
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),
         "CODEX_HOME": str(home),
-        "OPENAI_API_KEY": "sk-dummy-for-loopback",
         "HTTPS_PROXY": DEAD_PROXY,
         "HTTP_PROXY": DEAD_PROXY,
         "NO_PROXY": "127.0.0.1,localhost",
+        **login,
     }
     command = [
         str(binary),
@@ -89,7 +108,9 @@ async def run_codex(binary: Path, base_url: str, workdir: Path, home: Path, prom
         "--ephemeral",
         "--dangerously-bypass-approvals-and-sandbox",
     ]
-    command += ["-c", f"openai_base_url={json.dumps(base_url)}", "-m", MODEL, prompt]
+    for key, value in {"openai_base_url": base_url, **(config or {})}.items():
+        command += ["-c", f"{key}={json.dumps(value)}"]
+    command += ["-m", model, prompt]
     return await run_cli(command, workdir, env)
 
 

