@@ -13,6 +13,8 @@ applies them to a transcript, in the provider's tokens, as the provider document
   tokens. Rules apply in order, each on what the one before left.
 - `compaction_trigger`: the provider summarizes the conversation itself past so many tokens. The proxy does not
   estimate that summary; it defers to it instead (`proxy.pipeline.client_compaction`).
+- `reads_from_checkpoint`: the provider reads the conversation from its latest compaction item on (a checkpoint,
+  `proxy.engine.messages.CHECKPOINT`), the leading instructions aside: what lies between counts nothing.
 
 Counts are local (the transcript's counter) scaled by the calibration into the provider's tokens, so the estimate
 after the edits never exceeds the estimate before.
@@ -24,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.engine.messages import Message, is_tool_result, tool_calls_of, tool_name_of_call
+from proxy.engine.grouping import leading_instructions_end
+from proxy.engine.messages import Message, is_checkpoint, is_tool_result, tool_calls_of, tool_name_of_call
 from proxy.engine.transcript import Transcript
 
 
@@ -66,10 +69,12 @@ class ProviderEdits:
 
     :param clearings: Tool-result clearing rules, in the order the provider applies them.
     :param compaction_trigger: The prompt size past which the provider compacts the conversation; None when not asked.
+    :param reads_from_checkpoint: The provider drops what lies before the latest checkpoint.
     """
 
     clearings: tuple[ToolResultClearing, ...] = ()
     compaction_trigger: int | None = None
+    reads_from_checkpoint: bool = False
 
     def compacts_before(self, trigger_tokens: float | None) -> bool:
         """Whether the provider's own compaction comes at or before `trigger_tokens` (None: any compaction does)."""
@@ -100,8 +105,8 @@ def provider_view(transcript: Transcript, edits: ProviderEdits, estimated_tokens
     :param estimated_tokens: The request's estimated size as sent, in the provider's tokens.
     :param scale: Provider tokens per local token.
     """
-    counts: dict[int, int] = {}
-    estimate = estimated_tokens
+    counts = _dropped_before_checkpoint(transcript) if edits.reads_from_checkpoint else {}
+    estimate = estimated_tokens - round(scale * sum(transcript.tokens(index) for index in counts))
     for rule in edits.clearings:
         after = _cleared_counts(transcript, rule, counts) if rule.triggered(estimate, _tool_uses(transcript)) else None
         local = sum(transcript.tokens(index) - tokens for index, tokens in after.items()) if after else 0
@@ -115,6 +120,14 @@ def provider_view(transcript: Transcript, edits: ProviderEdits, estimated_tokens
     tokens = [counts.get(index, transcript.tokens(index)) for index in range(len(transcript))]
     viewed = Transcript(transcript.messages, transcript.counter, transcript.meta, tokens)
     return ProviderView(viewed, estimate, estimated_tokens - estimate, frozenset(counts))
+
+
+def _dropped_before_checkpoint(transcript: Transcript) -> dict[int, int]:
+    """Zero counts for what lies between the leading instructions and the latest checkpoint."""
+    latest = next((i for i in reversed(range(len(transcript))) if is_checkpoint(transcript.messages[i])), None)
+    if latest is None:
+        return {}
+    return dict.fromkeys(range(leading_instructions_end(transcript), latest), 0)
 
 
 def _tool_uses(transcript: Transcript) -> int:

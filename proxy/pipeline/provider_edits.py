@@ -1,7 +1,8 @@
 """The provider's own edits taken into the decision: what it will clear is not what the proxy must remove.
 
-A request may ask its provider to clear old tool results on its side (`WireRequest.provider_edits`, the engine's
-`ProviderEdits`). The proxy decides on what the provider will then process (`proxy.engine.provider_edits`):
+A request may ask its provider to clear old tool results on its side, or to compact (after which it reads from its
+compaction block on) (`WireRequest.provider_edits`, the engine's `ProviderEdits`). The proxy decides on what the
+provider will then process (`proxy.engine.provider_edits`):
 
 - Estimated under the trigger after the provider's clearing, the request goes as sent: the provider brings it under
   the window itself.
@@ -11,8 +12,8 @@ A request may ask its provider to clear old tool results on its side (`WireReque
 The upstream's usage report for such a request counts what the provider processed after its edits, not what was sent:
 it anchors no later estimate (`Prepared.provider_edited`).
 
-Reported beside the decision: `X-Compaction-Provider-Clears` (the tokens the provider is estimated to clear from what
-is forwarded) and `X-Compaction-Provider-Tokens` (what it is estimated to process), when the request asks for
+Reported beside the decision: `X-Compaction-Provider-Clears` (the tokens the provider is estimated to clear or drop
+from what is forwarded) and `X-Compaction-Provider-Tokens` (what it is estimated to process), when the request asks for
 clearing and its size was counted (not sized by its bytes).
 """
 
@@ -35,7 +36,7 @@ TOKENS_HEADER: Final = "X-Compaction-Provider-Tokens"
 def with_provider_edits(measured: Measured, edits: ProviderEdits | None) -> Measured:
     """`measured` decided on what the provider processes after `edits` (see the module docstring)."""
     decision = measured.decision
-    if edits is None or not edits.clearings or decision.bounded:
+    if edits is None or not (edits.clearings or edits.reads_from_checkpoint) or decision.bounded:
         return measured
     view = provider_view(measured.transcript, edits, decision.estimated_tokens, decision.scale)
     if decision.compact and view.estimated_tokens < measured.thresholds.trigger_tokens:

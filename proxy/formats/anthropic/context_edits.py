@@ -13,7 +13,8 @@ https://platform.claude.com/docs/en/build-with-claude/context-editing and .../co
 - `{"type": "clear_thinking_20251015", "keep"}`: older turns' thinking blocks go. The proxy does not estimate it
   (thinking is opaque to the engine, and counting more than the provider processes is the safe side).
 - `{"type": "compact_20260112", "trigger", "pause_after_compaction", "instructions"}` (beta `compact-2026-01-12`):
-  the provider summarizes past `trigger` (`{"type": "input_tokens", "value"}`, 150,000 by default).
+  the provider summarizes past `trigger` (`{"type": "input_tokens", "value"}`, 150,000 by default), and on later
+  requests "automatically drops all message blocks prior to the compaction block" (`reads_from_checkpoint`).
 
 Anything else (an unknown edit type, a field of the wrong kind) is not understood: `provider_edits` gives None and
 the request is treated as today, as a client that manages its own context.
@@ -61,7 +62,7 @@ def provider_edits(body: Mapping[str, Any]) -> ProviderEdits | None:
                 raise NotUnderstood(kind)
     except NotUnderstood:
         return None
-    return ProviderEdits(tuple(clearings), compaction)
+    return ProviderEdits(tuple(clearings), compaction, reads_from_checkpoint=compaction is not None)
 
 
 def _clearing(edit: Mapping[str, Any]) -> ToolResultClearing:
