@@ -9,8 +9,8 @@ provider will then process (`proxy.engine.provider_edits`):
 - Still over it, the proxy compacts a transcript in which what the provider clears counts as what it leaves (its
   placeholder), so the chain spends its removal on what the provider keeps, and aims at the same target.
 
-The upstream's usage report for such a request counts what the provider processed after its edits, not what was sent:
-it anchors no later estimate (`Prepared.provider_edited`).
+The upstream's usage report for a request asking for edits counts what the provider processed after them (when they
+applied), not what was sent: it anchors no later estimate (`Prepared.provider_edited`), which is counted locally.
 
 Reported beside the decision: `X-Compaction-Provider-Clears` (the tokens the provider is estimated to clear or drop
 from what is forwarded) and `X-Compaction-Provider-Tokens` (what it is estimated to process), when the request asks for

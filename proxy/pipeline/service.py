@@ -253,7 +253,6 @@ class CompactionPipeline:
         compacts = self.mode is Mode.ENFORCE and outcome.room is not Room.OVER_WINDOW
         provider = forwarded_view(measured, outcome, request.provider_edits, compacted=compacts)
         exchange.headers.update(provider_headers(provider))
-        exchange.provider_edited = provider is not None and provider.cleared_tokens > 0
         if outcome.result is None or self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
             return await self._left(incoming, exchange, outcome, view, thresholds)
         return await self._compacted(incoming, exchange, outcome, staging=staging, view=view, headers=headers)
@@ -273,6 +272,7 @@ class CompactionPipeline:
         window = resolved.tokens if resolved else None
         size, turn = len(incoming.body), Turn(extension)
         exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, incoming.wire, turn=turn)
+        exchange.provider_edited = request.provider_edits is not None
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
