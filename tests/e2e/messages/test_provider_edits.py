@@ -40,11 +40,21 @@ class Run:
 
 
 async def run_agent(
-    client: AsyncAnthropic, turns: int, management: dict[str, Any], beta: str, *, task_words: int, result_words: int
+    client: AsyncAnthropic,
+    turns: int,
+    management: dict[str, Any],
+    beta: str,
+    *,
+    task_words: int,
+    result_words: int,
+    run: Run | None = None,
 ) -> Run:
-    """`turns` requests of a tool-calling agent asking for `management`; tasks and results of so many words."""
-    run = Run()
-    for turn in range(turns):
+    """`turns` requests of a tool-calling agent asking for `management`; tasks and results of so many words.
+
+    :param run: A run to go on with (its history), through another proxy.
+    """
+    run = run or Run()
+    for turn in range(len(run.headers), len(run.headers) + turns):
         last = run.messages[-1] if run.messages else None
         if last is None or (last["role"] == "assistant" and last["content"][-1]["type"] == "text"):
             run.messages.append({"role": "user", "content": f"Task {turn}: " + "details " * task_words})
@@ -114,11 +124,15 @@ async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]
 async def test_what_the_api_clears_is_not_compacted_by_the_proxy(
     upstream: AnthropicUpstream, proxies: LoopbackProxies
 ) -> None:
-    """A long tool run whose results the API clears past 8,000 tokens: it grows past one and a half windows as sent, the API
-    keeps it under the window, and the proxy forwards every request as the client sent it."""
+    """A long tool run whose results the API clears past 8,000 tokens: it grows past one and a half windows as sent, the
+    API keeps it under the window, and the proxy forwards every request as the client sent it, restarted too (when
+    it has no usage report to go by)."""
     proxy = await proxies.start()
     async with sdk(proxy) as client:
         run = await run_agent(client, 90, clearing(8_000), EDITING_BETA, task_words=80, result_words=400)
+    # The proxy restarted: no usage report to go by, the conversation is counted as sent.
+    async with sdk(await proxies.start()) as client:
+        await run_agent(client, 3, clearing(8_000), EDITING_BETA, task_words=80, result_words=400, run=run)
     assert "compacted" not in run.decisions
     assert upstream.rejections == []
     assert all(processed(usage) < WINDOW for usage in upstream.usages)
@@ -172,7 +186,7 @@ def _original(content: Any) -> bool:
 async def test_the_apis_compaction_is_deferred_to_and_read_from_its_block() -> None:
     """Server-side compaction at 50,000 tokens under a 100,000-token window (the proxy's trigger at 70,000): the
     proxy defers, the API compacts, the client sends its whole history back, and the API reads from the compaction
-    block on: the run goes past the window as sent and nothing is compacted by the proxy or refused."""
+    block on: the run goes past the window as sent and nothing is compacted by the proxy (restarted too) or refused."""
     window = 100_000
     management = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50_000}}]}
     responder = tool_loop_responder("search", steps=2, words=60)
@@ -182,6 +196,8 @@ async def test_the_apis_compaction_is_deferred_to_and_read_from_its_block() -> N
             proxy = await proxies.start()
             async with sdk(proxy) as client:
                 run = await run_agent(client, 75, management, COMPACTION_BETA, task_words=80, result_words=2_000)
+            async with sdk(await proxies.start()) as client:  # restarted, as above
+                await run_agent(client, 3, management, COMPACTION_BETA, task_words=80, result_words=2_000, run=run)
         finally:
             await proxies.close()
     assert set(run.decisions) == {"deferred"}
