@@ -211,3 +211,20 @@ async def test_the_apis_compaction_is_deferred_to_and_read_from_its_block() -> N
         block["type"] for message in run.messages if message["role"] == "assistant" for block in message["content"]
     ]
     assert kinds.count("compaction") == upstream.compactions
+
+
+@pytest.mark.parametrize(("trigger", "decision"), [(50_000, "deferred"), (70_000, "deferred"), (80_000, "unchanged")])
+async def test_the_apis_compaction_is_deferred_to_when_it_comes_first(trigger: int, decision: str) -> None:
+    """The proxy's trigger is at 70,000 tokens of a 100,000-token window: the API's compaction at or before it is
+    deferred to; one after it is raced by the proxy's, as for any client."""
+    window = 100_000
+    management = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": trigger}}]}
+    async with AnthropicUpstream(context_window=window) as upstream:
+        proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": window})
+        try:
+            async with sdk(await proxies.start()) as client:
+                run = await run_agent(client, 1, management, COMPACTION_BETA, task_words=10, result_words=10)
+        finally:
+            await proxies.close()
+    assert run.decisions == [decision]
+    assert run.headers[0].get("x-compaction-deferred") == ("context-management" if decision == "deferred" else None)
