@@ -180,9 +180,11 @@ def _clear_tool_uses(managed: Managed, edit: Mapping[str, Any], count: Count) ->
     inputs = edit.get("clear_tool_inputs") or False
     candidates = uses[: max(len(uses) - _value(edit.get("keep"), 3), 0)]
     cleared = {block.get("id"): block.get("name") for _, block in candidates if block.get("name") not in excluded}
+    if not cleared:
+        return
     edited = [_cleared_message(message, cleared, inputs) for message in messages]
     removed = before - count(edited)
-    if not cleared or removed <= 0 or removed < _value(edit.get("clear_at_least"), 0):
+    if removed <= 0 or removed < _value(edit.get("clear_at_least"), 0):
         return
     managed.messages = edited
     entry = {"type": CLEAR_TOOL_USES, "cleared_input_tokens": removed, "cleared_tool_uses": len(cleared)}

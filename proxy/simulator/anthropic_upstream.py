@@ -215,9 +215,7 @@ class AnthropicUpstream(LoopbackServer):
         if compaction is not None:
             segments = prompt_segments(body, [{"role": "assistant", "content": [compaction]}])
         usage: dict[str, Any] = self.cache.usage(str(body["model"]), segments)
-        paused = (
-            compaction is not None and managed.compact is not None and managed.compact.get("pause_after_compaction")
-        )
+        paused = bool(managed.compact and managed.compact.get("pause_after_compaction"))
         content = [] if paused else self._signed(body, self.responder(body))
         usage["output_tokens"] = sum(block_tokens(block) for block in content)
         if iterations:
