@@ -61,8 +61,15 @@ def forwarded_view(
     return provider_view(forwarded, edits, sent, scale)
 
 
-def provider_headers(view: ProviderView | None) -> dict[str, str]:
-    """The report headers for what the provider is estimated to clear and process (none without a view)."""
+def provider_headers(view: ProviderView | None, *, compacted: bool) -> dict[str, str]:
+    """The report headers for what the provider is estimated to clear and process (none without a view).
+
+    A compacted request's `X-Compaction-Tokens-After` stays what is forwarded, before the provider's edits: the
+    chain measured what the provider leaves.
+    """
     if view is None:
         return {}
-    return {CLEARS_HEADER: str(view.cleared_tokens), TOKENS_HEADER: str(view.estimated_tokens)}
+    headers = {CLEARS_HEADER: str(view.cleared_tokens), TOKENS_HEADER: str(view.estimated_tokens)}
+    if compacted:
+        headers["X-Compaction-Tokens-After"] = str(view.estimated_tokens + view.cleared_tokens)
+    return headers

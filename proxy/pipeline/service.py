@@ -250,9 +250,9 @@ class CompactionPipeline:
         work = partial(self.work.run, exchange, whole=True)
         outcome = await compacting.outcome(measured, context, work, strategies)
         self._report(exchange, outcome, thresholds)
-        compacts = self.mode is Mode.ENFORCE and outcome.room is not Room.OVER_WINDOW
+        compacts = self.mode is Mode.ENFORCE and outcome.room is not Room.OVER_WINDOW and outcome.result is not None
         provider = forwarded_view(measured, outcome, request.provider_edits, compacted=compacts)
-        exchange.headers.update(provider_headers(provider))
+        exchange.headers.update(provider_headers(provider, compacted=compacts))
         if outcome.result is None or self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
             return await self._left(incoming, exchange, outcome, view, thresholds)
         return await self._compacted(incoming, exchange, outcome, staging=staging, view=view, headers=headers)

@@ -155,9 +155,12 @@ async def test_when_the_api_clears_too_little_the_proxy_compacts_what_the_api_ke
     assert "compacted" in run.decisions
     assert upstream.rejections == []
     assert all(processed(usage) < WINDOW for usage in upstream.usages)
-    for body, decision in zip(upstream.requests, run.decisions, strict=True):
-        if decision == "compacted":
+    for body, headers, usage in zip(upstream.requests, run.headers, upstream.usages, strict=True):
+        if headers["x-compaction"] == "compacted":
             assert _rewritten_among_cleared(body) == []
+            estimate, reported = int(headers["x-compaction-provider-tokens"]), processed(usage)
+            assert abs(estimate - reported) <= 0.1 * reported
+            assert int(headers["x-compaction-tokens-after"]) == estimate + int(headers["x-compaction-provider-clears"])
 
 
 def _rewritten_among_cleared(body: dict[str, Any]) -> list[str]:
