@@ -6,7 +6,8 @@ list), the estimate after the edits (`proxy.engine.provider_edits`, from the for
 estimate before, and equals what the fake reports processing (`proxy.simulator.anthropic_context`, an independent
 implementation) within the tokenizer slack: the two count the same conversation with different tokenizers, so a
 threshold between their two counts (the trigger, `clear_at_least`) is where they may decide differently, and such
-examples are left out. The format reads edits it does not understand as none, and the fake refuses malformed ones.
+examples are left out. At any calibration the edits only remove, and only from the messages they change. The format
+reads edits it does not understand as none, and the fake refuses malformed ones.
 """
 
 from __future__ import annotations
@@ -141,3 +142,19 @@ def test_an_edit_without_its_beta_header_is_refused() -> None:
     body["context_management"] = {"edits": [{"type": "compact_20260112"}]}
     with pytest.raises(AnthropicError, match="compact-2026-01-12"):
         check_edits(body, HEADERS)
+
+
+@settings(max_examples=examples(100))
+@given(tool_runs(), st.lists(edits, min_size=1, max_size=2), st.floats(0.5, 2.0))
+def test_the_estimate_after_the_edits_never_exceeds_the_one_before_at_any_calibration(
+    body: dict[str, Any], asked: list[Any], scale: float
+) -> None:
+    """Whatever the calibrated ratio of the provider's tokens to the proxy's, the edits only ever remove."""
+    request = MessagesRequest.parse(orjson.dumps({**body, "context_management": {"edits": asked}}))
+    assert request.provider_edits is not None
+    transcript = Transcript(request.messages, counter_for_model(MODEL))
+    before = estimate_tokens(transcript, 0, scale=scale)
+    view = provider_view(transcript, request.provider_edits, before, scale)
+    assert 0 <= view.cleared_tokens <= before - round(scale * sum(view.transcript.tokens(i) for i in view.cleared))
+    assert view.estimated_tokens == before - view.cleared_tokens <= before
+    assert all(view.transcript.tokens(i) < transcript.tokens(i) for i in view.cleared)
