@@ -145,7 +145,7 @@ def compact_command(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     # Offloaded texts go to a store thrown away at exit: the body printed is the one `serve` forwards.
     _, chain = Offloading(settings, MemoryStore(), base, CompactionMetrics).for_request(request, args.wire, off=False)
-    deferred, _ = deferral(settings.client_compaction, {}, request)
+    deferred, _ = deferral(settings.client_compaction, {}, request, thresholds.trigger_tokens)
     thresholds = replace(thresholds, client_compacts=deferred is not None)
     transcript = Transcript(request.messages, counter)
     outcome = compact_if_needed(

@@ -15,7 +15,9 @@ Recognized, in this order (the first one found names the signal in `X-Compaction
 - `compaction-items`: the request carries a provider compaction item (a Responses `compaction` item, from
   `context_management` or `/v1/responses/compact`): the client has its conversation compacted already.
 - `context-management`: the request asks the provider to manage its context (`context_management`, or the Responses
-  API's `truncation: auto`).
+  API's `truncation: auto`). Edits the format translates (`WireRequest.provider_edits`: Anthropic's tool-result
+  clearing) are not a deferral: the proxy estimates what they leave (`proxy.pipeline.provider_edits`). Their
+  compaction is one when it comes at or before the proxy's own trigger; later, the proxy compacts first as usual.
 - `codex-cli`: Codex's headers, an `originator` of Codex (`codex_cli_rs`, `codex_exec`, `codex_vscode`, `codex-tui`)
   or a `User-Agent` opening `codex_cli_rs/`.
 - `claude-code`: Claude Code's `User-Agent` (`claude-cli/...`).
@@ -84,12 +86,13 @@ class Deferral:
 
 
 def deferral(
-    policy: ClientCompaction, headers: Mapping[str, str], request: WireRequest
+    policy: ClientCompaction, headers: Mapping[str, str], request: WireRequest, trigger_tokens: float | None = None
 ) -> tuple[Deferral | None, str | None]:
     """Whether to defer to the request's client, and a warning when its `X-Compaction-Client` was not understood.
 
     :param policy: The operator's `client_compaction`.
     :param headers: The request's headers, names lower-cased.
+    :param trigger_tokens: The proxy's own trigger for the request; None (unknown) defers to any provider compaction.
     """
     asked = headers.get(POLICY_HEADER)
     warning = None
@@ -101,19 +104,22 @@ def deferral(
             warning = INVALID_POLICY_WARNING
     if policy is ClientCompaction.IGNORE:
         return None, warning
-    signal = recognized(headers, request)
+    signal = recognized(headers, request, trigger_tokens)
     if signal is None and policy is ClientCompaction.DEFER:
         signal = forced
     return (Deferral(signal) if signal else None), warning
 
 
-def recognized(headers: Mapping[str, str], request: WireRequest) -> str | None:
+def recognized(headers: Mapping[str, str], request: WireRequest, trigger_tokens: float | None = None) -> str | None:
     """The first signal (see the module docstring) that the request's client compacts itself, or None."""
     if _is_codex_compaction_request(request.last_message):
         return "compaction-request"
     signal = request.compaction_signal
     if signal is not None:
         return signal
+    edits = request.provider_edits
+    if edits is not None and edits.compacts_before(trigger_tokens):
+        return "context-management"
     user_agent = headers.get("user-agent", "")
     if headers.get("originator", "").strip() in CODEX_ORIGINATORS or user_agent.startswith(CODEX_USER_AGENT):
         return "codex-cli"

@@ -66,7 +66,7 @@ class Compacting:
         Not when the leading block and the tools alone exceed the window (`Room.OVER_WINDOW`): nothing compaction
         may touch would make the request fit.
         """
-        transcript, decision = measured.transcript, measured.decision
+        transcript, decision = measured.compaction_transcript, measured.decision
         summaries = self.summaries
         if not decision.compact:
             if summaries is not None:

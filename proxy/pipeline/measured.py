@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine import Anchor, Calibration, Decision, Thresholds, TokenCounter, Transcript, calibrated_decision
+from proxy.engine.provider_edits import ProviderView
 from proxy.engine.transcript import Counts
 from proxy.engine.trigger import estimate_tokens
 from proxy.pipeline.rewrites import View
@@ -20,6 +21,8 @@ class Measured:
     :param exact: The upstream's exact count the decision rests on, or None (none, beaten by the usage anchor, or
         implausible).
     :param local_tokens: The calibrated local estimate of what the upstream counted exactly, when it did.
+    :param provider: The transcript as the provider processes it after its own edits, when the request asks for any
+        (`proxy.pipeline.provider_edits`); the decision rests on it.
     """
 
     transcript: Transcript
@@ -29,6 +32,12 @@ class Measured:
     anchor: Anchor | None
     exact: Anchor | None = None
     local_tokens: int | None = None
+    provider: ProviderView | None = None
+
+    @property
+    def compaction_transcript(self) -> Transcript:
+        """What compaction works on: what the provider clears counted as what it leaves (the transcript without)."""
+        return self.provider.transcript if self.provider is not None else self.transcript
 
 
 def measure(  # noqa: PLR0917 - the decision's inputs, gathered on the loop and handed to a worker thread

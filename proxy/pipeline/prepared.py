@@ -35,6 +35,8 @@ class Prepared:
     :param turn: What the byte-level shortcut knows of the request (see `proxy.pipeline.turn`).
     :param offload_off: The request turned offloading off (`X-Compaction-Offload: off`).
     :param raw: The client's body, kept by `release` to parse again.
+    :param provider_edited: The request asks the provider to edit it on its side: its usage report counts what the
+        provider processed, not what was sent (`proxy.pipeline.provider_edits`).
     :param original: The hash chain of the client's messages (empty when not computed): what the conversation's next
         request finds this one's `Forwarding.replay_state` by.
     """
@@ -55,6 +57,7 @@ class Prepared:
     offload_off: bool = False
     raw: bytes = b""
     original: list[bytes] = field(default_factory=list)
+    provider_edited: bool = False
 
     @property
     def request(self) -> WireRequest:

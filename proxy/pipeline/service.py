@@ -64,6 +64,7 @@ from proxy.pipeline.overflow_retry import OverflowRetry
 from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.prompt_counts import PromptCounts
+from proxy.pipeline.provider_edits import forwarded_view, provider_headers, with_provider_edits
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
@@ -249,6 +250,9 @@ class CompactionPipeline:
         work = partial(self.work.run, exchange, whole=True)
         outcome = await compacting.outcome(measured, context, work, strategies)
         self._report(exchange, outcome, thresholds)
+        compacts = self.mode is Mode.ENFORCE and outcome.room is not Room.OVER_WINDOW and outcome.result is not None
+        provider = forwarded_view(measured, outcome, request.provider_edits, compacted=compacts)
+        exchange.headers.update(provider_headers(provider, compacted=compacts))
         if outcome.result is None or self.mode is Mode.OBSERVE or outcome.room is Room.OVER_WINDOW:
             return await self._left(incoming, exchange, outcome, view, thresholds)
         return await self._compacted(incoming, exchange, outcome, staging=staging, view=view, headers=headers)
@@ -268,6 +272,7 @@ class CompactionPipeline:
         window = resolved.tokens if resolved else None
         size, turn = len(incoming.body), Turn(extension)
         exchange = Prepared(caller.scope, caller.tenant, request, model, window, size, incoming.wire, turn=turn)
+        exchange.provider_edited = request.provider_edits is not None
         if caller.warning:
             exchange.headers["X-Compaction-Warning"] = caller.warning
         if resolved:
@@ -292,7 +297,8 @@ class CompactionPipeline:
         overhead, added = request.overhead_fields, request.added_prompt_tokens
 
         def measured_view() -> Measured:
-            return measure(view, overhead, counter, thresholds, anchor, calibration, known, exact, added_tokens=added)
+            made = measure(view, overhead, counter, thresholds, anchor, calibration, known, exact, added_tokens=added)
+            return with_provider_edits(made, request.provider_edits)
 
         measured = await self.work.run(exchange, measured_view)
         exchange.headers.update(self.exact.record(measured))
@@ -355,7 +361,10 @@ class CompactionPipeline:
         See `proxy.pipeline.client_compaction`: a deferral is said in the response headers and counted.
         """
         request, settings = exchange.request, self.settings
-        deferred, warning = deferral(settings.client_compaction, headers, request)
+        reserved = request.reserved_tokens
+        window, fractions = exchange.window, (settings.compact_at, settings.compact_to)
+        trigger = Thresholds(window, *fractions, reserved).trigger_tokens if window else None
+        deferred, warning = deferral(settings.client_compaction, headers, request, trigger)
         if warning:
             earlier = exchange.headers.get("X-Compaction-Warning")
             exchange.headers["X-Compaction-Warning"] = f"{earlier}; {warning}" if earlier else warning
@@ -364,7 +373,6 @@ class CompactionPipeline:
         if deferred is not None:
             exchange.headers.update(deferred.headers)
             self.metrics.client_compaction.labels(deferred.signal).inc()
-        reserved = request.reserved_tokens
         return Thresholds(exchange.window, settings.compact_at, settings.compact_to, reserved, deferred is not None)
 
     def _report(self, exchange: Prepared, outcome: Outcome, thresholds: Thresholds) -> None:
@@ -404,7 +412,7 @@ class CompactionPipeline:
         try:
             if 200 <= outcome.status < 300:
                 await self.histories.learn(exchange, outcome)
-                if exchange.provider_state:
+                if exchange.provider_state or exchange.provider_edited:
                     return None
                 counter = counter_for_model(exchange.model)
                 await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)

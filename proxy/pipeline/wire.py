@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from proxy.config import Settings
 from proxy.engine.messages import Message
+from proxy.engine.provider_edits import ProviderEdits
 from proxy.pipeline.capabilities import ByteSplicing, ExactCounting, PromptCounting, ProviderHistory
 from proxy.pipeline.exchange import Refusal, UpstreamOutcome
 from proxy.pipeline.requests import RequestLimits
@@ -89,6 +90,11 @@ class WireRequest(Protocol):
     @property
     def added_prompt_tokens(self) -> int:
         """Tokens the provider adds to the prompt that no field shows (Anthropic's tool-use system prompt); often 0."""
+        ...
+
+    @property
+    def provider_edits(self) -> ProviderEdits | None:
+        """The edits the request asks its provider to make on its side (`proxy.engine.provider_edits`), or None."""
         ...
 
     @property

@@ -12,6 +12,10 @@ each of them; a later request reads the longest written prefix ending at one of 
 `LOOKBACK_BLOCKS` blocks before one (`cache_read_input_tokens`), and writes the rest up to its last breakpoint
 (`cache_creation_input_tokens`); `input_tokens` is what follows. Prefixes under `MIN_CACHE_TOKENS` are not cached.
 
+`context_management` edits (tool-result and thinking clearing, compaction) are performed as the API documents them
+(`proxy.simulator.anthropic_context`): the usage reports what the model read after them, and the message says what
+was cleared (`context_management.applied_edits`).
+
 `POST /v1/messages/count_tokens` answers `{"input_tokens": N}` for what a create request would count, after the same
 checks (shape, breakpoints, tool pairing, thinking signatures and, on a binding model, their prefixes): a request
 creating would refuse, counting refuses with the same 400.
@@ -29,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.simulator.anthropic_context import Managed, check_edits, manage
 from proxy.simulator.anthropic_rules import (
     AnthropicError,
     Segment,
@@ -43,6 +48,7 @@ from proxy.simulator.anthropic_rules import (
     check_window,
     prefix_bytes,
     prompt_segments,
+    text_tokens,
 )
 from proxy.simulator.loopback_server import LoopbackServer
 
@@ -173,6 +179,8 @@ class AnthropicUpstream(LoopbackServer):
         self.usages: list[dict[str, int]] = []
         """The usage of each message answered."""
         self.dropped_thinking = 0
+        self.compactions = 0
+        """How many replies a `compact_20260112` edit opened with a compaction block."""
         self.stream_error: dict[str, Any] | None = None
         self._ids = itertools.count(1)
 
@@ -198,24 +206,53 @@ class AnthropicUpstream(LoopbackServer):
         check_breakpoints(body)
         check_pairing(body["messages"])
         checked = check_thinking(body, self.signer)
-        segments = prompt_segments(body, checked.messages)
+        edits = check_edits(body, headers)
+        managed = manage(checked.messages, edits, lambda messages: _prompt_tokens(body, messages))
+        segments = prompt_segments(body, managed.messages)
         check_window(body, sum(segment.tokens for segment in segments), self.window(str(body["model"])))
         self.dropped_thinking += checked.dropped
-        usage = self.cache.usage(str(body["model"]), segments)
-        content = self._signed(body, self.responder(body))
+        compaction, iterations = self._compaction(body, managed)
+        if compaction is not None:
+            segments = prompt_segments(body, [{"role": "assistant", "content": [compaction]}])
+        usage: dict[str, Any] = self.cache.usage(str(body["model"]), segments)
+        paused = bool(managed.compact and managed.compact.get("pause_after_compaction"))
+        content = [] if paused else self._signed(body, self.responder(body))
         usage["output_tokens"] = sum(block_tokens(block) for block in content)
+        if iterations:
+            usage = {key: 0 for key in usage} if paused else usage
+            usage["iterations"] = [*iterations, *([] if paused else [{"type": "message", **usage}])]
         self.usages.append(usage)
         stop = "tool_use" if any(block["type"] == "tool_use" for block in content) else "end_turn"
-        return {
+        message = {
             "id": f"msg_{next(self._ids):08d}",
             "type": "message",
             "role": "assistant",
             "model": body["model"],
-            "content": content,
-            "stop_reason": stop,
+            "content": [compaction, *content] if compaction is not None else content,
+            "stop_reason": "compaction" if paused else stop,
             "stop_sequence": None,
             "usage": usage,
         }
+        if edits:
+            message["context_management"] = {"applied_edits": managed.applied}
+        return message
+
+    def _compaction(self, body: Mapping[str, Any], managed: Managed) -> tuple[dict[str, Any] | None, list[Any]]:
+        """The `compaction` block a triggered compaction edit opens the reply with, and its usage iteration."""
+        if managed.compact is None:
+            return None, []
+        read = _prompt_tokens(body, managed.messages)
+        summary = f"<summary>The conversation so far: {len(managed.messages)} messages, {read} tokens.</summary>"
+        written = text_tokens(summary)
+        self.compactions += 1
+        iteration = {
+            "type": "compaction",
+            "input_tokens": read,
+            "output_tokens": written,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+        return {"type": "compaction", "content": summary}, [iteration]
 
     def authenticate(self, headers: Mapping[str, str]) -> None:
         """Refuse a request as the API does when it carries no credential it accepts (only when `api_keys` is set)."""
@@ -292,17 +329,23 @@ class AnthropicUpstream(LoopbackServer):
         return response
 
 
+def _prompt_tokens(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> int:
+    return sum(segment.tokens for segment in prompt_segments(body, messages))
+
+
 def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The events the API streams a message as."""
+    """The events the API streams a message as (what context management did comes with `message_delta`)."""
     usage = dict(message["usage"])
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    opening = {key: value for key, value in message.items() if key != "context_management"}
+    start = {**opening, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
         events.extend(_block_events(index, block))
         if index == 0:
             events.append(("ping", {"type": "ping"}))
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    managed = {"context_management": message["context_management"]} if "context_management" in message else {}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage, **managed}))
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 
@@ -313,6 +356,7 @@ def _block_events(index: int, block: Mapping[str, Any]) -> list[tuple[str, dict[
         "text": {"text": ""},
         "thinking": {"thinking": "", "signature": ""},
         "tool_use": {"input": {}},
+        "compaction": {"content": None},
     }
     opening: dict[str, Any] = {key: value for key, value in block.items() if key in ("type", "id", "name")}
     opening.update(empty[kind])
@@ -323,6 +367,8 @@ def _block_events(index: int, block: Mapping[str, Any]) -> list[tuple[str, dict[
     elif kind == "thinking":
         deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}]
         deltas.append({"type": "signature_delta", "signature": block["signature"]})
+    elif kind == "compaction":
+        deltas = [{"type": "compaction_delta", "content": block["content"]}]
     elif kind == "tool_use":
         arguments = json.dumps(block["input"])
         deltas = [

@@ -39,6 +39,8 @@ NOT_PRODUCED_HERE = {
         ("X-Compaction-Deferred", signal): "tests/e2e/test_client_compaction.py (each signal)"
         for signal in ("compaction-request", "compaction-items", "context-management", "codex-cli", "header", "setting")
     },
+    ("X-Compaction-Provider-Clears", None): "tests/e2e/messages/test_provider_edits.py (the API's own edits)",
+    ("X-Compaction-Provider-Tokens", None): "tests/e2e/messages/test_provider_edits.py (the API's own edits)",
     ("X-Compaction-Reads", None): "tests/e2e/test_offload_reads.py (a model that reads back)",
     ("X-Compaction-Reads-Not-Held", None): "tests/e2e/test_offload_reads.py (a model that reads back)",
 }

@@ -13,7 +13,9 @@ from functools import cached_property
 from typing import Any
 
 from proxy.engine.messages import Message
+from proxy.engine.provider_edits import ProviderEdits
 from proxy.formats.anthropic.blocks import Conversation, Mapped, holds_compaction, text_blocks
+from proxy.formats.anthropic.context_edits import provider_edits
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
@@ -85,6 +87,11 @@ class MessagesRequest(BodyFields):
         """Whether the client set the API's own context management (`context_management`: clearing, compaction)."""
         return bool(self.body.get("context_management"))
 
+    @cached_property
+    def provider_edits(self) -> ProviderEdits | None:
+        """The edits its `context_management` asks the API to make (`proxy.formats.anthropic.context_edits`)."""
+        return provider_edits(self.body)
+
     @property
     def reserved_tokens(self) -> int:
         """The tokens the request reserves for its reply: `max_tokens`."""
@@ -110,6 +117,8 @@ class MessagesRequest(BodyFields):
     def compaction_signal(self) -> str | None:
         """What says the client compacts itself: `compaction` blocks (`compaction-items`), `context_management`.
 
+        `context_management` only when the proxy does not understand its edits: edits it understands are estimated
+        (`provider_edits`), and their compaction deferred to by its trigger (`proxy.pipeline.client_compaction`).
         None when neither.
         """
         system = self.body.get("system")
@@ -119,7 +128,7 @@ class MessagesRequest(BodyFields):
             if isinstance(content := message.get("content"), list)
         ):
             return "compaction-items"
-        return "context-management" if self.manages_context else None
+        return "context-management" if self.manages_context and self.provider_edits is None else None
 
     def forwarded(self, raw: bytes, messages: list[Message] | None, previous: Any = None) -> Forwarding:
         """What to send (`forwarding.forwarding`): `raw` when `messages` is None and the tools are the client's.

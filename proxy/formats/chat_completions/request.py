@@ -66,6 +66,11 @@ class ChatRequest(BodyFields, MappedMessages):
         return cls(body=body, messages=messages)
 
     @property
+    def provider_edits(self) -> None:
+        """None: the proxy estimates no edits of this API's own (its `context_management` is a deferral)."""
+        return None
+
+    @property
     def compaction_signal(self) -> str | None:
         """`context-management` when the request carries `context_management` of its own."""
         return "context-management" if "context_management" in self.body else None

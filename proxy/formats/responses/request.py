@@ -66,6 +66,11 @@ class ResponsesRequest(BodyFields, MappedMessages):
         return bool(self.body.get("context_management")) or self.body.get("truncation") == "auto"
 
     @property
+    def provider_edits(self) -> None:
+        """None: the proxy estimates no edits of this API's own (its `context_management` is a deferral)."""
+        return None
+
+    @property
     def compaction_signal(self) -> str | None:
         """`compaction-items` when the input holds the provider's compaction items, else `context-management`.
 
