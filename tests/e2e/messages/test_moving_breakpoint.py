@@ -39,9 +39,7 @@ async def test_the_turn_after_a_compaction_replays_it_when_the_breakpoint_moved(
         await proxies.close()
 
     assert (status, headers["X-Compaction"]) == (200, "unchanged"), "the remembered compaction was not replayed"
-    compacted, replayed = (
-        MESSAGES.comparable_entries(body["messages"]) for body in anthropic_upstream.requests[-2:]
-    )
+    compacted, replayed = (MESSAGES.comparable_entries(body["messages"]) for body in anthropic_upstream.requests[-2:])
     assert replayed[: len(compacted)] == compacted, "the next turn does not extend the compacted prompt"
     usage = anthropic_upstream.usages[-1]
     prompt = usage["input_tokens"] + usage["cache_creation_input_tokens"] + usage["cache_read_input_tokens"]
