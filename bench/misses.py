@@ -246,16 +246,26 @@ async def through_proxy(agent: FormatAgent, turns: int, settings: Mapping[str, A
         proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={wire.model: agent.window})
         try:
             proxy = await proxies.start(**settings)
-            decisions = iter(await agent.run(proxy, turns, lambda _turn: False))
+            decisions = await agent.run(proxy, turns, lambda _turn: False)
         finally:
             await proxies.close()
-        bodies = [json.loads(body) for body in wire.forwarded(upstream)]
-        ceiling = int((proxy.settings.compact_to + OVER_TARGET) * agent.window)
-        requests = []
-        for body, usage in zip(bodies, usages(wire, upstream), strict=True):
-            summary = is_summary_request(wire, body)
-            requests.append(Request(body, usage, summary, "" if summary else next(decisions)))
-    return requests, ceiling
+        return forwarded(wire, upstream, decisions), ceiling_of(proxy.settings, agent.window)
+
+
+def ceiling_of(settings: Settings, window: int) -> int:
+    """The prompt a compaction leaves at most, in tokens, without having removed too little (`OVER_TARGET`)."""
+    return int((settings.compact_to + OVER_TARGET) * window)
+
+
+def forwarded(wire: FormatCase, upstream: Upstream, decisions: Sequence[str]) -> list[Request]:
+    """What the upstream was sent and billed, request by request, with each client turn's `X-Compaction`."""
+    turns = iter(decisions)
+    requests = []
+    for raw, usage in zip(wire.forwarded(upstream), usages(wire, upstream), strict=True):
+        body = json.loads(raw)
+        summary = is_summary_request(wire, body)
+        requests.append(Request(body, usage, summary, "" if summary else next(turns)))
+    return requests
 
 
 def first_turns(requests: Sequence[Request], turns: int) -> list[Request]:
