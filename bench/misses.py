@@ -13,8 +13,9 @@ included, as `bench.billing.first_turns` takes them), and over the proxy's whole
 The proxy's uncached tokens are attributed, request by request, to one cause each part (`Causes`), by comparing
 what was forwarded with the request before it and counting tokens as the fake upstream counts them:
 
-- `new messages`: the entries the request adds to the one before (never cached, going direct either), and, on a
-  request that extends the one before, the part of the last cache block the cache cannot serve;
+- `new messages`: the entries the request adds to the one before (never cached, direct or not), and, on a request
+  that extends the one before, what the cache cannot serve of the rest (its last partial block, or all of a prompt
+  under the cache's minimum);
 - `first request`: all of the conversation's first request;
 - `tools changed`: the tools differ from the request before's (the read tool came or went): every cache orders
   tools first, so what the request keeps of the one before was not served either;
@@ -23,6 +24,9 @@ what was forwarded with the request before it and counting tokens as the fake up
   prompt above `compact_to` of the window by more than `OVER_TARGET` of it (it removed too little);
 - `summary call`: a summary call's instruction and what its prompt holds beyond the cached blocks;
 - `other`: what none of these explains (the prefix changed without a compaction, or the cache missed).
+
+These agents repeat their tool results, so the proxy never offloads and the read tool never comes or goes; the same
+attribution on conversations where it does is `bench.misses_recall`.
 """
 
 from __future__ import annotations
