@@ -157,6 +157,17 @@ def _call_bytes(call: Any) -> bytes:
     return b"\0".join((_value_bytes(call.get("id")), _value_bytes(function.get("name")), canonical))
 
 
+def _single_text(content: Any) -> Any:
+    """The text of a content holding one text part and nothing else; any other content as it is."""
+    if isinstance(content, list) and len(content) == 1:
+        part = content[0]
+        if isinstance(part, Mapping) and part.keys() == {"type", "text"} and part["type"] == "text":
+            text = part["text"]
+            if isinstance(text, str):
+                return text
+    return content
+
+
 def message_key(message: Message) -> MessageKey:
     """A stable digest of what the model reads of a message, equal for messages it reads the same way.
 
@@ -165,9 +176,14 @@ def message_key(message: Message) -> MessageKey:
     name, tool calls (id, name, canonical arguments), tool call id and function call, with empty and null alike, so
     the re-sent reply is recognized as the same message. Each field is length-prefixed, so no two different
     messages can run together into the same bytes.
+
+    A content of one text part keys as its text: the model reads the two alike, and a client that marks a cache
+    breakpoint on its newest message sends it as a text block on one turn and as a string on the next (Claude Code,
+    the Messages API's `cache_control`); keyed apart, the rewrite remembered on the first turn would not be found on
+    the second, and the conversation would be compacted again.
     """
     role = message.get("role")
-    content = message.get("content")
+    content = _single_text(message.get("content"))
     name = message.get("name") or ""
     call_id = message.get("tool_call_id") or ""
     if (
@@ -183,7 +199,7 @@ def message_key(message: Message) -> MessageKey:
         return xxh3_128_digest(b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t))
     pieces = [
         _value_bytes(message.get("role")),
-        _value_bytes(message.get("content")),
+        _value_bytes(content),
         _value_bytes(message.get("name")),
         _value_bytes(message.get("tool_call_id")),
     ]

@@ -18,12 +18,15 @@ import unittest
 import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.engine import ApproximateCounter, TiktokenCounter
 from proxy.engine.counting import REPLY_PRIMING_TOKENS, encoding_for_model, render_tool_schemas
 from proxy.engine.encodings import get_encoding
 from proxy.engine.images import DEFAULT_IMAGE_TOKENS, image_tokens, tiled_image_tokens
 from proxy.engine.messages import message_key
+from tests.support.examples import examples
 
 MODULES = [json, argparse, asyncio, collections, email, logging, pathlib, textwrap, unittest, typing]
 PROSE = "\n\n".join(module.__doc__ or "" for module in MODULES)
@@ -110,6 +113,21 @@ def test_reply_resent_by_an_sdk_counts_and_hashes_the_same() -> None:
     assert message_key(reply) == message_key(resent)
     counter = TiktokenCounter()
     assert counter.message_tokens(resent) == counter.message_tokens(reply)
+
+
+@settings(max_examples=examples(200))
+@given(role=st.sampled_from(["user", "assistant", "system", "tool"]), text=st.text(), other=st.text())
+def test_one_text_part_keys_and_counts_as_its_text(role: str, text: str, other: str) -> None:
+    # A client moving its cache breakpoint sends its newest message as a text block, then as a string.
+    as_string = {"role": role, "content": text}
+    as_part = {"role": role, "content": [{"type": "text", "text": text}]}
+    assert message_key(as_part) == message_key(as_string)
+    assert TiktokenCounter().message_tokens(as_part) == TiktokenCounter().message_tokens(as_string)
+    # Two parts, or a part carrying more than its text, are not read as one string.
+    two = {"role": role, "content": [{"type": "text", "text": text}, {"type": "text", "text": other}]}
+    assert message_key(two) != message_key({"role": role, "content": text + other})
+    marked = {"role": role, "content": [{"type": "text", "text": text, "detail": other}]}
+    assert message_key(marked) != message_key(as_string)
 
 
 def _png(width: int, height: int) -> bytes:
