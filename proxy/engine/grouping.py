@@ -114,7 +114,7 @@ def with_leading_block(plan: EditPlan, messages: Sequence[Message]) -> EditPlan:
         for entry in plan.entries
         if not (entry.index < end if isinstance(entry, Kept) else _replaces_below(entry, end))
     )
-    return EditPlan(plan.source_length, (*(Kept(index) for index in range(end)), *rest))
+    return EditPlan(plan.source_length, (*(Kept(index) for index in range(end)), *rest), plan.read_tool)
 
 
 def _replaces_below(entry: Created, end: int) -> bool:

@@ -60,10 +60,16 @@ Entry = Kept | Created
 
 @dataclass(frozen=True)
 class EditPlan:
-    """The compacted conversation, as a list of entries over a source conversation of `source_length` messages."""
+    """The compacted conversation, as a list of entries over a source conversation of `source_length` messages.
+
+    :param read_tool: The conversation was sent with the proxy's read tool (it held an offloaded result): every later
+        request of it is sent with the tool too, even once no reference is left, so that its tools, which every
+        provider's prompt cache orders first, stay the same. Carried through `extended` and `then`.
+    """
 
     source_length: int
     entries: tuple[Entry, ...]
+    read_tool: bool = False
 
     @classmethod
     def identity(cls, length: int) -> EditPlan:
@@ -95,7 +101,7 @@ class EditPlan:
         if length <= self.source_length:
             return self
         added = tuple(Kept(index) for index in range(self.source_length, length))
-        return EditPlan(length, self.entries + added)
+        return EditPlan(length, self.entries + added, self.read_tool)
 
     def then(self, later: EditPlan) -> EditPlan:
         """Compose: `later` is a plan over this plan's output; the result is one plan over this plan's source."""
@@ -110,7 +116,7 @@ class EditPlan:
                 composed.append(self.entries[entry.index])
             else:
                 composed.append(Created(entry.message, entry.meta, self._source_index(entry.replaces)))
-        return EditPlan(self.source_length, tuple(composed))
+        return EditPlan(self.source_length, tuple(composed), self.read_tool or later.read_tool)
 
     def _source_index(self, output_index: int | None) -> int | None:
         if output_index is None:

@@ -47,12 +47,15 @@ class Outgoing:
         chain: list[bytes] | None,
         held: tuple[str, ...] = (),
         *,
+        kept: bool = False,
         tokens: int | None = None,
     ) -> ForwardPlan:
         """The plan sending `messages` (the original bytes when None).
 
         :param chain: The chain of what is sent, when already known; computed here otherwise.
         :param held: The references of the offloaded results `messages` hold: when any, the read tool is offered.
+        :param kept: The conversation was sent with the read tool before: it is offered with `messages` whatever they
+            hold (`proxy.pipeline.offload.offloading.Offloading.offer`).
         :param tokens: The estimated prompt tokens of `messages`, when the exchange has no estimate of its own.
         """
         offered = held if messages else ()
@@ -64,6 +67,7 @@ class Outgoing:
             exchange.tenant,
             offered,
             exchange.headers,
+            kept=kept and bool(messages),
             sized=(exchange.window, tokens),
             originals=lambda: self.work.originals(exchange),
         )

@@ -105,7 +105,7 @@ class OverflowRetry:
         counter = counter_for_model(exchange.model)
         scale = self.usage.calibration(exchange.tenant, exchange.model).ratio
         transcript = Transcript(view.messages, counter, view.meta, keys=view.keys)
-        request = exchange.request
+        request = self.offloading.counted(exchange.request, exchange.wire, view.read_tool)
         overhead = counter.overhead_tokens(request.overhead_fields) + request.added_prompt_tokens
         return Refused(view, transcript, overhead, scale)
 
@@ -115,7 +115,8 @@ class OverflowRetry:
         """The retry compacted to `window`, or None when nothing may or can be removed."""
         settings, request, scale = self.settings, exchange.request, refused.scale
         thresholds = Thresholds(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
-        staging, strategies = self.offloading.for_request(request, exchange.wire, exchange.offload_off)
+        kept = refused.view.read_tool
+        staging, strategies = self.offloading.for_request(request, exchange.wire, exchange.offload_off, kept=kept)
         provider_overhead = refused.provider_tokens(0)
         target = int(thresholds.target_tokens(provider_overhead) / scale)
 
@@ -139,7 +140,9 @@ class OverflowRetry:
         if result is None:
             return None
         await self.offloading.persist(exchange.tenant, staging, result.compacted)
-        await self.rewrites.remember(exchange.scope, refused.view, result.plan)
+        held = held_references(result.compacted.meta)
+        kept = kept or (bool(held) and not self.offloading.declined(request))
+        await self.rewrites.remember(exchange.scope, refused.view, result.plan, read_tool=kept)
         return await self._sent(exchange, refused, result, window, over, learned=learned)
 
     async def _sent(
@@ -179,5 +182,6 @@ class OverflowRetry:
         if learned:
             retry.headers[WINDOW_SOURCE_HEADER] = WindowSource.LEARNED
         self.metrics.record_compaction(result.strategies, refused.provider_tokens(result.tokens_before), tokens)
-        held = held_references(result.compacted.meta)
-        return await self.outgoing.plan(b"", retry, list(result.compacted.messages), None, held, tokens=tokens)
+        held, kept = held_references(result.compacted.meta), refused.view.read_tool
+        messages = list(result.compacted.messages)
+        return await self.outgoing.plan(b"", retry, messages, None, held, kept=kept, tokens=tokens)

@@ -61,7 +61,9 @@ class PromptCounts:
         view = await self.work.view(exchange)
         if not view.changed:
             return None
-        offered, _ = await self.offloading.offer(request, incoming.wire, caller.tenant, view.held, {})
+        offered, _ = await self.offloading.offer(
+            request, incoming.wire, caller.tenant, view.held, {}, kept=view.read_tool
+        )
         previous = self.previous_forwards.find(caller.scope, view.original_chain)
 
         def build() -> tuple[bytes, dict[str, str]]:

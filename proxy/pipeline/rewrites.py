@@ -12,7 +12,7 @@ remembered before the block was protected, which cut or dropped part of it, does
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
@@ -53,6 +53,14 @@ class View:
     original_chain: list[bytes]
     chain: list[bytes]
     held: tuple[str, ...] = ()
+
+    @property
+    def read_tool(self) -> bool:
+        """Whether the conversation was sent with the read tool: it holds offloaded results, or held some before.
+
+        The remembered plan says so (`EditPlan.read_tool`); a plan stored before it could still holds references.
+        """
+        return self.plan.read_tool or bool(self.held)
 
     @property
     def changed(self) -> bool:
@@ -185,7 +193,11 @@ class RewriteMemory:
         _keys, chain = self.view_prefixes.keys(scope, messages, body_bytes)
         return chain
 
-    async def remember(self, scope: bytes, view: View, compaction: EditPlan) -> None:
-        """Compose a new compaction onto the replayed rewrite and store it for the whole original request."""
+    async def remember(self, scope: bytes, view: View, compaction: EditPlan, *, read_tool: bool = False) -> None:
+        """Compose a new compaction onto the replayed rewrite and store it for the whole original request.
+
+        :param read_tool: The compacted request is sent with the read tool: the conversation keeps it from now on.
+        """
         if view.original_chain and self.enabled:
-            await self.store.save_rewrite(scope, view.original_chain[-1], view.plan.then(compaction))
+            plan = view.plan.then(replace(compaction, read_tool=read_tool) if read_tool else compaction)
+            await self.store.save_rewrite(scope, view.original_chain[-1], plan)

@@ -237,14 +237,15 @@ class CompactionPipeline:
             self.unknown_models.log(exchange.model)
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.decided(incoming.wire.name, "unknown_window")
-            return await self.outgoing.plan(incoming.body, exchange, view.changed_messages, view.chain, view.held)
+            return await self._replayed(incoming, exchange, view)
         measured, anchor = await self._measured(exchange, view, thresholds, calibration, headers)
+        covered = anchor.covered if anchor else None
         context = SummaryContext(
-            caller.scope, incoming.path, request, headers, view.chain, incoming.wire, anchor.covered if anchor else None
+            caller.scope, incoming.path, request, headers, view.chain, incoming.wire, covered, view.read_tool
         )
         exchange.offload_off = offload_off(headers)
         staging, strategies = self.offloading.for_request(
-            request, incoming.wire, exchange.offload_off or not measured.decision.compact
+            request, incoming.wire, exchange.offload_off or not measured.decision.compact, kept=view.read_tool
         )
         compacting = self.compacting if self.mode is Mode.ENFORCE else self.observing
         work = partial(self.work.run, exchange, whole=True)
@@ -294,7 +295,8 @@ class CompactionPipeline:
         known = exchange.turn.counted
         question = CountQuestion(model, request, view, tenant, headers, exchange.size, anchor)
         exact = await self.exact.anchor(exchange.wire, question)
-        overhead, added = request.overhead_fields, request.added_prompt_tokens
+        counted = self.offloading.counted(request, exchange.wire, view.read_tool)
+        overhead, added = counted.overhead_fields, counted.added_prompt_tokens
 
         def measured_view() -> Measured:
             made = measure(view, overhead, counter, thresholds, anchor, calibration, known, exact, added_tokens=added)
@@ -316,7 +318,12 @@ class CompactionPipeline:
             self.metrics.decided(incoming.wire.name, "observed" if outcome.result else left_as_sent(thresholds))
             return await self.outgoing.plan(incoming.body, exchange, None, view.original_chain)
         self.metrics.decided(incoming.wire.name, left_as_sent(thresholds))
-        return await self.outgoing.plan(incoming.body, exchange, view.changed_messages, view.chain, view.held)
+        return await self._replayed(incoming, exchange, view)
+
+    async def _replayed(self, incoming: IncomingRequest, exchange: Prepared, view: View) -> ForwardPlan:
+        """The plan sending the replayed view, with the read tool its conversation holds or keeps."""
+        messages, held = view.changed_messages, view.held
+        return await self.outgoing.plan(incoming.body, exchange, messages, view.chain, held, kept=view.read_tool)
 
     async def _compacted(
         self,
@@ -332,10 +339,12 @@ class CompactionPipeline:
         result = outcome.result
         assert result is not None  # the outcome of a compaction
         await self.offloading.persist(exchange.tenant, staging, result.compacted)
+        held = held_references(result.compacted.meta)
+        kept = view.read_tool or (bool(held) and not self.offloading.declined(exchange.request))
         self.metrics.decided(incoming.wire.name, "compacted")
         self.metrics.record_compaction(result.strategies, outcome.decision.estimated_tokens, outcome.tokens_after)
         exchange.turn.view = exchange.turn.counted = None
-        await self.rewrites.remember(exchange.scope, view, result.plan)
+        await self.rewrites.remember(exchange.scope, view, result.plan, read_tool=kept)
         exchange.estimate = Estimate(outcome.tokens_after)
         logger.info(
             "Compacted a conversation.",
@@ -352,8 +361,7 @@ class CompactionPipeline:
         compacted = list(result.compacted.messages)
         scope, size = exchange.scope, exchange.size
         chain = await self.work.run(exchange, lambda: self.rewrites.compacted_chain(scope, compacted, size), whole=True)
-        held = held_references(result.compacted.meta)
-        return await self.outgoing.plan(incoming.body, exchange, compacted, chain, held)
+        return await self.outgoing.plan(incoming.body, exchange, compacted, chain, held, kept=view.read_tool)
 
     def _thresholds(self, exchange: Prepared, headers: Mapping[str, str]) -> Thresholds | None:
         """The request's thresholds (None without a window), deferring to a client that compacts itself.

@@ -69,6 +69,8 @@ class SummaryContext:
     :param wire: The request's wire format: what the summary call looks like.
     :param answered: How many leading messages of that transcript the provider reported usage for before (the usage
         anchor's `covered`): a prefix it was sent and holds in its cache. None when none is known.
+    :param read_tool: The conversation keeps the read tool (`proxy.pipeline.rewrites.View.read_tool`): the summary
+        call has it too, even when the transcript holds no offloaded result.
     """
 
     tenant: bytes
@@ -78,6 +80,7 @@ class SummaryContext:
     chain: Sequence[bytes]
     wire: WireFormat
     answered: int | None = None
+    read_tool: bool = False
 
 
 @dataclass
@@ -227,7 +230,8 @@ class Summaries:
         messages, sections, settings = transcript.messages[:cut], self.instruction, self.settings
         wire = context.wire
         held = held_references(transcript.meta[:cut] if transcript.meta else None)
-        request = as_forwarded(context.request, wire.read_tool, held, settings.offload_max_tools)
+        offered = bool(held) or context.read_tool
+        request = as_forwarded(context.request, wire.read_tool, offered, settings.offload_max_tools)
         body = wire.summary_call(request, messages, indices, sections=sections, settings=settings)
         url = self.settings.upstream + context.path
         async with self._client().post(

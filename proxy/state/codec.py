@@ -6,8 +6,10 @@ The form is one orjson array::
 
 where each entry is either a run of kept source indices, `[start, stop]` (stop exclusive, so a plan that keeps 500
 messages in order costs a few bytes, not 500 numbers), or a created message, `{"m": message, "t": meta}` plus
-`"r": index` when it replaces an original. The leading `1` is the format version: a reader meeting a version it does
-not know raises `PlanDecodeError`, and stores treat that record as absent rather than misapply it.
+`"r": index` when it replaces an original. A plan whose conversation was sent with the read tool
+(`EditPlan.read_tool`) has a fourth element, `{"read_tool": true}`; one without it (every record written before it
+existed) was not. The leading `1` is the format version: a reader meeting a version it does not know raises
+`PlanDecodeError`, and stores treat that record as absent rather than misapply it.
 
 Created messages keep their key order through the round trip: the proxy forwards them as they come back, and two
 replicas must send the upstream the same bytes.
@@ -26,6 +28,9 @@ from proxy.engine.plan import Created, EditPlan, Entry, Kept
 
 FORMAT_VERSION = 1
 """The version written first in every encoded plan."""
+
+READ_TOOL_FIELD = "read_tool"
+"""The key of the fourth element saying the plan's conversation was sent with the read tool."""
 
 
 class PlanDecodeError(ValueError):
@@ -67,7 +72,10 @@ def encode_entries(entries: tuple[Entry, ...]) -> list[Any]:
 
 def encode_plan(plan: EditPlan) -> bytes:
     """`plan` as bytes (see the module docstring for the form)."""
-    return orjson.dumps([FORMAT_VERSION, plan.source_length, encode_entries(plan.entries)], default=_default)
+    document: list[Any] = [FORMAT_VERSION, plan.source_length, encode_entries(plan.entries)]
+    if plan.read_tool:
+        document.append({READ_TOOL_FIELD: True})
+    return orjson.dumps(document, default=_default)
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -93,12 +101,12 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise PlanDecodeError("not JSON") from error
-    if not isinstance(document, list) or len(document) != 3:
+    if not isinstance(document, list) or len(document) not in (3, 4):
         raise PlanDecodeError("not a plan")
-    version, length, items = document
+    version, length, items, *options = document
     if version != FORMAT_VERSION:
         raise PlanDecodeError(f"unknown plan format version {version!r}")
-    if not _is_index(length) or not isinstance(items, list):
+    if not _is_index(length) or not isinstance(items, list) or not all(isinstance(each, dict) for each in options):
         raise PlanDecodeError("malformed plan header")
     if length != source_length:
         raise PlanDecodeError("a plan over another prefix than the one it is stored under")
@@ -111,7 +119,8 @@ def decode_plan(data: bytes, source_length: int) -> EditPlan:
             entries.append(_decode_created(item, length))
         else:
             raise PlanDecodeError("malformed plan entry")
-    return EditPlan(length, tuple(entries))
+    read_tool = any(each.get(READ_TOOL_FIELD) is True for each in options)
+    return EditPlan(length, tuple(entries), read_tool)
 
 
 def _check_runs(items: list[Any], source_length: int) -> None:
@@ -160,7 +169,8 @@ def supersedes(new: EditPlan, stored: EditPlan) -> bool:
     same base that is not a further compaction of the stored one (replacing would fork the conversation: later turns
     would replay a prefix other than the one the upstream already saw). Of two siblings, the one that is a further
     compaction of the other wins in whatever order they land; of two incomparable ones, the first written stays.
-    A plan over a longer source (never under one key in practice) supersedes one over a shorter source.
+    A plan over a longer source (never under one key in practice) supersedes one over a shorter source. The same
+    plan saying its conversation was sent with the read tool supersedes one that does not.
     """
     if new.source_length != stored.source_length:
         return new.source_length > stored.source_length
@@ -181,7 +191,10 @@ def supersedes(new: EditPlan, stored: EditPlan) -> bool:
     new_kept, stored_kept = _kept_count(new), _kept_count(stored)
     if new_kept != stored_kept:
         return new_kept < stored_kept
-    return _created_bytes(new) < _created_bytes(stored)
+    new_bytes, stored_bytes = _created_bytes(new), _created_bytes(stored)
+    if new_bytes != stored_bytes:
+        return new_bytes < stored_bytes
+    return new.read_tool and not stored.read_tool
 
 
 def _kept_count(plan: EditPlan) -> int:

@@ -29,7 +29,15 @@ from proxy.engine.strategies.user_message_window import UserMessageWindow
 from proxy.engine.transcript import Transcript
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.reads import ReadBack, ReadLimits
-from proxy.pipeline.offload.tool import POINTER, USER_POINTER, R, as_forwarded, offer_declined, read_tool_tokens
+from proxy.pipeline.offload.reserving import ReadToolRoom
+from proxy.pipeline.offload.tool import (
+    POINTER,
+    USER_POINTER,
+    R,
+    as_forwarded,
+    offer_declined,
+    read_tool_tokens,
+)
 from proxy.pipeline.wire import WireFormat, WireRequest
 from proxy.state import StateStore
 from proxy.state.base import OFFLOAD_REFRESH_SHARE
@@ -100,13 +108,23 @@ class Offloading:
         """Whether the read tool cannot be offered to this request (`proxy.pipeline.offload.tool.offer_declined`)."""
         return offer_declined(request, self.settings.offload_max_tools) is not None
 
+    def counted(self, request: R, wire: WireFormat, kept: bool) -> R:
+        """The request whose tools are counted: with the read tool when its conversation keeps it (see `offer`).
+
+        Its tokens are then part of the request's overhead, like the client's own tools, and every compaction of
+        the conversation aims under the target with them.
+        """
+        return as_forwarded(request, wire.read_tool, kept, self.settings.offload_max_tools)
+
     def for_request(
-        self, request: WireRequest, wire: WireFormat, off: bool
+        self, request: WireRequest, wire: WireFormat, off: bool, *, kept: bool = False
     ) -> tuple[StagingOffloadStore | None, CompactionChain]:
         """Where a request's compaction offloads to, and its chain: offloading to it before the first lossy strategy.
 
         The user message window offloads there too: a user message it must set aside leaves a reference, and a
         compaction that does so aims under the target by what the read tool adds to the request (`read_tool_tokens`).
+        So does one whose offloaded results bring the tool (`ReadToolRoom`), unless the conversation keeps the tool
+        already (`kept`): then it is counted with the request's tools (`counted`).
 
         :param off: No offloading for this request: it turned it off (`offload_off`), or it is not being compacted.
             The setting can turn it off too, and so can a request the read tool cannot be offered to (counted):
@@ -123,7 +141,7 @@ class Offloading:
             self.metrics().offload_declined.labels(reason).inc()
             return None, self.base
         staging = StagingOffloadStore()
-        reserved = read_tool_tokens(request, wire, self.settings.offload_max_tools)
+        reserved = 0 if kept else read_tool_tokens(request, wire, self.settings.offload_max_tools)
         strategies = [
             strategy.offloading_to(staging, USER_POINTER, reserved)
             if isinstance(strategy, UserMessageWindow)
@@ -134,7 +152,8 @@ class Offloading:
         if at is None:
             at = next((i for i, strategy in enumerate(strategies) if strategy.name in LOSSY), len(strategies))
         strategies.insert(at, ToolResultOffload(staging, pointer=POINTER, with_digest=True))
-        return staging, KeepingMore(CompactionChain(strategies), self.base)
+        preferred = CompactionChain(strategies)
+        return staging, KeepingMore(ReadToolRoom(preferred, reserved) if reserved else preferred, self.base)
 
     async def persist(self, tenant: bytes, staging: StagingOffloadStore | None, compacted: Transcript) -> None:
         """Keep what the compaction offloaded and the `compacted` conversation still refers to, under the tenant.
@@ -163,6 +182,7 @@ class Offloading:
         held: tuple[str, ...],
         headers: dict[str, str],
         *,
+        kept: bool = False,
         sized: tuple[int | None, int | None] = (None, None),
         originals: Callable[[], Awaitable[Sequence[Message]]] | None = None,
     ) -> tuple[R, ReadBack | None]:
@@ -170,15 +190,19 @@ class Offloading:
 
         When it holds any, the request gets the read tool and `headers` say so; the texts live on as long as the
         conversation (see `refresh`), and one the store no longer holds is read from `originals`, the client's
-        messages, and stored again (see `proxy.pipeline.offload.reads`). Otherwise, or when the read tool cannot be
-        offered to it (a later turn whose client tools changed), the request is returned as it is, with no reads:
-        every call reaches the client.
+        messages, and stored again (see `proxy.pipeline.offload.reads`). A conversation once sent with the tool
+        (`kept`) keeps it, byte for byte the same, when a compaction has left no reference: its tools, which every
+        provider's prompt cache orders first, do not change, and a read of a reference no longer held is answered
+        that it is not. Otherwise, or when the read tool cannot be offered to it (a later turn whose client tools
+        changed), the request is returned as it is, with no reads: every call reaches the client.
 
+        :param kept: The conversation was sent with the read tool before (`proxy.pipeline.rewrites.View.read_tool`).
         :param sized: The request's window and estimated prompt tokens, when known: the rounds stay within them.
         """
-        if not held or self.declined(request):
+        if not (held or kept) or self.declined(request):
             return request, None
-        await self.refresh(tenant, held)
+        if held:
+            await self.refresh(tenant, held)
         window, tokens = sized
         settings = self.settings
         room = (
@@ -201,7 +225,7 @@ class Offloading:
             originals=originals,
         )
         headers.update({OFFLOADED_HEADER: str(len(held)), **back.report()})
-        return as_forwarded(request, wire.read_tool, held, settings.offload_max_tools), back
+        return self.counted(request, wire, True), back
 
     async def refresh(self, tenant: bytes, held: tuple[str, ...]) -> None:
         """Restart the time to live of the results a request holds, unless this process did so recently.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -54,14 +54,17 @@ _REFERENCE: Final = re.compile(re.escape(REFERENCE_PREFIX) + r"[0-9a-f]{32}")
 """What `content_reference` makes; anything else a model passes names nothing the proxy holds."""
 
 
-def as_forwarded(request: R, tool: Mapping[str, Any], held: Sequence[str], max_tools: int) -> R:
-    """The request as it goes upstream with messages holding the offloaded results `held`: with the read tool if any.
+def as_forwarded(request: R, tool: Mapping[str, Any], offered: bool, max_tools: int) -> R:
+    """The request as it goes upstream: with the read tool when it is `offered`.
+
+    It is when the request holds offloaded results, or its conversation was sent the tool before
+    (`proxy.pipeline.offload.offloading.Offloading.offer`).
 
     Forwarding and the summary call both take their tools from here: a summary call that lacked the read tool its
     conversation was forwarded with would share no prefix with it (tools come first), and miss the prompt cache.
     Never to a request the read tool cannot be offered to (`offer_declined`).
     """
-    return with_read_tool(request, tool) if held and offer_declined(request, max_tools) is None else request
+    return with_read_tool(request, tool) if offered and offer_declined(request, max_tools) is None else request
 
 
 def read_tool_tokens(request: WireRequest, wire: WireFormat, max_tools: int) -> int:
@@ -72,7 +75,7 @@ def read_tool_tokens(request: WireRequest, wire: WireFormat, max_tools: int) -> 
     way: the declaration is counted both as the engine renders tools (`overhead_tokens`) and as the JSON the request
     carries, and the larger is taken, so that the request with the tool stays within the target either way.
     """
-    offered = as_forwarded(request, wire.read_tool, (READ_TOOL,), max_tools)
+    offered = as_forwarded(request, wire.read_tool, True, max_tools)
     if offered is request:
         return 0
     counter = counter_for_model(request.model)
