@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -12,7 +13,15 @@ from hypothesis import strategies as st
 
 from proxy.engine import COMPACTION_META_KEY
 from proxy.engine.plan import Created, EditPlan, Entry, Kept
-from proxy.state.codec import FORMAT_VERSION, PlanDecodeError, decode_plan, encode_entry, encode_plan, supersedes
+from proxy.state.codec import (
+    FORMAT_VERSION,
+    READ_TOOL_FIELD,
+    PlanDecodeError,
+    decode_plan,
+    encode_entry,
+    encode_plan,
+    supersedes,
+)
 from tests.support.examples import examples
 
 json_scalars = (
@@ -59,7 +68,7 @@ def plans(draw: st.DrawFn) -> EditPlan:
             entries.extend(Kept(index) for index in range(start, stop))
         else:
             entries.append(draw(created_entries(source_length)))
-    return EditPlan(source_length, tuple(entries))
+    return EditPlan(source_length, tuple(entries), draw(st.booleans()))
 
 
 @settings(max_examples=examples(100), deadline=None)
@@ -109,10 +118,30 @@ def test_mapping_proxies_in_meta_are_encoded() -> None:
     assert decoded.entries[0] == Created({"role": "user", "content": "x"}, {COMPACTION_META_KEY: {"strategy": "s"}})
 
 
+@settings(max_examples=examples(50), deadline=None)
+@given(plans())
+def test_a_record_written_before_the_read_tool_was_remembered_loads_without_it(plan: EditPlan) -> None:
+    """A plan without the fourth element (every record before it existed) says its conversation had no read tool."""
+    old = orjson.loads(encode_plan(plan))[:3]
+    decoded = decode_plan(orjson.dumps(old), plan.source_length)
+    assert decoded.read_tool is False
+    assert decoded.entries == plan.entries
+    assert encode_plan(replace(plan, read_tool=False)) == orjson.dumps(old), (
+        "a plan without the tool is written as before"
+    )
+
+
+def test_the_read_tool_is_a_fourth_element_only_when_kept() -> None:
+    assert orjson.loads(encode_plan(EditPlan.identity(2)))[3:] == []
+    assert orjson.loads(encode_plan(EditPlan(2, (Kept(0), Kept(1)), read_tool=True)))[3] == {READ_TOOL_FIELD: True}
+
+
 @pytest.mark.parametrize(
     "data",
     [
         b"",
+        b"[1, 3, [[0, 3]], 7]",  # options that are not an object
+        b"[1, 3, [[0, 3]], {}, {}]",
         b"not json",
         b"{}",
         b"[2, 3, []]",  # a format version this build does not know
@@ -220,3 +249,11 @@ def test_a_plan_that_does_not_build_on_the_stored_one_never_supersedes_it(new: E
         assert not supersedes(new, stored)
     if builds_on(new, stored) and builds_on(stored, new) and new.source_length == stored.source_length:
         assert not (supersedes(new, stored) and supersedes(stored, new))
+
+
+def test_the_same_plan_saying_the_read_tool_was_sent_supersedes_it_and_not_the_other_way() -> None:
+    stored = EditPlan(3, (Kept(0), _note("[1 message was removed.]"), Kept(2)))
+    kept = replace(stored, read_tool=True)
+    assert supersedes(kept, stored)
+    assert not supersedes(stored, kept)
+    assert not supersedes(kept, kept)
