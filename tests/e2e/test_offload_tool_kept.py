@@ -13,4 +13,4 @@ from tests.support.kept_tool import assert_the_tool_stays, by_wire, run
 
 @by_wire()
 async def test_the_read_tool_stays_after_the_last_reference_goes(wire: Wire) -> None:
-    assert_the_tool_stays(wire, *await run(wire))
+    assert_the_tool_stays(wire, await run(wire))
