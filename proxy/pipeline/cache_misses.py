@@ -111,7 +111,7 @@ class Reported:
         return self.prompt_tokens - self.cached_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChainEnd:
     """Where a conversation's hash chain ends: enough to tell whether a later chain extends it, and no content.
 
@@ -132,7 +132,7 @@ class ChainEnd:
         return self.length == 0 or (len(chain) >= self.length and chain[self.length - 1] == self.last)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sighting:
     """What a forwarded request leaves for the next one of its conversation to be compared with (no content).
 
@@ -204,7 +204,7 @@ class Step:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Misses:
     """A request's uncached prompt tokens by cause (see the module docstring); they add up to `prompt - cached`."""
 

@@ -95,7 +95,7 @@ async def test_the_recent_conversations_and_their_records_equal_the_upstreams_us
     assert [record["client_reused_tokens"] for record in records[1:]] == [
         record["client_tokens"] for record in records[:-1]
     ]
-    assert answer["dropped"] == 0 and listing["limits"] == {"conversations": 256, "requests": 256}
+    assert answer["dropped"] == 0 and listing["limits"] == {"conversations": 128, "requests": 256}
     assert SECRET_WORDS not in str(listing) + str(answer) and "sk-json" not in str(listing) + str(answer)
 
 
@@ -150,7 +150,7 @@ async def test_the_json_sits_behind_the_dashboard_switch_and_the_proxy_keys(prox
         basic = "Basic " + base64.b64encode(f"me:{KEY}".encode()).decode()
         assert await get(keyed, "/dashboard/conversations.json", Authorization=basic) == (
             200,
-            {"conversations": [], "limits": {"conversations": 256, "requests": 256}},
+            {"conversations": [], "limits": {"conversations": 128, "requests": 256}},
         )
         status, body = await get(keyed, "/dashboard/conversations/0123abcd.json", **{"X-Proxy-Key": KEY})
         assert (status, body["error"]["code"]) == (404, "conversation_not_found")
