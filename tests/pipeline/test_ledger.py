@@ -175,7 +175,9 @@ def test_usage_reads_the_same_from_the_three_formats() -> None:
 
 
 def test_the_cache_lifetime_is_the_providers_and_longer_when_the_request_asks() -> None:
-    assert lifetime("chat_completions", b'{"model": "m"}') == DEFAULT_LIFETIME == 300
-    assert lifetime("responses", b'{"prompt_cache_retention": "24h"}') == 24 * 3600
-    assert lifetime("messages", b'{"cache_control": {"type": "ephemeral", "ttl": "1h"}}') == 3600
-    assert lifetime("messages", b'{"content": "the \\"1h\\" plan"}') == DEFAULT_LIFETIME
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    assert lifetime("chat_completions", {"model": "m"}) == DEFAULT_LIFETIME == 300
+    assert lifetime("responses", {"prompt_cache_retention": "24h"}) == 24 * 3600
+    assert lifetime("messages", {"system": [{"type": "text", "text": "Rules.", "cache_control": hour}]}) == 3600
+    assert lifetime("messages", {"tools": [{"name": "search", "cache_control": hour}]}) == 3600
+    assert lifetime("messages", {"system": "the 1h plan", "messages": [{"role": "user", "content": "ttl 1h"}]}) == 300
