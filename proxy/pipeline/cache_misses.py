@@ -59,7 +59,6 @@ EXTENDED_LIFETIMES: Final = {"messages": 60 * 60.0, "chat_completions": 24 * 60 
 `prompt_cache_retention: "24h"`."""
 
 
-
 def lifetime(api: str, body: Mapping[str, Any]) -> float:
     """How long the provider keeps this request's prefix, in seconds: longer when the request (parsed) asks for it.
 
