@@ -19,7 +19,7 @@ from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
-from proxy.pipeline.ledger import CONVERSATION_HEADER, INSTRUCTIONS, CompactionNote, Ledger
+from proxy.pipeline.ledger import CONVERSATION_HEADER, INSTRUCTIONS, CompactionNote, Forwarded, Ledger
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.prepared import Prepared
 
@@ -59,7 +59,7 @@ def open_entry(
     exchange.opening = opening
     if opening is not None:
         plan.response_headers[CONVERSATION_HEADER] = opening.conversation
-        plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(opening, exchange.chain))
+        plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(opening, _forwarded(plan, exchange)))
 
 
 def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, usage: Mapping[str, Any] | None) -> None:
@@ -77,7 +77,7 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
         compaction = CompactionNote(strategies, before, after)
     record = ledger.close(
         exchange.opening,
-        exchange.chain,
+        _forwarded(plan, exchange),
         reported,
         window=exchange.window,
         client_tokens=before,
@@ -86,6 +86,11 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
     )
     metrics.count_misses(record.api, record.misses)
     plan.cache_misses = record.misses.shown() or "none"
+
+
+def _forwarded(plan: ForwardPlan, exchange: Prepared) -> Forwarded:
+    """What was sent for `plan`: its messages' chain, and whether the proxy's read tool was offered with them."""
+    return Forwarded(exchange.chain, tools_added=plan.reads is not None)
 
 
 def _count(header: str | None) -> int | None:
