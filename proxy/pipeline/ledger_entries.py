@@ -57,9 +57,23 @@ def open_entry(
         lifetime=lifetime(incoming.wire.name, exchange.request.body),
     )
     exchange.opening = opening
-    if opening is not None:
-        plan.response_headers[CONVERSATION_HEADER] = opening.conversation
-        plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(opening, _forwarded(plan, exchange)))
+    _announce(ledger, plan)
+
+
+def retried_entry(ledger: Ledger, retry: ForwardPlan | None, first: Prepared) -> None:
+    """A compacted retry after an overflow is the same request as its `first` try: it keeps its entry."""
+    if retry is not None and isinstance(retry.context, Prepared):
+        retry.context.opening = first.opening
+        _announce(ledger, retry)
+
+
+def _announce(ledger: Ledger, plan: ForwardPlan) -> None:
+    """Say the opened request's conversation and expected causes in the headers of `plan`."""
+    exchange = plan.context
+    if not isinstance(exchange, Prepared) or exchange.opening is None:
+        return
+    plan.response_headers[CONVERSATION_HEADER] = exchange.opening.conversation
+    plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(exchange.opening, _forwarded(plan, exchange)))
 
 
 def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, usage: Mapping[str, Any] | None) -> None:
@@ -72,7 +86,7 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
     before = _count(headers.get("X-Compaction-Tokens-Before"))
     after = _count(headers.get("X-Compaction-Tokens-After"))
     compaction = None
-    if headers.get("X-Compaction") == "compacted" and before is not None and after is not None:
+    if headers.get("X-Compaction", "").startswith("compacted") and before is not None and after is not None:
         strategies = tuple(name for name in headers.get("X-Compaction-Strategies", "").split(",") if name)
         compaction = CompactionNote(strategies, before, after)
     record = ledger.close(
