@@ -239,7 +239,7 @@ class Misses:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def shown(self) -> str:
-        """The causes with tokens, as `cause=tokens` pairs (`compaction=1200,new=300`); empty when none missed."""
+        """The causes with tokens, as `cause=tokens` pairs (`new=300,compaction=1200`); empty when none missed."""
         return ",".join(f"{cause}={tokens}" for cause, tokens in self.as_dict().items() if tokens)
 
 

@@ -97,7 +97,7 @@ async def ask(client: AsyncOpenAI, messages: list[dict[str, Any]]) -> tuple[dict
 
 
 def parsed(value: str) -> dict[str, int]:
-    """`compaction=1200,new=300` as a mapping."""
+    """`new=300,compaction=1200` as a mapping."""
     return {cause: int(tokens) for cause, tokens in (pair.split("=") for pair in value.split(",") if pair != "none")}
 
 
