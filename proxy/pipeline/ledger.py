@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from xxhash import xxh3_128_digest
@@ -96,10 +96,14 @@ class LedgerRecord:
 
     def as_json(self) -> dict[str, Any]:
         """The record as JSON: `compaction` null or an object, `misses` every cause with its tokens."""
-        shown = asdict(self)
-        shown["compaction"] = None if self.compaction is None else {**asdict(self.compaction)}
-        if self.compaction is not None:
-            shown["compaction"]["strategies"] = list(self.compaction.strategies)
+        shown = {field.name: getattr(self, field.name) for field in fields(self)}
+        compaction = self.compaction
+        if compaction is not None:
+            shown["compaction"] = {
+                "strategies": list(compaction.strategies),
+                "tokens_before": compaction.tokens_before,
+                "tokens_after": compaction.tokens_after,
+            }
         shown["misses"] = self.misses.as_dict()
         return shown
 
