@@ -41,9 +41,6 @@ ID_HEX: Final = 16
 TENANT_HEX: Final = 12
 """Hex digits of a tenant shown (its keyed hash, cut)."""
 
-INSTRUCTIONS: Final = frozenset({"system", "developer"})
-"""The roles of a conversation's opening instructions: with the first user message, they identify it."""
-
 CONVERSATION_HEADER: Final = "X-Compaction-Conversation"
 """Response header naming the request's conversation by its id (as `/dashboard/conversations/{id}.json` does)."""
 
@@ -241,8 +238,8 @@ class Ledger:
         *,
         scope: bytes,
         named: str | None,
+        opening: bytes | None,
         client_chain: Sequence[bytes],
-        opening_instructions: bool,
         api: str,
         model: str | None,
         tenant: bytes,
@@ -251,13 +248,12 @@ class Ledger:
         """Note a request about to be forwarded; None when nothing identifies its conversation.
 
         :param named: The conversation the client names in a header, if it names one.
-        :param opening_instructions: The conversation opens with instructions (a system or developer message): its
-            first two messages identify it, else its first.
+        :param opening: What identifies it otherwise: a digest of its opening (see `proxy.pipeline.ledger_entries`).
+        :param client_chain: The chain of the messages the client sent (empty when not known).
         """
         if named:
             key = xxh3_128_digest(scope + b"\0named\0" + named.encode("utf-8", "surrogatepass"))
-        elif client_chain:
-            opening = client_chain[min(len(client_chain), 2 if opening_instructions else 1) - 1]
+        elif opening:
             key = xxh3_128_digest(scope + b"\0opening\0" + opening)
         else:
             return None
