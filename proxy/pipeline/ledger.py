@@ -1,9 +1,10 @@
 """The per-conversation ledger: each forwarded request's figures and the causes of its cache misses, without content.
 
 A conversation is recognized without keeping anything of what it says: by the conversation header when the client
-names one (hashed with the state scope), else by the hash chain of its opening (its instructions and first user
-message, or its first message when it has no instructions), which every later request of it re-sends. A client that
-edits its opening starts a new conversation; one that edits a later message stays in the same one.
+names one, else by a digest of its opening (its instructions and first message, without cache marks: see
+`proxy.pipeline.ledger_entries.opening_digest`), which every later request of it re-sends; either is hashed with the
+state scope. A client that edits its opening starts a new conversation; one that edits a later message stays in the
+same one.
 
 For each request the provider answered with a usage report, a frozen `LedgerRecord` keeps the figures (the
 proxy's estimates before and after compaction, the provider's usage, the client's own prefix reuse, the compaction,
