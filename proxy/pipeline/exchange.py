@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.config.routes import DEFAULT_ROUTE
+from proxy.pipeline.cache_misses import Misses
 
 if TYPE_CHECKING:
     from proxy.pipeline.wire import WireFormat
@@ -57,6 +58,8 @@ class ForwardPlan:
         `proxy.pipeline.wire.Forwarding`): an opt-in the forwarded body needs that the client's headers lack.
     :param route: The route of the request it was made for (`IncomingRequest.route`): which route's pipeline the
         outcome is reported to.
+    :param cache_misses: Set by `complete` once the answer's usage is known: its uncached prompt tokens by cause
+        (see `proxy.pipeline.cache_misses`), for the access log and the trace. None when the request was not recorded.
     """
 
     body: bytes
@@ -69,6 +72,7 @@ class ForwardPlan:
     model: str | None = None
     header_values: dict[str, str] = field(default_factory=dict)
     route: str = DEFAULT_ROUTE
+    cache_misses: Misses | None = None
 
 
 @dataclass(frozen=True)

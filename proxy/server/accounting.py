@@ -132,6 +132,8 @@ def _account(request: web.Request, record: RequestRecord) -> None:
         "compaction": record.compaction,
         "tokens_before": record.tokens_before,
         "tokens_after": record.tokens_after,
+        "conversation_hash": record.conversation_hash,
+        "cache_misses": None if record.cache_misses is None else record.cache_misses.shown() or "none",
         "retried": record.retried or None,
         "stripped_usage": record.stripped_usage or None,
         "fail_open": ",".join(record.fail_open) or None,

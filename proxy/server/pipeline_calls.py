@@ -88,7 +88,10 @@ async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOut
 
     async def report() -> ForwardPlan | None:
         try:
-            return _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
+            retry = _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
+            if plan.cache_misses is not None:
+                request[RECORD].cache_misses = plan.cache_misses
+            return retry
         except Exception as exc:
             _fail_open(request, "complete", exc)
             return None

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.pipeline.cache_misses import Misses
+from proxy.pipeline.ledger import CONVERSATION_HEADER
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
 
@@ -45,9 +47,11 @@ class RequestRecord:
     """Prompt tokens the upstream reported (cached ones included), over every upstream call made for the request."""
     cached_tokens: int | None = None
     completion_tokens: int | None = None
-    cache_misses: dict[str, int] = field(default_factory=dict)
-    """Prompt tokens the provider did not serve from its cache, by cause, where the miss attribution filled them in;
-    the trace span carries each as `compaction_proxy.cache_miss.<cause>` (`proxy.server.tracing`)."""
+    conversation_hash: str | None = None
+    """The conversation's id in the ledger (the `X-Compaction-Conversation` value sent back), a hash."""
+    cache_misses: Misses | None = None
+    """The answer's uncached prompt tokens by cause (`ForwardPlan.cache_misses`), once its usage was recorded; the
+    access line shows them, the trace span carries each as `compaction_proxy.cache_miss.<cause>`."""
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     upstream_status: int | None = None
@@ -70,6 +74,7 @@ class RequestRecord:
         """
         self.compaction = headers.get("X-Compaction", self.compaction)
         self.window_source = headers.get(WINDOW_SOURCE_HEADER, self.window_source)
+        self.conversation_hash = headers.get(CONVERSATION_HEADER, self.conversation_hash)
         self.tokens_before = _count(headers.get("X-Compaction-Tokens-Before")) or self.tokens_before
         self.tokens_after = _count(headers.get("X-Compaction-Tokens-After")) or self.tokens_after
         self.strategies = headers.get("X-Compaction-Strategies", self.strategies)

@@ -172,7 +172,7 @@ def proxy_figures(record: RequestRecord) -> dict[str, Value]:
         "retried": record.retried or None,
     }
     ours = {OURS + name: value for name, value in figures.items() if value is not None}
-    return {**ours, **cache_misses(record.cache_misses)}
+    return {**ours, **cache_misses(record.cache_misses.as_dict() if record.cache_misses else {})}
 
 
 def cache_misses(tokens_by_cause: Mapping[str, int]) -> dict[str, Value]:

@@ -45,7 +45,6 @@ NOT_PRODUCED_HERE = {
     "error.type": "test_a_request_the_upstream_refuses_is_a_span_with_its_error",
     "compaction_proxy.fail_open": "the access log's fail_open, from the same record (tests/e2e/test_store_outage.py)",
     "compaction_proxy.retried": "test_an_overflows_retry_is_one_span_with_the_retrys_usage",
-    "compaction_proxy.cache_miss.<cause>": "tests/server/test_tracing.py (filled by the cache-miss attribution)",
 }
 """Documented attributes the traffic of the first test does not produce, and where they are shown."""
 

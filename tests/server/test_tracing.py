@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError, load_settings
+from proxy.pipeline.cache_misses import CAUSES, Misses
 from proxy.server.record import RequestRecord
 from proxy.server.tracing import proxy_figures
 from tests.support.examples import examples
@@ -82,9 +83,9 @@ def test_a_requests_usage_is_the_sum_of_its_calls_reports_ignoring_what_is_not_a
 
 
 @settings(max_examples=examples(100))
-@given(st.dictionaries(st.from_regex(r"[a-z_]{1,20}", fullmatch=True), counts, max_size=6))
+@given(st.fixed_dictionaries({cause: counts for cause in CAUSES}))
 def test_each_cache_miss_cause_is_one_attribute_of_our_namespace(misses: dict[str, int]) -> None:
-    record = RequestRecord(method="POST", route="messages", cache_misses=misses)
+    record = RequestRecord(method="POST", route="messages", cache_misses=Misses(**misses))
     figures = proxy_figures(record)
     found = {name.removeprefix("compaction_proxy.cache_miss."): value for name, value in figures.items()}
     assert {cause: found[cause] for cause in misses} == misses
