@@ -35,6 +35,7 @@ ASSETS: Final = {
     "/dashboard/conversation": ("conversation.html", "text/html"),
     "/dashboard/conversation.js": ("conversation.js", "text/javascript"),
     "/dashboard/conversation_plots.js": ("conversation_plots.js", "text/javascript"),
+    "/dashboard/conversation_bill.js": ("conversation_bill.js", "text/javascript"),
     "/dashboard/conversation.css": ("conversation.css", "text/css"),
 }
 """The page and what it loads: path -> (file in `proxy/server/static`, content type). A browser asks for

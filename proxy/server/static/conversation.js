@@ -4,13 +4,14 @@
 // The drawing primitives are in conversation_plots.js.
 "use strict";
 
-const CACHED = ["cached", "#2a9d6a", "read from the provider's cache"];
-const CAUSES = [
+// The parts of a request's prompt tokens, bottom up: cached, then the misses by cause (the ledger's causes).
+const PARTS = [
+  ["cached", "#2a9d6a", "read from the provider's cache"],
   ["new", "#9aa3b5", "new messages (never cached)"],
   ["first", "#5a6ab0", "first request"],
-  ["compaction", "#d0454c", "the proxy's compaction"],
-  ["client", "#e0702b", "the client's change"],
   ["expiry", "#c9a227", "cache lifetime passed"],
+  ["client", "#e0702b", "the client's change"],
+  ["compaction", "#d0454c", "the proxy's compaction"],
   ["provider", "#b0459c", "the provider's own miss"],
 ];
 const PROMPT_COLOR = "#2f6fdf";
@@ -35,20 +36,16 @@ function ago(seconds) {
   return `${(passed / 3600).toFixed(1)} h ago`;
 }
 
-function short(hash) {
-  return String(hash).slice(0, 12);
-}
-
 function conversationEntry(conversation) {
   const entry = make("li", { "data-conversation": conversation.id });
-  const link = make("a", { href: `conversation?id=${encodeURIComponent(conversation.id)}` }, short(conversation.id));
+  const link = make("a", { href: `conversation?id=${encodeURIComponent(conversation.id)}` }, conversation.id);
   const totals = conversation.totals || {};
   const cachedShare = totals.prompt_tokens ? totals.cached_tokens / totals.prompt_tokens : null;
   const meter = make("span", { class: "meter", role: "img", "aria-label": `cached share ${percent(cachedShare)}` });
   const filled = make("span");
   filled.style.width = `${100 * (cachedShare || 0)}%`;
   meter.append(filled);
-  const about = `${conversation.api} · ${conversation.model} · tenant ${short(conversation.tenant)} · `
+  const about = `${conversation.api} · ${conversation.model} · tenant ${conversation.tenant} · `
     + `${count(conversation.requests)} requests · ${count(totals.prompt_tokens)} prompt tokens, `
     + `${percent(cachedShare)} cached · last seen ${ago(conversation.last_seen)}`;
   entry.append(link, meter, make("span", { class: "about" }, about));
@@ -57,107 +54,108 @@ function conversationEntry(conversation) {
 
 async function showList() {
   const data = await read("conversations.json");
+  const conversations = Array.isArray(data) ? data : data.conversations;
   const list = make("ol", { class: "conversations" });
-  list.append(...data.conversations.map(conversationEntry));
-  if (!data.conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
+  list.append(...conversations.map(conversationEntry));
+  if (!conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
   document.getElementById("figures").replaceChildren(figureSection("conversations", "Recent conversations",
     "most recent first; each name opens its page", list));
-  return `${data.conversations.length} recent conversation${data.conversations.length === 1 ? "" : "s"}.`;
+  return `${conversations.length} recent conversation${conversations.length === 1 ? "" : "s"}.`;
 }
 
-// Where the compaction's mark goes: the request it compacted, a dashed line over its band, and an arrow from the
-// tokens before to the tokens after, labelled with its strategies.
-function compactionMark(frame, i, compaction) {
+// The compaction's mark over request `n`'s band (i in the plot): a dashed line from the tokens before down, an
+// arrowhead at the tokens after, and its strategies above the plot.
+function compactionMark(frame, i, n, compaction) {
   const strategies = compaction.strategies.join(", ");
-  const text = `Request ${i + 1} compacted by ${strategies}: ${count(compaction.tokens_before)} → `
+  const text = `Request ${n} compacted by ${strategies}: ${count(compaction.tokens_before)} → `
     + `${count(compaction.tokens_after)} tokens (the proxy's estimate)`;
   const mark = titled(make("svg:g", {
-    class: "compaction", "data-request": i + 1, "data-strategies": compaction.strategies.join(","),
+    class: "compaction", "data-request": n, "data-strategies": compaction.strategies.join(","),
     "data-before": compaction.tokens_before, "data-after": compaction.tokens_after,
   }), text);
   const middle = frame.x(i) + frame.band / 2;
-  mark.append(make("svg:line", { class: "mark", x1: middle, x2: middle, y1: frame.y(compaction.tokens_before), y2: frame.bottom }));
-  mark.append(make("svg:path", {
-    class: "arrow", fill: COMPACTION_COLOR,
-    d: `M${middle - 4},${frame.y(compaction.tokens_after) - 6} L${middle + 4},${frame.y(compaction.tokens_after) - 6} L${middle},${frame.y(compaction.tokens_after)} Z`,
-  }));
+  const before = frame.y(compaction.tokens_before);
+  const after = frame.y(compaction.tokens_after);
+  mark.append(make("svg:line", { class: "mark", x1: middle, x2: middle, y1: before, y2: frame.bottom }));
+  mark.append(make("svg:path", { fill: COMPACTION_COLOR, d: `M${middle - 4},${after - 6} L${middle + 4},${after - 6} L${middle},${after} Z` }));
   mark.append(make("svg:text", { x: middle, y: 12, "text-anchor": "middle", class: "strategy" }, strategies));
   return mark;
 }
 
-function promptFigure(requests) {
-  const top = 1.08 * Math.max(1, ...requests.flatMap((r) => [r.window || 0, r.prompt_tokens, r.client_tokens || 0,
-    r.compaction ? r.compaction.tokens_before : 0]));
-  const frame = requestFrame("Prompt tokens per request against the window", requests.length, top, count);
-  requests.forEach((r, i) => {
-    const text = `Request ${i + 1}: ${count(r.prompt_tokens)} prompt tokens reported`
-      + (r.window ? ` of a ${count(r.window)}-token window` : "");
-    frame.svg.append(bar(frame, i, 0, r.prompt_tokens, PROMPT_COLOR, text, { request: i + 1, prompt: r.prompt_tokens }));
-    if (r.client_tokens) {
-      const middle = frame.x(i) + frame.band / 2;
-      frame.svg.append(titled(make("svg:circle", { cx: middle, cy: frame.y(r.client_tokens), r: 2.2, fill: CLIENT_COLOR,
-        "data-request": i + 1, "data-client": r.client_tokens }), `Request ${i + 1}: the client sent ${count(r.client_tokens)} tokens (estimated)`));
-    }
-  });
+// The context window as a step line over the requests that knew it.
+function windowLine(frame, records) {
   let path = "";
-  requests.forEach((r, i) => {
-    if (r.window) path += `${path ? "L" : "M"}${frame.x(i).toFixed(1)},${frame.y(r.window).toFixed(1)} L${frame.x(i + 1).toFixed(1)},${frame.y(r.window).toFixed(1)} `;
+  records.forEach((r, i) => {
+    if (!r.window) return;
+    const level = frame.y(r.window).toFixed(1);
+    path += `${path ? "L" : "M"}${frame.x(i).toFixed(1)},${level} L${frame.x(i + 1).toFixed(1)},${level} `;
   });
-  if (path) frame.svg.append(titled(make("svg:path", { class: "window", d: path.trim() }), "the context window"));
-  requests.forEach((r, i) => { if (r.compaction) frame.svg.append(compactionMark(frame, i, r.compaction)); });
-  const compactions = requests.filter((r) => r.compaction).length;
+  return path ? titled(make("svg:path", { class: "window", d: path.trim() }), "the context window") : null;
+}
+
+function promptFigure(records, first) {
+  const sizes = records.flatMap((r) => [r.window, r.prompt_tokens, r.client_tokens, r.compaction && r.compaction.tokens_before]);
+  const frame = requestFrame("Prompt tokens per request against the window", records.length, 1.08 * Math.max(1, ...sizes.map((v) => v || 0)), count, first);
+  records.forEach((r, i) => {
+    const n = first + i;
+    const text = `Request ${n}: ${count(r.prompt_tokens)} prompt tokens reported` + (r.window ? ` of a ${count(r.window)}-token window` : "");
+    frame.svg.append(bar(frame, i, 0, r.prompt_tokens, PROMPT_COLOR, text, { request: n, prompt: r.prompt_tokens }));
+    if (!r.client_tokens) return;
+    const dot = make("svg:circle", { cx: frame.x(i) + frame.band / 2, cy: frame.y(r.client_tokens), r: 2.2, fill: CLIENT_COLOR, "data-request": n, "data-client": r.client_tokens });
+    frame.svg.append(titled(dot, `Request ${n}: the client sent ${count(r.client_tokens)} tokens (the proxy's estimate)`));
+  });
+  const window = windowLine(frame, records);
+  if (window) frame.svg.append(window);
+  records.forEach((r, i) => { if (r.compaction) frame.svg.append(compactionMark(frame, i, first + i, r.compaction)); });
+  const compactions = records.filter((r) => r.compaction).length;
   return figureSection("prompt", "Prompt tokens per request, against the window",
     "tokens per request as the provider reported them; each compaction marked with its strategies, tokens before → after",
     frame.svg,
-    legend([["prompt", PROMPT_COLOR, "prompt tokens (provider's usage)"], ["client", CLIENT_COLOR, "what the client sent (estimated)"],
+    legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"], ["client", CLIENT_COLOR, "what the client sent (estimated)"],
       ["window", "#1d2433", "context window"], ["compaction", COMPACTION_COLOR, `compaction (${compactions})`]]));
 }
 
-function cacheFigure(requests) {
-  const frame = requestFrame("Cached share per request, misses by cause", requests.length, 1, percent);
-  const totals = Object.fromEntries([CACHED, ...CAUSES].map(([name]) => [name, 0]));
-  requests.forEach((r, i) => {
-    const whole = r.prompt_tokens || 1;
-    let from = 0;
-    const parts = [[CACHED[0], r.cached_tokens], ...CAUSES.map(([cause]) => [cause, (r.misses || {})[cause] || 0])];
-    for (const [name, tokens] of parts) {
-      if (!tokens) continue;
-      totals[name] += tokens;
-      const color = [CACHED, ...CAUSES].find(([known]) => known === name)[1];
-      const text = name === "cached"
-        ? `Request ${i + 1}: ${count(tokens)} of ${count(r.prompt_tokens)} prompt tokens cached (${percent(tokens / whole)})`
-        : `Request ${i + 1}: ${count(tokens)} tokens missed, cause: ${name}`;
-      frame.svg.append(bar(frame, i, from, from + tokens / whole, color, text, { request: i + 1, part: name, tokens }));
-      from += tokens / whole;
-    }
-  });
-  const prompt = requests.reduce((sum, r) => sum + r.prompt_tokens, 0);
-  const entries = [CACHED, ...CAUSES].map(([name, color, text]) => [name, color, `${text}: ${count(totals[name])}`]);
-  return figureSection("cache", "Cached share per request, misses by cause",
-    "share of each request's prompt tokens: cached, and each uncached token by the cause of its miss",
-    frame.svg, legend(entries),
-    headlines([["prompt", "prompt tokens", prompt, count], ["cached", "cached", totals.cached, count],
-      ["cached_share", "cached / prompt", prompt ? totals.cached / prompt : null, percent],
-      ["proxy_misses", "missed by the proxy's compaction", totals.compaction, count]]));
+// Request `n`'s stacked bar: the cached share at the bottom, then each cause's share of its misses.
+function cacheBars(frame, i, n, record, totals) {
+  const whole = record.prompt_tokens || 1;
+  let from = 0;
+  for (const [name, color] of PARTS) {
+    const tokens = name === "cached" ? record.cached_tokens : (record.misses || {})[name] || 0;
+    if (!tokens) continue;
+    totals[name] += tokens;
+    const text = name === "cached"
+      ? `Request ${n}: ${count(tokens)} of ${count(record.prompt_tokens)} prompt tokens cached (${percent(tokens / whole)})`
+      : `Request ${n}: ${count(tokens)} prompt tokens missed the cache, cause: ${name}`;
+    frame.svg.append(bar(frame, i, from, from + tokens / whole, color, text, { request: n, part: name, tokens }));
+    from += tokens / whole;
+  }
 }
 
-function billFigure(bill) {
-  if (!bill) {
-    return figureSection("bill", "The bill: through the proxy and direct", "",
-      make("p", { class: "placeholder" }, "No bill for this conversation: this proxy's conversation data carries no prices."));
-  }
-  return figureSection("bill", "The bill: through the proxy and direct", "", make("p", {}, JSON.stringify(bill)));
+function cacheFigure(records, first) {
+  const frame = requestFrame("Cached share per request, misses by cause", records.length, 1, percent, first);
+  const totals = Object.fromEntries(PARTS.map(([name]) => [name, 0]));
+  records.forEach((record, i) => cacheBars(frame, i, first + i, record, totals));
+  const prompt = records.reduce((sum, r) => sum + r.prompt_tokens, 0);
+  return figureSection("cache", "Cached share per request, misses by cause",
+    "share of each request's prompt tokens: cached, and each uncached token by the cause of its miss",
+    frame.svg, legend(PARTS.map(([name, color, text]) => [name, color, `${text}: ${count(totals[name])}`])),
+    headlines([["prompt", "prompt tokens", prompt, count], ["cached", "cached", totals.cached, count],
+      ["cached_share", "cached / prompt", prompt ? totals.cached / prompt : null, percent],
+      ["proxy_misses", "missed because of the proxy", totals.compaction, count]]));
 }
 
 async function showConversation(id) {
-  const data = await read(`conversations/${encodeURIComponent(id)}.json`);
-  const requests = data.requests;
-  document.getElementById("title").textContent = `Conversation ${short(id)}`;
-  document.getElementById("data").setAttribute("href", `conversations/${encodeURIComponent(id)}.json`);
-  document.getElementById("data").textContent = `conversations/${short(id)}….json`;
-  document.getElementById("figures").replaceChildren(promptFigure(requests), cacheFigure(requests), billFigure(data.bill));
-  const first = requests[0] || {};
-  return `${first.api || ""} · ${first.model || ""} · ${requests.length} requests`;
+  const path = `conversations/${encodeURIComponent(id)}.json`;
+  const data = await read(path);
+  const first = (data.dropped || 0) + 1;
+  document.getElementById("title").textContent = `Conversation ${id}`;
+  document.getElementById("data").setAttribute("href", path);
+  document.getElementById("data").textContent = path;
+  document.getElementById("figures").replaceChildren(
+    promptFigure(data.records, first), cacheFigure(data.records, first), billFigure(data.bill));
+  const dropped = data.dropped ? ` (the first ${count(data.dropped)} no longer kept)` : "";
+  return `${data.api} · ${data.model} · tenant ${data.tenant} · ${count(data.requests)} requests${dropped}, `
+    + `${count(data.compactions)} compacted · last seen ${ago(data.last_seen)}`;
 }
 
 async function show() {

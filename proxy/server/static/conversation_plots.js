@@ -31,9 +31,10 @@ function percent(value) {
   return value === null || value === undefined ? "n/a" : (100 * value).toFixed(1) + "%";
 }
 
-// A plot over `n` requests with y from 0 to `top`: its axes, the y-axis labelled by `label` at 0, half and top, and
-// the x-axis at the first and last request. `x(i)` is the left edge of request i's band (from 0), `bar` a bar's width.
-function requestFrame(title, n, top, label) {
+// A plot over `n` requests numbered from `first`, with y from 0 to `top`: its axes, the y-axis labelled by `label` at
+// 0, half and top, the x-axis at the first and last request. `x(i)` is the left edge of the band of the plot's
+// request i (from 0), `bar` a bar's width.
+function requestFrame(title, n, top, label, first) {
   const svg = make("svg:svg", { viewBox: `0 0 ${PLOT.width} ${PLOT.height}`, role: "img", "aria-label": title });
   const band = (PLOT.width - PLOT.left - PLOT.right) / Math.max(n, 1);
   const x = (i) => PLOT.left + i * band;
@@ -44,7 +45,7 @@ function requestFrame(title, n, top, label) {
   for (const value of [0, top / 2, top]) {
     svg.append(make("svg:text", { x: PLOT.left - 4, y: y(value) + 3, "text-anchor": "end", class: "level" }, label(value)));
   }
-  const ends = [[`request 1`, x(0), "start"], [`request ${n}`, x(n), "end"]];
+  const ends = [[`request ${first}`, x(0), "start"], [`request ${first + n - 1}`, x(n), "end"]];
   for (const [text, position, anchor] of n > 1 ? ends : ends.slice(0, 1)) {
     svg.append(make("svg:text", { x: position, y: PLOT.height - 6, "text-anchor": anchor, class: "time" }, text));
   }
