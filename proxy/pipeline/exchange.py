@@ -57,6 +57,9 @@ class ForwardPlan:
         `proxy.pipeline.wire.Forwarding`): an opt-in the forwarded body needs that the client's headers lack.
     :param route: The route of the request it was made for (`IncomingRequest.route`): which route's pipeline the
         outcome is reported to.
+    :param cache_misses: Set by `complete` once the answer's usage is known: its uncached prompt tokens by cause
+        (`compaction=1200,new=300`, `none` when all were cached; see `proxy.pipeline.cache_misses`), for the access
+        log. None when the request was not recorded.
     """
 
     body: bytes
@@ -69,6 +72,7 @@ class ForwardPlan:
     model: str | None = None
     header_values: dict[str, str] = field(default_factory=dict)
     route: str = DEFAULT_ROUTE
+    cache_misses: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.pipeline.cache_misses import PROXY_CAUSES, Misses
+
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -170,6 +172,21 @@ class CompactionMetrics:
             " again.",
             registry=registry,
         )
+        self.cache_miss_tokens = Counter(
+            "compaction_proxy_cache_miss_tokens",
+            "Prompt tokens the upstream reported as not served from its prompt cache, by format (api) and cause: new"
+            " (the request's new messages), first (a conversation's first request), expiry (longer than the"
+            " provider's cache lifetime since the conversation's previous request), client (the client changed its"
+            " own prefix), compaction (the proxy's rewrite changed the prefix it forwards), provider (none of these).",
+            ["api", "cause"],
+            registry=registry,
+        )
+        self.proxy_cache_miss_tokens = Counter(
+            "compaction_proxy_proxy_cache_miss_tokens",
+            "Of compaction_proxy_cache_miss_tokens_total, the tokens the proxy caused (cause compaction): the one"
+            " figure to alert on.",
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",
@@ -179,6 +196,14 @@ class CompactionMetrics:
     def decided(self, api: str, outcome: str) -> None:
         """Count one request of the wire format `api` by what compaction decided for it."""
         self.requests.labels(api, outcome).inc()
+
+    def count_misses(self, api: str, misses: Misses) -> None:
+        """Count a request's uncached prompt tokens by cause, and those the proxy caused."""
+        for cause, tokens in misses.as_dict().items():
+            if tokens:
+                self.cache_miss_tokens.labels(api, cause).inc(tokens)
+                if cause in PROXY_CAUSES:
+                    self.proxy_cache_miss_tokens.inc(tokens)
 
     def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
         """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from proxy.pipeline.ledger import Opening
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.turn import Turn
 from proxy.pipeline.usage import Estimate, Sent
@@ -37,6 +38,7 @@ class Prepared:
     :param raw: The client's body, kept by `release` to parse again.
     :param original: The hash chain of the client's messages (empty when not computed): what the conversation's next
         request finds this one's `Forwarding.replay_state` by.
+    :param opening: The request as the ledger was told of it (`proxy.pipeline.ledger_entries`), None when not.
     """
 
     scope: bytes
@@ -55,6 +57,7 @@ class Prepared:
     offload_off: bool = False
     raw: bytes = b""
     original: list[bytes] = field(default_factory=list)
+    opening: Opening | None = None
 
     @property
     def request(self) -> WireRequest:

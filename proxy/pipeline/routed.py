@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.config import Settings
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
+from proxy.pipeline.ledger import Clock, Ledger
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.service import CompactionPipeline
 from proxy.state import StateStore, open_store
@@ -28,8 +29,12 @@ class RoutedPipelines:
 
     def __init__(self, settings: Settings, store: StateStore | None = None) -> None:
         self.store = store or open_store(settings)
+        self.ledger = Ledger()
+        """One ledger for every route: a conversation is the same whichever upstream answers it."""
         table = settings.route_table()
-        self.pipelines = {route.name: CompactionPipeline(settings.for_route(route), self.store) for route in table}
+        self.pipelines = {
+            route.name: CompactionPipeline(settings.for_route(route), self.store, ledger=self.ledger) for route in table
+        }
         self.fallback = self.pipelines[table[-1].name]
         """The `default` route's: the pipeline of a request that names no route it knows."""
 
@@ -41,6 +46,10 @@ class RoutedPipelines:
         metrics = CompactionMetrics(registry)
         for pipeline in self.pipelines.values():
             pipeline.use_metrics(metrics)
+
+    def use_clock(self, clock: Clock) -> None:
+        """Time the shared ledger's records by `clock` (see `CompactionPipeline.use_clock`)."""
+        self.ledger.clock = clock
 
     async def warm_up(self) -> None:
         """Load the tokenizers (shared by every route) before the first request."""

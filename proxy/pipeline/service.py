@@ -56,6 +56,8 @@ from proxy.pipeline.compacting import Compacting, chain_names, report_room
 from proxy.pipeline.exact_counts import ExactCounts
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.kept_history import KeptHistories
+from proxy.pipeline.ledger import Clock, Ledger
+from proxy.pipeline.ledger_entries import close_entry, open_entry
 from proxy.pipeline.measured import Measured, measure
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading, offload_off
@@ -91,6 +93,7 @@ class CompactionPipeline:
     :param splice_from: Recognize a conversation's next request from its bytes, where its format can
         (`ByteSplicing`), when its body has at least this many bytes: `"format"` as many as the format says, None
         never (only to compare the shortcut with the full path).
+    :param ledger: Where each answered request is recorded (`proxy.pipeline.ledger`); a new one when None.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class CompactionPipeline:
         chain: CompactionChain | None = None,
         *,
         splice_from: int | Literal["format"] | None = "format",
+        ledger: Ledger | None = None,
     ) -> None:
         self.settings = settings
         self.mode = settings.mode
@@ -142,6 +146,7 @@ class CompactionPipeline:
         self.observing = Compacting(None, settings.summary_start_at)
         """Observe mode decides as enforce does, but writes no summary."""
         self.unknown_models = UnknownModels()
+        self.ledger = ledger or Ledger()
         self.failures = OutageLog(logger, getattr(self.store, "outage_errors", ()), "The state store")
         events = getattr(self.store, "events", None)
         if isinstance(events, StoreEvents):
@@ -158,6 +163,10 @@ class CompactionPipeline:
         self.usage.metrics = self.exact.metrics = self.retry.metrics = self.metrics
         if self.summaries is not None:
             self.summaries.metrics = self.metrics
+
+    def use_clock(self, clock: Clock) -> None:
+        """Time the ledger's records by `clock` (a test's fake clock, shared with its fake upstream's prompt cache)."""
+        self.ledger.clock = clock
 
     async def warm_up(self) -> None:
         """Load the tokenizers before the first request, off the event loop.
@@ -205,8 +214,11 @@ class CompactionPipeline:
             return Refusal(400, str(over), over.code, param=incoming.wire.entries)
         try:
             if self.histories.continues(incoming.wire, request):
-                return await self.histories.prepare(incoming, request, headers, caller)
+                plan = await self.histories.prepare(incoming, request, headers, caller)
+                open_entry(self.ledger, plan, incoming, self.settings, caller)
+                return plan
             plan = await self._prepare(incoming, request, headers, caller, extension)
+            open_entry(self.ledger, plan, incoming, self.settings, caller)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
@@ -404,6 +416,7 @@ class CompactionPipeline:
         try:
             if 200 <= outcome.status < 300:
                 await self.histories.learn(exchange, outcome)
+                close_entry(self.ledger, self.metrics, plan, outcome.usage)
                 if exchange.provider_state:
                     return None
                 counter = counter_for_model(exchange.model)

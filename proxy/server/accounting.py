@@ -130,6 +130,8 @@ def _account(request: web.Request, record: RequestRecord) -> None:
         "compaction": record.compaction,
         "tokens_before": record.tokens_before,
         "tokens_after": record.tokens_after,
+        "conversation_hash": record.conversation_hash,
+        "cache_misses": record.cache_misses,
         "retried": record.retried or None,
         "stripped_usage": record.stripped_usage or None,
         "fail_open": ",".join(record.fail_open) or None,

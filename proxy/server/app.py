@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config import Settings
 from proxy.pipeline.exchange import Compaction, PassThrough
-from proxy.server import dashboard, health
+from proxy.server import conversations, dashboard, health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
 from proxy.server.connections import socket_cap
@@ -55,7 +55,11 @@ def handler_args(settings: Settings) -> dict[str, Any]:
 
 
 def create_app(
-    settings: Settings, compaction: Compaction | None = None, *, registry: CollectorRegistry | None = None
+    settings: Settings,
+    compaction: Compaction | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> web.Application:
     """Return the proxy as an aiohttp application.
 
@@ -65,12 +69,18 @@ def create_app(
         async `warm_up()`, that is awaited on startup, before the proxy listens; if it has an async `aclose()`, that
         is awaited when the app cleans up.
     :param registry: The Prometheus registry `/metrics` serves; a fresh one per app when None.
+    :param clock: What the compaction side times its per-conversation ledger by (seconds), if it has a
+        `use_clock(clock)` method; the wall clock when None. A test passes the fake clock its fake upstream's prompt
+        cache runs on, and advances it instead of waiting.
     """
     metrics = ProxyMetrics(registry, pod_directory=shared_directory(settings.workers))
     compaction = compaction if compaction is not None else PassThrough()
     register_metrics = getattr(compaction, "register_metrics", None)
     if callable(register_metrics):
         register_metrics(metrics.registry)
+    use_clock = getattr(compaction, "use_clock", None)
+    if clock is not None and callable(use_clock):
+        use_clock(clock)
 
     app = web.Application(
         client_max_size=settings.max_body_bytes,
@@ -85,6 +95,7 @@ def create_app(
     app[TUNNEL_SLOTS] = TunnelSlots(socket_cap(settings.max_websockets, settings.max_connections))
     health.add_routes(app)
     dashboard.add_routes(app)
+    conversations.add_routes(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_route_table)
     app.on_startup.append(_warm_up)

@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.server import errors
 from proxy.server.keys import RECORD, SETTINGS
-from proxy.server.routes import DASHBOARD_PATHS, INTERNAL_PATHS
+from proxy.server.routes import INTERNAL_PATHS, is_dashboard
 
 PROXY_KEY_HEADER: Final = "X-Proxy-Key"
 """The proxy's own credential header; removed before forwarding."""
@@ -74,14 +74,14 @@ async def inbound_auth(request: web.Request, handler: Handler) -> web.StreamResp
     """Answer 401 (OpenAI-style) to a request without a valid proxy key, when proxy keys are configured.
 
     The proxy's own probes (`GET /healthz`, `/readyz`, `/metrics`) stay open, so kubelets and scrapers need no key.
-    The dashboard (`DASHBOARD_PATHS`) is not open; a browser cannot set a header, so there the key may also come as
+    The dashboard (`is_dashboard`) is not open; a browser cannot set a header, so there the key may also come as
     the password of `Authorization: Basic` (the 401 asks for it), which is never forwarded from those paths.
     """
     settings = request.app[SETTINGS]
     if not settings.proxy_keys or (request.method in _OPEN_METHODS and request.path in INTERNAL_PATHS):
         return await handler(request)
     allowed = [_digest(key.get_secret_value()) for key in settings.proxy_keys]
-    dashboard = request.path in DASHBOARD_PATHS
+    dashboard = is_dashboard(request.path)
     presented = presented_keys(request) + (basic_passwords(request) if dashboard else [])
     if key_matches(presented, allowed):
         return await handler(request)

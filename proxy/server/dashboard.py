@@ -61,7 +61,8 @@ def _asset(name: str) -> bytes:
     return resources.files("proxy.server").joinpath("static", name).read_bytes()
 
 
-def _off() -> web.Response:
+def dashboard_off() -> web.Response:
+    """The 404 every dashboard path answers while the dashboard is off: it says how to turn it on."""
     return errors.error_response(
         404,
         "The dashboard is off: start the proxy with --dashboard true (or COMPACTION_PROXY_DASHBOARD=true).",
@@ -84,7 +85,7 @@ def add_routes(app: web.Application) -> None:
 async def _serve(body: bytes | None, content_type: str, request: web.Request) -> web.Response:
     """One of the page's files, or 404 when the dashboard is off."""
     if body is None:
-        return _off()
+        return dashboard_off()
     return web.Response(body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS)
 
 
@@ -95,7 +96,7 @@ async def data(request: web.Request) -> web.Response:
     """
     ring = request.app.get(RING)
     if ring is None:
-        return _off()
+        return dashboard_off()
     figures = await asyncio.to_thread(dashboard_json, ring.read(), STEP_SECONDS, POINTS * STEP_SECONDS)
     return web.json_response(figures, headers=SECURITY_HEADERS)
 

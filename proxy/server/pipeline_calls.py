@@ -86,7 +86,9 @@ async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOut
 
     async def report() -> ForwardPlan | None:
         try:
-            return _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
+            retry = _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
+            request[RECORD].cache_misses = plan.cache_misses or request[RECORD].cache_misses
+            return retry
         except Exception as exc:
             _fail_open(request, "complete", exc)
             return None

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from proxy.pipeline.ledger import CONVERSATION_HEADER
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
 
@@ -35,6 +36,10 @@ class RequestRecord:
     """Where the context window the decision used came from (the `X-Compaction-Window-Source` value sent back)."""
     tokens_before: int | None = None
     tokens_after: int | None = None
+    conversation_hash: str | None = None
+    """The conversation's id in the ledger (the `X-Compaction-Conversation` value sent back), a hash."""
+    cache_misses: str | None = None
+    """The answer's uncached prompt tokens by cause (`ForwardPlan.cache_misses`), once its usage was recorded."""
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     upstream_status: int | None = None
@@ -57,6 +62,7 @@ class RequestRecord:
         """
         self.compaction = headers.get("X-Compaction", self.compaction)
         self.window_source = headers.get(WINDOW_SOURCE_HEADER, self.window_source)
+        self.conversation_hash = headers.get(CONVERSATION_HEADER, self.conversation_hash)
         self.tokens_before = _count(headers.get("X-Compaction-Tokens-Before")) or self.tokens_before
         self.tokens_after = _count(headers.get("X-Compaction-Tokens-After")) or self.tokens_after
 

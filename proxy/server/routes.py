@@ -21,6 +21,14 @@ DASHBOARD_PATHS: Final = frozenset(
 )
 """The dashboard's page, data and assets (see `proxy.server.dashboard`): served (for GET) behind the proxy keys."""
 
+DASHBOARD_PREFIX: Final = "/dashboard/"
+"""Under it, the dashboard's per-conversation data (see `proxy.server.conversations`), also behind the proxy keys."""
+
+
+def is_dashboard(path: str) -> bool:
+    """Whether `path` is one of the dashboard's (`DASHBOARD_PATHS`, or under `DASHBOARD_PREFIX`)."""
+    return path in DASHBOARD_PATHS or path.startswith(DASHBOARD_PREFIX)
+
 
 class RouteKind(StrEnum):
     """A coarse class of the requests no wire format compacts: with the formats' names, a bounded label set."""
@@ -48,7 +56,7 @@ def socket_format(path: str) -> WireFormat | None:
 
 def route_kind(method: str, path: str) -> str:
     """Classify a request by its (decoded) path: the name of the wire format that compacts it, or a `RouteKind`."""
-    if path in INTERNAL_PATHS or path in DASHBOARD_PATHS:
+    if path in INTERNAL_PATHS or is_dashboard(path):
         return RouteKind.INTERNAL.value
     wire = format_of(method, path)
     if wire is not None:

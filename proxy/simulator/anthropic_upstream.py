@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ from proxy.simulator.loopback_server import LoopbackServer
 
 LOOKBACK_BLOCKS = 20
 MIN_CACHE_TOKENS = 1024
+CACHE_LIFETIME = 5 * 60.0
+"""Seconds a written prefix lives unless read again (the API's default `ttl`, 5 minutes; each read refreshes it)."""
 
 Responder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
 """Maps a valid request body to the reply's content blocks (thinking blocks unsigned: the upstream signs them)."""
@@ -96,9 +99,20 @@ def _results_only(message: Mapping[str, Any]) -> bool:
 
 @dataclass
 class PromptCache:
-    """Written prefixes, by model, as chained digests (see the module docstring)."""
+    """Written prefixes, by model, as chained digests (see the module docstring), each with when it was last used.
 
-    written: set[bytes] = field(default_factory=set)
+    A prefix unused for longer than `lifetime` seconds of `clock` is gone; a test passes a fake clock (shared with the
+    proxy's ledger) and advances it instead of waiting. One lifetime for every breakpoint (`"ttl": "1h"` is not told
+    apart).
+    """
+
+    written: dict[bytes, float] = field(default_factory=dict)
+    lifetime: float | None = CACHE_LIFETIME
+    clock: Callable[[], float] = time.monotonic
+
+    def _live(self, digest: bytes, now: float) -> bool:
+        used = self.written.get(digest)
+        return used is not None and (self.lifetime is None or now - used <= self.lifetime)
 
     def usage(self, model: str, segments: Sequence[Segment]) -> dict[str, int]:
         """The usage of a prompt of `segments`: tokens read from the cache, written to it, and the rest."""
@@ -109,16 +123,17 @@ class PromptCache:
             digests.append(digest)
             totals.append(running)
         marks = [index for index, segment in enumerate(segments) if segment.breakpoint]
-        read = 0
+        read, now = 0, self.clock()
         for mark in marks:
             for position in range(mark, max(-1, mark - LOOKBACK_BLOCKS), -1):
-                if digests[position] in self.written:
+                if self._live(digests[position], now):
+                    self.written[digests[position]] = now
                     read = max(read, totals[position])
                     break
         written = 0
         for mark in marks:
             if totals[mark] >= MIN_CACHE_TOKENS:
-                self.written.add(digests[mark])
+                self.written[digests[mark]] = now
                 written = max(written, totals[mark])
         created = max(0, written - read)
         return {

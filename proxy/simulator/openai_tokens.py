@@ -32,8 +32,9 @@ import hashlib
 import json
 import math
 import struct
+import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -47,6 +48,8 @@ IMAGE_TILE_TOKENS = 170
 
 CACHE_MIN_TOKENS = 1024
 CACHE_BLOCK_TOKENS = 128
+CACHE_LIFETIME = 5 * 60.0
+"""Seconds an unused prefix stays cached: the short end of OpenAI's "5 to 10 minutes of inactivity"."""
 
 # Marker ids stand for the chat template's hidden tokens. They are negative so they never equal a real token id.
 _MESSAGE_MARKERS = (-1, -2, -3)
@@ -248,25 +251,36 @@ class PromptCache:
 
     Each remembered prompt is stored as a chain of block digests (digest of block k covers blocks 0..k), so a lookup
     is one pass over the new prompt and memory is bounded by `max_blocks` (least recently used blocks are dropped).
-    Prompts are scoped by model, as OpenAI scopes its cache.
+    Prompts are scoped by model, as OpenAI scopes its cache. A block unused for longer than `lifetime` seconds of
+    `clock` is gone, as OpenAI forgets a prefix after minutes of inactivity; a test passes a fake clock (shared with
+    the proxy's ledger) and advances it instead of waiting.
     """
 
-    def __init__(self, max_blocks: int = 200_000) -> None:
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+    def __init__(
+        self,
+        max_blocks: int = 200_000,
+        *,
+        lifetime: float | None = CACHE_LIFETIME,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._blocks: OrderedDict[bytes, float] = OrderedDict()
         self._max_blocks = max_blocks
+        self.lifetime = lifetime
+        self.clock = clock
 
     def cached_tokens(self, model: str, tokens: Sequence[int]) -> int:
         """Return how many leading tokens of `tokens` were cached, then remember `tokens` for later prompts.
 
-        The answer is the longest common prefix with any earlier prompt, rounded down to a multiple of 128,
-        and 0 when it is under 1024 tokens.
+        The answer is the longest common prefix with any earlier prompt still cached, rounded down to a multiple of
+        128, and 0 when it is under 1024 tokens.
         """
-        hits = 0
+        hits, now = 0, self.clock()
         for digest in _block_digests(model, tokens):
-            if digest not in self._blocks:
+            used = self._blocks.get(digest)
+            if used is None or (self.lifetime is not None and now - used > self.lifetime):
                 break
             hits += 1
-        self._remember(model, tokens)
+        self._remember(model, tokens, now)
         cached = hits * CACHE_BLOCK_TOKENS
         return cached if cached >= CACHE_MIN_TOKENS else 0
 
@@ -274,9 +288,9 @@ class PromptCache:
         """Forget every prompt."""
         self._blocks.clear()
 
-    def _remember(self, model: str, tokens: Sequence[int]) -> None:
+    def _remember(self, model: str, tokens: Sequence[int], now: float) -> None:
         for digest in _block_digests(model, tokens):
-            self._blocks[digest] = None
+            self._blocks[digest] = now
             self._blocks.move_to_end(digest)
         while len(self._blocks) > self._max_blocks:
             self._blocks.popitem(last=False)

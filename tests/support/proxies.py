@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,16 +55,19 @@ class LoopbackProxies:
         self.defaults = {"window_probes": [], "count_probes": [], **defaults}
         self._servers: list[TestServer] = []
 
-    async def start(self, chain: CompactionChain | None = None, **settings: Any) -> RunningProxy:
+    async def start(
+        self, chain: CompactionChain | None = None, *, clock: Callable[[], float] | None = None, **settings: Any
+    ) -> RunningProxy:
         """A proxy with the default settings updated by `settings`.
 
         :param chain: The compaction chain its pipeline runs, instead of the one `strategies` names (a benchmark's
             baseline strategies, which the registry does not know).
+        :param clock: What its ledger times requests by (see `create_app`), instead of the wall clock.
         """
         values = {**self.defaults, **settings}
         configured = Settings(**values)
         service = build_pipeline(configured) if chain is None else CompactionPipeline(configured, chain=chain)
-        server = TestServer(create_app(configured, service), host="127.0.0.1", port=0)
+        server = TestServer(create_app(configured, service, clock=clock), host="127.0.0.1", port=0)
         await server.start_server()
         self._servers.append(server)
         return RunningProxy(configured, service, server)

@@ -2,10 +2,12 @@
 
 The usage of a message is renamed to a completion's: the prompt is everything the model read,
 `input_tokens + cache_creation_input_tokens + cache_read_input_tokens` (the API reports the three apart), the
-completion is `output_tokens`, and the cache reads are `prompt_tokens_details.cached_tokens`. Its content becomes the
-one assistant message the engine sees it as on the next turn (`model_message`), so anchoring and calibration work
-unchanged. A stream reports usage twice: `message_start` carries the input side, and each `message_delta` the
-cumulative counts so far (`StreamAnswer`, which also assembles the content from the block events).
+completion is `output_tokens`, the cache reads are `prompt_tokens_details.cached_tokens` and the cache writes
+`prompt_tokens_details.cache_write_tokens` (a name of the proxy's own: chat completions report no writes). Its
+content becomes the one assistant message the engine sees it as on the next turn (`model_message`), so anchoring
+and calibration work unchanged. A stream reports usage twice: `message_start` carries the input side, and each
+`message_delta` the cumulative counts so far (`StreamAnswer`, which also assembles the content from the block
+events).
 
 An answer that says the prompt did not fit (`overflow`) states the window: "prompt is too long: N tokens > M maximum"
 (the input alone) or "input length and `max_tokens` exceed context limit: A + B > C" (input and reply together).
@@ -66,7 +68,10 @@ def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": _count(usage, "cache_read_input_tokens")},
+        "prompt_tokens_details": {
+            "cached_tokens": _count(usage, "cache_read_input_tokens"),
+            "cache_write_tokens": _count(usage, "cache_creation_input_tokens"),
+        },
     }
 
 

@@ -31,7 +31,7 @@ def test_the_prompt_is_all_the_input_the_model_read() -> None:
         "prompt_tokens": 3210,
         "completion_tokens": 7,
         "total_tokens": 3217,
-        "prompt_tokens_details": {"cached_tokens": 3000},
+        "prompt_tokens_details": {"cached_tokens": 3000, "cache_write_tokens": 200},
     }
     assert chat_usage({"input_tokens": 5, "output_tokens": 1, "cache_read_input_tokens": None})["prompt_tokens"] == 5
 

@@ -1,0 +1,325 @@
+"""The per-conversation ledger: each forwarded request's figures and the causes of its cache misses, without content.
+
+A conversation is recognized without keeping anything of what it says: by the conversation header when the client
+names one (hashed with the state scope), else by the hash chain of its opening (its instructions and first user
+message, or its first message when it has no instructions), which every later request of it re-sends. A client that
+edits its opening starts a new conversation; one that edits a later message stays in the same one.
+
+For each request the provider answered with a usage report, a frozen `LedgerRecord` keeps the figures (the
+proxy's estimates before and after compaction, the provider's usage, the client's own prefix reuse, the compaction,
+and the misses by cause: see `proxy.pipeline.cache_misses` for the rules). Nothing of a message is kept: the
+conversation is found again by hash-chain elements, and compared with its previous request by the ends of two
+chains (`Sighting`).
+
+Memory is bounded like `proxy.pipeline.known_prefixes`: at most `conversations` conversations (the least recently
+seen go first) and, in each, the last `requests` records (older ones leave the list but stay in its totals). A
+record costs a few hundred bytes, so the defaults hold at most some tens of megabytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from xxhash import xxh3_128_digest
+
+from proxy.pipeline.cache_misses import CAUSES, ChainEnd, Misses, Reported, Sighting, Step, attribute, expected
+
+DEFAULT_CONVERSATIONS: Final = 256
+"""Conversations kept; the least recently seen are forgotten first."""
+
+DEFAULT_REQUESTS: Final = 256
+"""Records kept per conversation (the most recent); older requests stay in the conversation's totals."""
+
+ID_HEX: Final = 16
+"""Hex digits of a conversation's id (a hash of its key): short, and unique among the conversations kept."""
+
+TENANT_HEX: Final = 12
+"""Hex digits of a tenant shown (its keyed hash, cut)."""
+
+INSTRUCTIONS: Final = frozenset({"system", "developer"})
+"""The roles of a conversation's opening instructions: with the first user message, they identify it."""
+
+CONVERSATION_HEADER: Final = "X-Compaction-Conversation"
+"""Response header naming the request's conversation by its id (as `/dashboard/conversations/{id}.json` does)."""
+
+Clock = Callable[[], float]
+"""Seconds, as `time.time` gives them: the ledger's `at` and the gaps between requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionNote:
+    """A compaction the proxy made of a request: the strategies that changed it and its size before and after."""
+
+    strategies: tuple[str, ...]
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """One forwarded request the provider answered with usage (field names are the JSON's and the bill's).
+
+    :param at: When it arrived (the ledger's clock, seconds since the epoch by default).
+    :param api: Its wire format (`chat_completions`, `responses`, `messages`).
+    :param model: The model it asked for.
+    :param window: The context window the decision used, when known.
+    :param client_tokens: The request as the client sent it, by the proxy's estimate (the decision's tokens before).
+    :param forwarded_tokens: What the proxy sent, by its estimate (after compaction when it compacted).
+    :param prompt_tokens: The prompt tokens the provider reported (see `Reported`).
+    :param cached_tokens: Of those, the ones it served from its cache.
+    :param cache_write_tokens: Of those, the ones it wrote to its cache.
+    :param output_tokens: The answer's tokens.
+    :param client_reused_tokens: The client's request's tokens that repeat the prefix of its previous request, by
+        the proxy's estimate: what a direct run's cache could have served.
+    :param compaction: The compaction made of this request, None when none was.
+    :param misses: `prompt_tokens - cached_tokens` by cause (`proxy.pipeline.cache_misses`).
+    """
+
+    at: float
+    api: str
+    model: str | None
+    window: int | None
+    client_tokens: int | None
+    forwarded_tokens: int | None
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int
+    output_tokens: int
+    client_reused_tokens: int
+    compaction: CompactionNote | None
+    misses: Misses
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as JSON: `compaction` null or an object, `misses` every cause with its tokens."""
+        shown = asdict(self)
+        shown["compaction"] = None if self.compaction is None else {**asdict(self.compaction)}
+        if self.compaction is not None:
+            shown["compaction"]["strategies"] = list(self.compaction.strategies)
+        shown["misses"] = self.misses.as_dict()
+        return shown
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A request the ledger was told of before it was forwarded, for `Ledger.close` once it is answered.
+
+    :param key: The conversation's key (a hash).
+    :param at: When the request arrived.
+    :param lifetime: How long its provider keeps a prefix (`proxy.pipeline.cache_misses.lifetime`).
+    :param client_chain: The chain of the messages the client sent.
+    :param api: Its wire format.
+    :param model: Its model.
+    :param tenant: Its tenant.
+    """
+
+    key: bytes
+    at: float
+    lifetime: float
+    client_chain: Sequence[bytes]
+    api: str
+    model: str | None
+    tenant: bytes
+
+    @property
+    def conversation(self) -> str:
+        """The conversation's id, as the JSON and the header name it."""
+        return self.key.hex()[:ID_HEX]
+
+
+TOTALS: Final = (
+    "client_tokens",
+    "forwarded_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "output_tokens",
+    "client_reused_tokens",
+)
+"""The record fields a conversation's totals sum."""
+
+
+@dataclass
+class _Conversation:
+    """One conversation's records, totals and what its next request is compared with."""
+
+    opening: Opening
+    records: deque[LedgerRecord]
+    requests: int = 0
+    compactions: int = 0
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
+    misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    previous: Sighting | None = None
+    seen: deque[tuple[ChainEnd, int]] = field(default_factory=deque)
+    """The end of each kept request's client chain and its estimated tokens: what a later request reuses."""
+
+    def reused(self, chain: Sequence[bytes]) -> int:
+        """The tokens the client's request `chain` shares with its previous one, estimated.
+
+        Those of the latest earlier request it extends, at most the previous one's: the estimate's steps are whole
+        requests, so an edit reuses what the request before it sent.
+        """
+        if not self.seen:
+            return 0
+        latest = self.seen[-1][1]
+        return next((min(tokens, latest) for end, tokens in reversed(self.seen) if end.continued_by(chain)), 0)
+
+    def add(self, record: LedgerRecord, sighting: Sighting, client: ChainEnd) -> None:
+        """Keep `record`, count it in the totals, and compare the next request with it."""
+        if not self.requests:
+            self.first_seen = record.at
+        self.records.append(record)
+        self.seen.append((client, record.client_tokens or 0))
+        if len(self.seen) > (self.records.maxlen or 0):
+            self.seen.popleft()
+        self.requests += 1
+        self.compactions += record.compaction is not None
+        self.last_seen = record.at
+        for name in TOTALS:
+            self.totals[name] += getattr(record, name) or 0
+        for cause, tokens in record.misses.as_dict().items():
+            self.misses[cause] += tokens
+        self.previous = sighting
+
+    def summary(self) -> dict[str, Any]:
+        """The conversation without its records: who, when, how many requests, and its totals."""
+        opening = self.opening
+        return {
+            "id": opening.conversation,
+            "api": opening.api,
+            "model": opening.model,
+            "tenant": opening.tenant.hex()[:TENANT_HEX],
+            "requests": self.requests,
+            "compactions": self.compactions,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "totals": {**self.totals, "misses": dict(self.misses)},
+        }
+
+
+class Ledger:
+    """The recent conversations' records (see the module docstring).
+
+    :param clock: Gives `at` and the gaps between requests; a test passes a fake one (shared with the fake upstream's
+        prompt cache) and advances it instead of waiting.
+    :param conversations: How many conversations are kept.
+    :param requests: How many records each keeps.
+    """
+
+    def __init__(
+        self, clock: Clock = time.time, *, conversations: int = DEFAULT_CONVERSATIONS, requests: int = DEFAULT_REQUESTS
+    ) -> None:
+        self.clock = clock
+        self.max_conversations = conversations
+        self.max_requests = requests
+        self._conversations: OrderedDict[bytes, _Conversation] = OrderedDict()
+
+    def open(
+        self,
+        *,
+        scope: bytes,
+        named: str | None,
+        client_chain: Sequence[bytes],
+        opening_instructions: bool,
+        api: str,
+        model: str | None,
+        tenant: bytes,
+        lifetime: float,
+    ) -> Opening | None:
+        """Note a request about to be forwarded; None when nothing identifies its conversation.
+
+        :param named: The conversation the client names in a header, if it names one.
+        :param opening_instructions: The conversation opens with instructions (a system or developer message): its
+            first two messages identify it, else its first.
+        """
+        if named:
+            key = xxh3_128_digest(scope + b"\0named\0" + named.encode("utf-8", "surrogatepass"))
+        elif client_chain:
+            opening = client_chain[min(len(client_chain), 2 if opening_instructions else 1) - 1]
+            key = xxh3_128_digest(scope + b"\0opening\0" + opening)
+        else:
+            return None
+        return Opening(key, self.clock(), lifetime, client_chain, api, model, tenant)
+
+    def expected(self, opening: Opening, forwarded_chain: Sequence[bytes]) -> tuple[str, ...]:
+        """The causes that apply to the request before its answer says how much missed (for its response header)."""
+        conversation = self._conversations.get(opening.key)
+        now = self._sighting(opening, forwarded_chain, None, 0)
+        previous = conversation.previous if conversation is not None else None
+        if conversation is None or previous is None:
+            return expected(None, opening.lifetime)
+        step = Step.between(previous, now, (opening.client_chain, forwarded_chain), 0)
+        return expected(step, opening.lifetime)
+
+    def close(
+        self,
+        opening: Opening,
+        forwarded_chain: Sequence[bytes],
+        reported: Reported,
+        *,
+        window: int | None,
+        client_tokens: int | None,
+        forwarded_tokens: int | None,
+        compaction: CompactionNote | None,
+    ) -> LedgerRecord:
+        """Record the answered request and attribute its misses (see `proxy.pipeline.cache_misses`)."""
+        conversation = self._conversation(opening)
+        now = self._sighting(opening, forwarded_chain, client_tokens, reported.prompt_tokens)
+        reused = conversation.reused(opening.client_chain)
+        previous = conversation.previous
+        step = None
+        if previous is not None:
+            step = Step.between(previous, now, (opening.client_chain, forwarded_chain), reused)
+        record = LedgerRecord(
+            at=opening.at,
+            api=opening.api,
+            model=opening.model,
+            window=window,
+            client_tokens=client_tokens,
+            forwarded_tokens=forwarded_tokens,
+            prompt_tokens=reported.prompt_tokens,
+            cached_tokens=reported.cached_tokens,
+            cache_write_tokens=reported.cache_write_tokens,
+            output_tokens=reported.output_tokens,
+            client_reused_tokens=reused,
+            compaction=compaction,
+            misses=attribute(reported, step, opening.lifetime),
+        )
+        conversation.add(record, now, now.client)
+        return record
+
+    def recent(self) -> list[dict[str, Any]]:
+        """Every conversation kept, the most recently seen first, without records (`/dashboard/conversations.json`)."""
+        kept = sorted(self._conversations.values(), key=lambda conversation: conversation.last_seen, reverse=True)
+        return [conversation.summary() for conversation in kept if conversation.requests]
+
+    def conversation(self, conversation_id: str) -> dict[str, Any] | None:
+        """One conversation with its records, oldest first; None when none kept has that id."""
+        for conversation in self._conversations.values():
+            if conversation.opening.conversation == conversation_id and conversation.requests:
+                records = [record.as_json() for record in conversation.records]
+                return {**conversation.summary(), "records": records, "dropped": conversation.requests - len(records)}
+        return None
+
+    def _conversation(self, opening: Opening) -> _Conversation:
+        """The conversation of `opening`, made the most recently seen (created, and the oldest forgotten, if new)."""
+        conversation = self._conversations.pop(opening.key, None)
+        if conversation is None:
+            conversation = _Conversation(opening, deque(maxlen=self.max_requests))
+        self._conversations[opening.key] = conversation
+        while len(self._conversations) > self.max_conversations:
+            self._conversations.popitem(last=False)
+        return conversation
+
+    @staticmethod
+    def _sighting(
+        opening: Opening, forwarded_chain: Sequence[bytes], client_tokens: int | None, prompt_tokens: int
+    ) -> Sighting:
+        client = ChainEnd.of(opening.client_chain)
+        forwarded = ChainEnd.of(forwarded_chain) if forwarded_chain else client
+        return Sighting(opening.at, client, forwarded, client_tokens, prompt_tokens)
