@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 from html.parser import HTMLParser
+from typing import Any
 
 import orjson
 
 from tests.support.chromium import chromium_or_skip, dump_dom
 from tests.support.format_agents import AGENTS, is_summary_request
 from tests.support.proxies import LoopbackProxies
-from tests.support.wire_formats import FormatCase, Upstream, by_format
+from tests.support.wire_formats import CHAT_COMPLETIONS, FormatCase, Upstream, by_format
 
 TURNS = 120
 """Long enough for every format's agent to outgrow its window more than once."""
@@ -60,13 +61,24 @@ class Drawn(HTMLParser):
         return [(self.prompt[n], self.parts.get(n, {}).get("cached", 0)) for n in sorted(self.prompt)]
 
 
-def upstream_counts(wire: FormatCase, upstream: Upstream, cached: list[int]) -> list[tuple[int, int]]:
-    """(prompt, cached) tokens of each of the agent's requests as the upstream reported them (summary calls, which
-    are the proxy's own, left out)."""
-    agents = [not is_summary_request(wire, orjson.loads(body)) for body in wire.forwarded(upstream)]
+def reported(wire: FormatCase, body: dict[str, Any]) -> bool:
+    """Whether the upstream reported the usage of a request it received: always, but for a chat stream that did not
+    ask for it (a small one the proxy relays as it came: `tests/e2e/test_sized_by_bytes.py`)."""
+    stream_usage = (body.get("stream_options") or {}).get("include_usage")
+    return wire is not CHAT_COMPLETIONS or not body.get("stream") or bool(stream_usage)
+
+
+def agent_requests(wire: FormatCase, upstream: Upstream, cached: list[int]) -> list[tuple[bool, int, int]]:
+    """Each of the agent's requests the upstream answered (the proxy's summary calls left out), in order: whether
+    the upstream reported its usage, and its prompt and cached tokens."""
+    bodies = [orjson.loads(body) for body in wire.forwarded(upstream)]
     prompts = wire.upstream_prompt_tokens(upstream)
-    assert len(agents) == len(prompts) == len(cached), "every forwarded request was answered with its usage"
-    return [(prompt, hit) for prompt, hit, agent in zip(prompts, cached, agents, strict=True) if agent]
+    assert len(bodies) == len(prompts) == len(cached), "every forwarded request was answered"
+    return [
+        (reported(wire, body), prompt, hit)
+        for body, prompt, hit in zip(bodies, prompts, cached, strict=True)
+        if not is_summary_request(wire, body)
+    ]
 
 
 @by_format()
@@ -92,7 +104,9 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
         pages.append(drawn)
 
     shown = [request for drawn in pages for request in drawn.requests()]
-    assert shown == upstream_counts(wire, format_upstream, agent.cached_tokens(format_upstream))
+    requests = agent_requests(wire, format_upstream, agent.cached_tokens(format_upstream))
+    assert len(requests) == len(decisions)
+    assert shown == [(prompt, cached) for known, prompt, cached in requests if known]
     for drawn in pages:  # every uncached token is drawn as a miss of some cause
         assert all(sum(drawn.parts[n].values()) == drawn.prompt[n] for n in drawn.prompt)
 
@@ -102,7 +116,8 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
         marked += [offset + n - 1 for n in sorted(drawn.compactions)]
         marks += [drawn.compactions[n] for n in sorted(drawn.compactions)]
         offset += len(drawn.prompt)
-    assert marked == [turn for turn, decision in enumerate(decisions) if decision == "compacted"]
+    told = [decision for decision, (known, _, _) in zip(decisions, requests, strict=True) if known]
+    assert marked == [turn for turn, decision in enumerate(told) if decision == "compacted"]
     assert sum(before for _, before, _ in marks) == proxy.metric("compaction_proxy_tokens_before_sum")
     assert sum(after for _, _, after in marks) == proxy.metric("compaction_proxy_tokens_after_sum")
     strategies = Counter(name for names, _, _ in marks for name in names)
