@@ -63,12 +63,15 @@ async function showList() {
   return `${conversations.length} recent conversation${conversations.length === 1 ? "" : "s"}.`;
 }
 
-// The compaction's mark over request `n`'s band (i in the plot): a dashed line from the tokens before down, an
-// arrowhead at the tokens after, and its strategies above the plot.
-function compactionMark(frame, i, n, compaction) {
-  const strategies = compaction.strategies.join(", ");
-  const text = `Request ${n} compacted by ${strategies}: ${count(compaction.tokens_before)} → `
-    + `${count(compaction.tokens_after)} tokens (the proxy's estimate)`;
+function compactionText(n, compaction) {
+  return `request ${n}: ${compaction.strategies.join(", ")}, ${count(compaction.tokens_before)} → `
+    + `${count(compaction.tokens_after)} tokens`;
+}
+
+// The `k`th compaction's mark over request `n`'s band (i in the plot): a dashed line from the tokens before down, an
+// arrowhead at the tokens after, and its number above the plot (the caption under it names its strategies).
+function compactionMark(frame, i, n, k, compaction) {
+  const text = `Compaction ${k}, ${compactionText(n, compaction)} (the proxy's estimates)`;
   const mark = titled(make("svg:g", {
     class: "compaction", "data-request": n, "data-strategies": compaction.strategies.join(","),
     "data-before": compaction.tokens_before, "data-after": compaction.tokens_after,
@@ -78,7 +81,7 @@ function compactionMark(frame, i, n, compaction) {
   const after = frame.y(compaction.tokens_after);
   mark.append(make("svg:line", { class: "mark", x1: middle, x2: middle, y1: before, y2: frame.bottom }));
   mark.append(make("svg:path", { fill: COMPACTION_COLOR, d: `M${middle - 4},${after - 6} L${middle + 4},${after - 6} L${middle},${after} Z` }));
-  mark.append(make("svg:text", { x: middle, y: 12, "text-anchor": "middle", class: "strategy" }, strategies));
+  mark.append(make("svg:text", { x: middle, y: 12, "text-anchor": "middle", class: "strategy" }, String(k)));
   return mark;
 }
 
@@ -106,13 +109,19 @@ function promptFigure(records, first) {
   });
   const window = windowLine(frame, records);
   if (window) frame.svg.append(window);
-  records.forEach((r, i) => { if (r.compaction) frame.svg.append(compactionMark(frame, i, first + i, r.compaction)); });
-  const compactions = records.filter((r) => r.compaction).length;
+  const caption = make("ol", { class: "compactions" });
+  records.forEach((r, i) => {
+    if (!r.compaction) return;
+    frame.svg.append(compactionMark(frame, i, first + i, caption.children.length + 1, r.compaction));
+    caption.append(make("li", {}, compactionText(first + i, r.compaction)));
+  });
+  const compactions = caption.children.length;
   return figureSection("prompt", "Prompt tokens per request, against the window",
     "tokens per request as the provider reported them; each compaction marked with its strategies, tokens before → after",
     frame.svg,
     legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"], ["client", CLIENT_COLOR, "what the client sent (estimated)"],
-      ["window", "#1d2433", "context window"], ["compaction", COMPACTION_COLOR, `compaction (${compactions})`]]));
+      ["window", "#1d2433", "context window"], ["compaction", COMPACTION_COLOR, `compaction (${compactions}), numbered:`]]),
+    caption);
 }
 
 // Request `n`'s stacked bar: the cached share at the bottom, then each cause's share of its misses.
