@@ -52,7 +52,9 @@ async def test_the_long_run_s_bill_is_the_upstream_s_and_its_estimate_of_going_d
     assert figures["proxy"]["requests"] == row["turns"] + row["summary_calls"]
     assert figures["proxy"]["uncached_input"] + figures["proxy"]["cached_input"] == row["prompt_tokens_forwarded"]
     assert figures["proxy"]["cached_input"] == row["cached_prompt_tokens"]
-    assert all(figures["proxy"]["usd"][model] > figures["proxy_same_turns"]["usd"][model] > 0 for model in billing.MODELS)
+    assert all(
+        figures["proxy"]["usd"][model] > figures["proxy_same_turns"]["usd"][model] > 0 for model in billing.MODELS
+    )
     # Going direct: the proxy's estimate stops where the upstream refused the direct run, and bills what it billed.
     assert tokens(figures["direct"]) == upstream_sums(direct.usages)
     assert figures["estimate_stopped"] and figures["direct_estimate"] == figures["direct"]

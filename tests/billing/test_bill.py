@@ -10,6 +10,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.billing import Record
 from proxy.billing.bill import Bill, Charge, conversation_bill, total
 from proxy.billing.caching import RULES, rules_for
 from proxy.billing.prices import PriceBook
@@ -17,22 +18,6 @@ from proxy.config.prices import ModelPrices
 from tests.support.examples import examples
 
 BOOK = PriceBook({"priced": ModelPrices(input=2.5, cached=0.25, cache_write=3.125, output=10)})
-
-
-@dataclass(frozen=True)
-class Record:
-    """A ledger's record of one forwarded request, as `proxy.billing.bill.Request` reads it."""
-
-    at: float
-    api: str
-    model: str | None
-    window: int
-    client_tokens: int
-    client_reused_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    cache_write_tokens: int
-    output_tokens: int
 
 
 @dataclass(frozen=True)
