@@ -21,7 +21,8 @@ Limits: the estimate takes the client's prefix reuse to be what the provider's c
 that evicts early (under load, or OpenAI past its 5 minutes) would bill more going direct, and one keeping prefixes
 longer (an hour at off-peak, or Anthropic's one-hour cache) less; it assumes the same answers (a model answering
 a longer prompt differently would change the requests after it); Anthropic's larger minimum for the Haiku models
-(2048 tokens) is not applied; and requests are taken in the order given, each one's previous request being the
+(2048 tokens) is not applied, nor its lookback (a request adding 20 blocks or more after the client's previous
+breakpoint reads nothing there); and requests are taken in the order given, each one's previous request being the
 client request before it. Prices are the ones in force now, not at the time of each request.
 """
 

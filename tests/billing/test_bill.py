@@ -15,6 +15,8 @@ from proxy.billing.bill import Bill, Charge, conversation_bill, total
 from proxy.billing.caching import RULES, rules_for
 from proxy.billing.prices import PriceBook
 from proxy.config.prices import ModelPrices
+from proxy.simulator.anthropic_rules import Segment
+from proxy.simulator.anthropic_upstream import PromptCache
 from tests.support.examples import examples
 
 BOOK = PriceBook({"priced": ModelPrices(input=2.5, cached=0.25, cache_write=3.125, output=10)})
@@ -161,3 +163,23 @@ def test_a_charge_at_known_prices() -> None:
     figures = conversation_bill(records, BOOK).proxy
     assert figures == Charge(1, 1_000_000, 2_000_000, 1_000_000, 500_000, usd=Decimal("11.125"))
     assert Bill().as_dict()["proxy"]["usd"] == 0.0
+
+
+@settings(max_examples=examples(200))
+@given(st.lists(st.lists(st.integers(1, 400), min_size=1, max_size=19), min_size=1, max_size=20))
+def test_the_estimate_follows_the_simulated_anthropic_cache(turns: list[list[int]]) -> None:
+    """A client that marks its last block: going direct to the simulated Messages API (whose cache follows
+    Anthropic's prefix rule) bills what the estimate says, writes included, while each turn adds fewer blocks than
+    the 20 the cache looks back over (the estimate's stated limit)."""
+    cache, segments, records = PromptCache(), [], []
+    for index, blocks in enumerate(turns):
+        reused = sum(segment.tokens for segment in segments)
+        segments = [replace(segment, breakpoint=False) for segment in segments]
+        segments += [Segment(f"{index}.{block}".encode(), tokens, False) for block, tokens in enumerate(blocks)]
+        segments[-1] = replace(segments[-1], breakpoint=True)
+        usage = cache.usage("claude-sonnet-4-5", segments)
+        prompt = sum(usage.values())
+        read, written = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
+        records.append(Record(float(index), "messages", "priced", 0, prompt, reused, prompt, read, written, 10))
+    bill = conversation_bill(records, BOOK)
+    assert bill.direct == bill.proxy
