@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from importlib.metadata import version
 from typing import Any, Final, Protocol
 
 LIBRARY: Final = "genai-prices"
@@ -133,15 +134,32 @@ def _from_setting(name: str, prices: PerMillion) -> Rates:
     return Rates(_flat(prices.input), _flat(cached), _flat(write), _flat(prices.output), f"prices[{name!r}]")
 
 
+def preload() -> bool:
+    """Load the library's prices now, so the first bill does not pay for it: call it off the event loop at start-up.
+
+    :returns: Whether the library is installed.
+    """
+    return _library() is not None
+
+
+@functools.cache
+def _library() -> Any:
+    """The library's prices as shipped in the installed package (a second or two of CPU, once); None without it."""
+    try:
+        from genai_prices import data_snapshot
+    except ImportError:
+        return None
+    return data_snapshot.get_snapshot()
+
+
 @functools.lru_cache(maxsize=1024)
 def _from_library(model: str, provider: str) -> Rates | None:
     """The library's prices in force now for `model` at `provider`; None when it lacks them (or is not installed)."""
-    try:
-        from genai_prices import __version__, data_snapshot
-    except ImportError:
+    library = _library()
+    if library is None:
         return None
     try:
-        found, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider, None)
+        found, info = library.find_provider_model(model, None, provider, None)
     except LookupError:
         return None
     prices = info.get_prices(datetime.now(tz=UTC))
@@ -153,7 +171,7 @@ def _from_library(model: str, provider: str) -> Rates | None:
         _rate(prices.cache_read_mtok) or input_rate,
         _rate(prices.cache_write_mtok) or input_rate,
         output_rate,
-        f"{LIBRARY} {__version__}: {found.id} {info.id}",
+        f"{LIBRARY} {version(LIBRARY)}: {found.id} {info.id}",
     )
 
 

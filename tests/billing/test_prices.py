@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.billing.prices import LIBRARY, PriceBook, Rate
+from proxy.billing.prices import LIBRARY, PriceBook, Rate, preload
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, load_settings
 
@@ -65,6 +65,7 @@ def test_the_operator_s_prices_come_first_exact_name_then_patterns_in_order() ->
 
 
 def test_the_library_prices_a_model_at_the_provider_of_its_api() -> None:
+    assert preload(), "the billing extra is installed with dev"
     book = PriceBook()
     mini = book.rates("gpt-4o-mini-2024-07-18", "chat_completions")
     assert mini is not None and mini.source.startswith(f"{LIBRARY} ")
