@@ -4,6 +4,7 @@ unknown (tokens only, never a guessed price)."""
 from __future__ import annotations
 
 import json
+import shlex
 from decimal import Decimal
 from pathlib import Path
 
@@ -96,3 +97,15 @@ def test_a_model_the_library_does_not_price_at_that_provider_is_unknown(model: s
 def test_a_tier_applies_above_its_start() -> None:
     rate = Rate(Decimal(1), ((100, Decimal(2)), (1000, Decimal(4))))
     assert [rate.at(tokens) for tokens in (0, 100, 101, 1000, 1001)] == list(map(Decimal, (1, 1, 2, 2, 4)))
+
+
+def test_the_cost_page_s_examples_set_the_same_prices(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cost.md").read_text()
+    command = page.split("```bash\n", 1)[1].split("```", 1)[0]
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[:2] == ["compaction-proxy", "serve"]
+    from_flags = settings_from_args(build_parser().parse_args(words[1:])).prices
+    file = tmp_path / "proxy.yaml"
+    file.write_text(page.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert from_flags == load_settings(environ={}, config_file=file).prices
+    assert set(from_flags) == {"llama-*", "gpt-4o"}
