@@ -8,17 +8,19 @@ from pydantic import ConfigDict, model_validator
 
 from proxy.config.clients import ClientSettings
 from proxy.config.compaction import CompactionSettings
+from proxy.config.prices import PriceSettings
 from proxy.config.routes import RouteSettings
 from proxy.config.state import StateSettings
 from proxy.config.summaries import SummarySettings
 from proxy.config.upstream import UpstreamSettings
 
 
-class Settings(StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings):
+class Settings(PriceSettings, StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings):
     """Everything the proxy can be configured with. Immutable once loaded; see `load_settings` for the sources.
 
     The fields are declared by concern: `UpstreamSettings` (the provider and its timeouts), `ClientSettings` (the
-    listening side and its limits), `CompactionSettings`, `SummarySettings` and `StateSettings`.
+    listening side and its limits), `CompactionSettings`, `SummarySettings`, `StateSettings` and
+    `PriceSettings` (what the bill prices models at).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_enum_values=False)
