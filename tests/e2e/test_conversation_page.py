@@ -9,6 +9,7 @@ from collections import Counter
 from html.parser import HTMLParser
 from typing import Any
 
+import aiohttp
 import orjson
 
 from tests.support.chromium import chromium_or_skip, dump_dom
@@ -35,16 +36,26 @@ class Listed(HTMLParser):
 
 class Drawn(HTMLParser):
     """What a conversation page draws, by request number (from 1): prompt tokens, cached tokens, misses by cause,
-    and each compaction mark's strategies, tokens before and after."""
+    and each compaction mark's strategies, tokens before and after; the bill's price and tokens by kind for each
+    side (`covered`, through the proxy; `direct`), or whether it says there is no bill."""
 
     def __init__(self) -> None:
         super().__init__()
         self.prompt: dict[int, int] = {}
         self.parts: dict[int, dict[str, int]] = {}
         self.compactions: dict[int, tuple[list[str], int, int]] = {}
+        self.bill: dict[str, dict[str, float | None]] = {}
+        self.no_bill = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {name: str(value) for name, value in attrs}
+        self.no_bill = self.no_bill or (tag == "p" and found.get("class") == "placeholder")
+        if tag == "rect" and "data-bill" in found:
+            side = self.bill.setdefault(found["data-bill"], {})
+            if "data-usd" in found:
+                side["usd"] = float(found["data-usd"]) if found["data-usd"] else None
+            else:
+                side[found["data-kind"]] = int(found["data-tokens"])
         if "data-request" not in found:
             return
         request = int(found["data-request"])
@@ -81,6 +92,19 @@ def agent_requests(wire: FormatCase, upstream: Upstream, cached: list[int]) -> l
     ]
 
 
+BILL_KINDS = ("uncached_input", "cached_input", "cache_write_input", "output")
+
+
+def drawn_bill(bill: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
+    """What the page must draw of a conversation's `bill`: each side's price and its tokens by kind."""
+    if bill is None:
+        return {}
+    return {
+        side: {"usd": bill[side]["usd"]} | {kind: bill[side][kind] for kind in BILL_KINDS}
+        for side in ("covered", "direct")
+    }
+
+
 @by_format()
 async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
     wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
@@ -102,6 +126,11 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
         drawn = Drawn()
         drawn.feed(await dump_dom(f"{root}/conversation?id={conversation}"))
         pages.append(drawn)
+
+    for conversation, drawn in zip(reversed(listed.ids), pages, strict=True):
+        async with aiohttp.ClientSession() as http, http.get(f"{root}/conversations/{conversation}.json") as got:
+            bill = (await got.json()).get("bill")
+        assert drawn.bill == drawn_bill(bill) and drawn.no_bill == (bill is None)
 
     shown = [request for drawn in pages for request in drawn.requests()]
     requests = agent_requests(wire, format_upstream, agent.cached_tokens(format_upstream))
