@@ -36,6 +36,10 @@ function ago(seconds) {
   return `${(passed / 3600).toFixed(1)} h ago`;
 }
 
+function plural(number, noun) {
+  return `${count(number)} ${noun}${number === 1 ? "" : "s"}`;
+}
+
 function conversationEntry(conversation) {
   const entry = make("li", { "data-conversation": conversation.id });
   const link = make("a", { href: `conversation?id=${encodeURIComponent(conversation.id)}` }, conversation.id);
@@ -46,7 +50,8 @@ function conversationEntry(conversation) {
   filled.style.width = `${100 * (cachedShare || 0)}%`;
   meter.append(filled);
   const about = `${conversation.api} · ${conversation.model} · tenant ${conversation.tenant} · `
-    + `${count(conversation.requests)} requests · ${count(totals.prompt_tokens)} prompt tokens, `
+    + `${plural(conversation.requests, "request")}, ${count(conversation.compactions)} compacted · `
+    + `${count(totals.prompt_tokens)} prompt tokens, `
     + `${percent(cachedShare)} cached · last seen ${ago(conversation.last_seen)}`;
   entry.append(link, meter, make("span", { class: "about" }, about));
   return entry;
@@ -60,7 +65,7 @@ async function showList() {
   if (!conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
   document.getElementById("figures").replaceChildren(figureSection("conversations", "Recent conversations",
     "most recent first; each name opens its page", list));
-  return `${conversations.length} recent conversation${conversations.length === 1 ? "" : "s"}.`;
+  return `${plural(conversations.length, "recent conversation")}.`;
 }
 
 function compactionText(n, compaction) {
@@ -163,7 +168,7 @@ async function showConversation(id) {
   document.getElementById("figures").replaceChildren(
     promptFigure(data.records, first), cacheFigure(data.records, first), billFigure(data.bill));
   const dropped = data.dropped ? ` (the first ${count(data.dropped)} no longer kept)` : "";
-  return `${data.api} · ${data.model} · tenant ${data.tenant} · ${count(data.requests)} requests${dropped}, `
+  return `${data.api} · ${data.model} · tenant ${data.tenant} · ${plural(data.requests, "request")}${dropped}, `
     + `${count(data.compactions)} compacted · last seen ${ago(data.last_seen)}`;
 }
 
