@@ -40,7 +40,6 @@ figure is taken, so a miss after a pause the provider may already have forgotten
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final
@@ -59,21 +58,29 @@ EXTENDED_LIFETIMES: Final = {"messages": 60 * 60.0, "chat_completions": 24 * 60 
 """Seconds a prefix is kept when the request asks for longer, by API: Anthropic's `"ttl": "1h"`, OpenAI's
 `prompt_cache_retention: "24h"`."""
 
-_LONG_TTL: Final = re.compile(rb'"ttl"\s*:\s*"1h"')
-_LONG_RETENTION: Final = re.compile(rb'"prompt_cache_retention"\s*:\s*"24h"')
 
+def lifetime(api: str, body: Mapping[str, Any]) -> float:
+    """How long the provider keeps this request's prefix, in seconds: longer when the request (parsed) asks for it.
 
-def lifetime(api: str, body: bytes) -> float:
-    """How long the provider keeps this request's prefix, in seconds: longer when the request asks for it.
-
-    A cheap search of the raw body (a C-level substring search first): an Anthropic breakpoint marked `"1h"`
-    anywhere, or OpenAI's `prompt_cache_retention: "24h"`.
+    OpenAI's `prompt_cache_retention: "24h"` is a top-level field. An Anthropic breakpoint marked `"ttl": "1h"` is
+    looked for in the system prompt and the tools only, which the API caches first: a longer-lived breakpoint must
+    precede every shorter one, so a conversation cached for an hour marks them so too. The messages are not walked,
+    which would cost a pass over the whole request.
     """
     extended = EXTENDED_LIFETIMES.get(api)
     if extended is None:
         return DEFAULT_LIFETIME
-    pattern, needle = (_LONG_TTL, b'"1h"') if api == "messages" else (_LONG_RETENTION, b'"24h"')
-    return extended if needle in body and pattern.search(body) else DEFAULT_LIFETIME
+    if api != "messages":
+        return extended if body.get("prompt_cache_retention") == "24h" else DEFAULT_LIFETIME
+    system, tools = body.get("system"), body.get("tools")
+    marked = [*(system if isinstance(system, list) else ()), *(tools if isinstance(tools, list) else ())]
+    return extended if any(_long_lived(block) for block in marked) else DEFAULT_LIFETIME
+
+
+def _long_lived(block: Any) -> bool:
+    """Whether a system block or a tool is a breakpoint marked to live an hour."""
+    control = block.get("cache_control") if isinstance(block, Mapping) else None
+    return isinstance(control, Mapping) and control.get("ttl") == "1h"
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ class Reported:
         return self.prompt_tokens - self.cached_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChainEnd:
     """Where a conversation's hash chain ends: enough to tell whether a later chain extends it, and no content.
 
@@ -132,7 +139,7 @@ class ChainEnd:
         return self.length == 0 or (len(chain) >= self.length and chain[self.length - 1] == self.last)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sighting:
     """What a forwarded request leaves for the next one of its conversation to be compared with (no content).
 
@@ -204,7 +211,7 @@ class Step:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Misses:
     """A request's uncached prompt tokens by cause (see the module docstring); they add up to `prompt - cached`."""
 

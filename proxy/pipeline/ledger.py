@@ -13,7 +13,8 @@ chains (`Sighting`).
 
 Memory is bounded like `proxy.pipeline.known_prefixes`: at most `conversations` conversations (the least recently
 seen go first) and, in each, the last `requests` records (older ones leave the list but stay in its totals). A
-record costs a few hundred bytes, so the defaults hold at most some tens of megabytes.
+record costs about 620 bytes with what its next request is compared with (measured with tracemalloc over 200-turn
+conversations), so the defaults hold at most about 20 MB.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from xxhash import xxh3_128_digest
 
 from proxy.pipeline.cache_misses import CAUSES, ChainEnd, Misses, Reported, Sighting, Step, attribute, expected
 
-DEFAULT_CONVERSATIONS: Final = 256
+DEFAULT_CONVERSATIONS: Final = 128
 """Conversations kept; the least recently seen are forgotten first."""
 
 DEFAULT_REQUESTS: Final = 256
@@ -144,10 +145,15 @@ TOTALS: Final = (
 
 @dataclass
 class _Conversation:
-    """One conversation's records, totals and what its next request is compared with."""
+    """One conversation's records, totals and what its next request is compared with (and none of its chains)."""
 
-    opening: Opening
+    id: str
+    api: str
+    model: str | None
+    tenant: str
     records: deque[LedgerRecord]
+    seen: deque[tuple[ChainEnd, int]]
+    """The end of each kept request's client chain and its estimated tokens: what a later request reuses."""
     requests: int = 0
     compactions: int = 0
     first_seen: float = 0.0
@@ -155,8 +161,6 @@ class _Conversation:
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     previous: Sighting | None = None
-    seen: deque[tuple[ChainEnd, int]] = field(default_factory=deque)
-    """The end of each kept request's client chain and its estimated tokens: what a later request reuses."""
 
     def reused(self, chain: Sequence[bytes]) -> int:
         """The tokens the client's request `chain` shares with its previous one, estimated.
@@ -169,14 +173,12 @@ class _Conversation:
         latest = self.seen[-1][1]
         return next((min(tokens, latest) for end, tokens in reversed(self.seen) if end.continued_by(chain)), 0)
 
-    def add(self, record: LedgerRecord, sighting: Sighting, client: ChainEnd) -> None:
-        """Keep `record`, count it in the totals, and compare the next request with it."""
+    def add(self, record: LedgerRecord, sighting: Sighting) -> None:
+        """Keep `record`, count it in the totals, and compare the next request with it (`sighting`)."""
         if not self.requests:
             self.first_seen = record.at
         self.records.append(record)
-        self.seen.append((client, record.client_tokens or 0))
-        if len(self.seen) > (self.records.maxlen or 0):
-            self.seen.popleft()
+        self.seen.append((sighting.client, record.client_tokens or 0))
         self.requests += 1
         self.compactions += record.compaction is not None
         self.last_seen = record.at
@@ -188,12 +190,11 @@ class _Conversation:
 
     def summary(self) -> dict[str, Any]:
         """The conversation without its records: who, when, how many requests, and its totals."""
-        opening = self.opening
         return {
-            "id": opening.conversation,
-            "api": opening.api,
-            "model": opening.model,
-            "tenant": opening.tenant.hex()[:TENANT_HEX],
+            "id": self.id,
+            "api": self.api,
+            "model": self.model,
+            "tenant": self.tenant,
             "requests": self.requests,
             "compactions": self.compactions,
             "first_seen": self.first_seen,
@@ -290,7 +291,7 @@ class Ledger:
             compaction=compaction,
             misses=attribute(reported, step, opening.lifetime),
         )
-        conversation.add(record, now, now.client)
+        conversation.add(record, now)
         return record
 
     def recent(self) -> list[dict[str, Any]]:
@@ -301,7 +302,7 @@ class Ledger:
     def conversation(self, conversation_id: str) -> dict[str, Any] | None:
         """One conversation with its records, oldest first; None when none kept has that id."""
         for conversation in self._conversations.values():
-            if conversation.opening.conversation == conversation_id and conversation.requests:
+            if conversation.id == conversation_id and conversation.requests:
                 records = [record.as_json() for record in conversation.records]
                 return {**conversation.summary(), "records": records, "dropped": conversation.requests - len(records)}
         return None
@@ -310,7 +311,10 @@ class Ledger:
         """The conversation of `opening`, made the most recently seen (created, and the oldest forgotten, if new)."""
         conversation = self._conversations.pop(opening.key, None)
         if conversation is None:
-            conversation = _Conversation(opening, deque(maxlen=self.max_requests))
+            tenant = opening.tenant.hex()[:TENANT_HEX]
+            records: deque[LedgerRecord] = deque(maxlen=self.max_requests)
+            seen: deque[tuple[ChainEnd, int]] = deque(maxlen=self.max_requests)
+            conversation = _Conversation(opening.conversation, opening.api, opening.model, tenant, records, seen)
         self._conversations[opening.key] = conversation
         while len(self._conversations) > self.max_conversations:
             self._conversations.popitem(last=False)

@@ -15,6 +15,7 @@ from typing import Any, Final
 from proxy.config import Settings
 from proxy.engine.messages import chain_keys, message_key
 from proxy.names import shown
+from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
@@ -42,8 +43,8 @@ def open_entry(
         return
     messages = exchange.request.messages
     chain = exchange.original
-    if not chain and not exchange.provider_state:
-        # A request sized by its bytes (under 32 KiB) was never hashed: hashing it is cheap.
+    if not chain and not exchange.provider_state and exchange.size < SIZED_BELOW_BYTES:
+        # A request sized by its bytes was never hashed: hashing one that small is cheap.
         chain = chain_keys([message_key(message) for message in messages])
     opening = ledger.open(
         scope=caller.scope,
@@ -53,7 +54,7 @@ def open_entry(
         api=incoming.wire.name,
         model=shown(exchange.model),
         tenant=caller.tenant,
-        lifetime=lifetime(incoming.wire.name, incoming.body),
+        lifetime=lifetime(incoming.wire.name, exchange.request.body),
     )
     exchange.opening = opening
     if opening is not None:
