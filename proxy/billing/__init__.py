@@ -5,7 +5,7 @@ Beside the request path: it reads the records a conversation's ledger keeps (`bi
 provider's cache rules (`caching`). The bench bills its runs with it too (`bench.billing`).
 """
 
-from proxy.billing.bill import Bill, Charge, Request, conversation_bill, total
+from proxy.billing.bill import Bill, Charge, Request, conversation_bill, refused_at, total
 from proxy.billing.prices import PriceBook, Rates
 
-__all__ = ["Bill", "Charge", "PriceBook", "Rates", "Request", "conversation_bill", "total"]
+__all__ = ["Bill", "Charge", "PriceBook", "Rates", "Request", "conversation_bill", "refused_at", "total"]

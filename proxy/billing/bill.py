@@ -186,25 +186,26 @@ class Bill:
 
 def conversation_bill(requests: Sequence[Request], prices: PriceBook) -> Bill:
     """The bill of one conversation's requests, in the order they were sent."""
-    proxy = covered = direct = Charge()
-    stopped = False
-    previous: float | None = None
-    for request in requests:
-        rates = prices.rates(request.model, request.api)
-        forwarded = charge(
-            rates, request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens
-        )
-        proxy += forwarded
-        client = request.client_tokens > 0
-        stopped = stopped or (client and 0 < request.window < request.client_tokens)
-        if stopped:
-            continue
-        covered += forwarded
-        if client:
-            direct += direct_charge(request, rates, previous)
+    stop = refused_at(requests)
+    rates = [prices.rates(request.model, request.api) for request in requests]
+    forwarded = [
+        charge(price, request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens)
+        for request, price in zip(requests, rates, strict=True)
+    ]
+    covered = len(requests) if stop is None else stop
+    direct, previous = Charge(), None
+    for request, price in zip(requests[:covered], rates, strict=False):
+        if request.client_tokens > 0:
+            direct += direct_charge(request, price, previous)
             previous = request.at
     clients = sum(request.client_tokens > 0 for request in requests)
-    return Bill(proxy, covered, direct, clients, conversations=1, stopped=int(stopped))
+    proxy, through = sum(forwarded, Charge()), sum(forwarded[:covered], Charge())
+    return Bill(proxy, through, direct, clients, conversations=1, stopped=int(stop is not None))
+
+
+def refused_at(requests: Sequence[Request]) -> int | None:
+    """Where going direct stops: the index of the first request larger than its window (None: it never does)."""
+    return next((index for index, request in enumerate(requests) if 0 < request.window < request.client_tokens), None)
 
 
 def direct_charge(request: Request, rates: Rates | None, previous: float | None) -> Charge:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.billing import Record
-from proxy.billing.bill import Bill, Charge, conversation_bill, total
+from proxy.billing.bill import Bill, Charge, conversation_bill, refused_at, total
 from proxy.billing.caching import RULES, rules_for
 from proxy.billing.prices import PriceBook
 from proxy.config.prices import ModelPrices
@@ -142,6 +142,7 @@ def test_going_direct_stops_at_the_first_request_the_window_could_not_hold(
     bill = conversation_bill(records, BOOK)
     refused = next((index for index, record in enumerate(records) if record.client_tokens > window), None)
     before = records if refused is None else records[:refused]
+    assert refused_at(records) == refused
     assert bill.stopped == (refused is not None)
     assert bill.covered == conversation_bill(before, BOOK).proxy
     assert bill.direct == conversation_bill(before, BOOK).direct
