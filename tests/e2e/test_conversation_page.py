@@ -46,6 +46,7 @@ class Drawn(HTMLParser):
         self.compactions: dict[int, tuple[list[str], int, int]] = {}
         self.bill: dict[str, dict[str, float | None]] = {}
         self.no_bill = False
+        self.direct_stop: int | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {name: str(value) for name, value in attrs}
@@ -63,6 +64,8 @@ class Drawn(HTMLParser):
             self.prompt[request] = int(found["data-prompt"])
         elif tag == "rect" and "data-part" in found:
             self.parts.setdefault(request, {})[found["data-part"]] = int(found["data-tokens"])
+        elif tag == "g" and found.get("class") == "direct-stop":
+            self.direct_stop = request
         elif tag == "g" and "compaction" in found.get("class", ""):
             strategies = found["data-strategies"].split(",")
             self.compactions[request] = (strategies, int(found["data-before"]), int(found["data-after"]))
@@ -105,6 +108,15 @@ def drawn_bill(bill: dict[str, Any] | None) -> dict[str, dict[str, float | None]
     }
 
 
+def direct_stop(conversation: dict[str, Any]) -> int | None:
+    """The request (numbered from 1) where going direct stops: the first larger than its window, if any is."""
+    first = conversation["dropped"] + 1
+    records = conversation["records"]
+    return next(
+        (first + i for i, r in enumerate(records) if r["window"] and (r["client_tokens"] or 0) > r["window"]), None
+    )
+
+
 @by_format()
 async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
     wire: FormatCase, format_upstream: Upstream, format_proxies: LoopbackProxies
@@ -129,8 +141,9 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
 
     for conversation, drawn in zip(reversed(listed.ids), pages, strict=True):
         async with aiohttp.ClientSession() as http, http.get(f"{root}/conversations/{conversation}.json") as got:
-            bill = (await got.json()).get("bill")
-        assert drawn.bill == drawn_bill(bill) and drawn.no_bill == (bill is None)
+            data = await got.json()
+        assert drawn.bill == drawn_bill(data.get("bill")) and drawn.no_bill == ("bill" not in data)
+        assert drawn.direct_stop == direct_stop(data)
 
     shown = [request for drawn in pages for request in drawn.requests()]
     requests = agent_requests(wire, format_upstream, agent.cached_tokens(format_upstream))

@@ -90,6 +90,18 @@ function compactionMark(frame, i, n, k, compaction) {
   return mark;
 }
 
+// Where going direct stops: the first request the client sent larger than the window, which the provider would have
+// refused (the bill's estimate of going direct covers the requests before it).
+function directStop(frame, i, n, record) {
+  const x = frame.x(i);
+  const text = `Request ${n}: the client sent ${count(record.client_tokens)} tokens, more than the `
+    + `${count(record.window)}-token window; going direct, the provider would have refused it`;
+  const mark = titled(make("svg:g", { class: "direct-stop", "data-request": n }), text);
+  mark.append(make("svg:line", { x1: x, x2: x, y1: 16, y2: frame.bottom }));
+  mark.append(make("svg:text", { x: x - 3, y: 22, "text-anchor": "end" }, "direct stops"));
+  return mark;
+}
+
 // The context window as a step line over the requests that knew it.
 function windowLine(frame, records) {
   let path = "";
@@ -110,10 +122,12 @@ function promptFigure(records, first) {
     frame.svg.append(bar(frame, i, 0, r.prompt_tokens, PROMPT_COLOR, text, { request: n, prompt: r.prompt_tokens }));
     if (!r.client_tokens) return;
     const dot = make("svg:circle", { cx: frame.x(i) + frame.band / 2, cy: frame.y(r.client_tokens), r: 2.2, fill: CLIENT_COLOR, "data-request": n, "data-client": r.client_tokens });
-    frame.svg.append(titled(dot, `Request ${n}: the client sent ${count(r.client_tokens)} tokens (the proxy's estimate)`));
+    frame.svg.append(titled(dot, `Request ${n}: ${count(r.client_tokens)} tokens before compaction (the proxy's estimate)`));
   });
   const window = windowLine(frame, records);
   if (window) frame.svg.append(window);
+  const stop = records.findIndex((r) => r.window && r.client_tokens > r.window);
+  if (stop >= 0) frame.svg.append(directStop(frame, stop, first + stop, records[stop]));
   const caption = make("ol", { class: "compactions" });
   records.forEach((r, i) => {
     if (!r.compaction) return;
@@ -124,7 +138,7 @@ function promptFigure(records, first) {
   return figureSection("prompt", "Prompt tokens per request, against the window",
     "tokens per request as the provider reported them; each compaction marked with its strategies, tokens before → after",
     frame.svg,
-    legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"], ["client", CLIENT_COLOR, "what the client sent (estimated)"],
+    legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"], ["client", CLIENT_COLOR, "before compaction (the proxy's estimate)"],
       ["window", "#1d2433", "context window"], ["compaction", COMPACTION_COLOR, `compaction (${compactions}), numbered:`]]),
     caption);
 }
