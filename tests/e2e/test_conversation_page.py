@@ -10,8 +10,11 @@ from html.parser import HTMLParser
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 
+from proxy.simulator.openai_upstream import OpenAIUpstream
+from tests.e2e.conftest import MODEL, StartProxy
 from tests.support.chromium import chromium_or_skip, dump_dom
 from tests.support.format_agents import AGENTS, is_summary_request
 from tests.support.proxies import LoopbackProxies
@@ -165,3 +168,28 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
     strategies = Counter(name for names, _, _ in marks for name in names)
     for name, times in strategies.items():
         assert times == proxy.metric("compaction_proxy_compactions_total", strategy=name)
+
+
+async def test_a_browser_given_the_key_as_its_password_sees_the_conversations(
+    upstream: OpenAIUpstream, start_proxy: StartProxy
+) -> None:
+    key = "browser-key-0123456789"
+    base_url = await start_proxy(dashboard=True, proxy_keys=[key])
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+    async with openai.AsyncOpenAI(
+        base_url=base_url, api_key="sk-test", max_retries=0, default_headers={"X-Proxy-Key": key}
+    ) as client:
+        for question in ("What failed?", "Why?"):
+            messages.append({"role": "user", "content": question})
+            completion = await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+            messages.append({"role": "assistant", "content": completion.choices[0].message.content or ""})
+    root = base_url.removesuffix("/v1") + "/dashboard"
+    refused, listed = Listed(), Listed()
+    refused.feed(await dump_dom(root + "/conversations"))
+    assert refused.ids == []  # without the key: the 401, no conversations
+    keyed = root.replace("http://", "http://anyone:" + key + "@")
+    listed.feed(await dump_dom(keyed + "/conversations"))
+    assert len(listed.ids) == 1
+    drawn = Drawn()
+    drawn.feed(await dump_dom(f"{keyed}/conversation?id={listed.ids[0]}"))
+    assert drawn.requests() == [(usage["prompt_tokens"], 0) for usage in upstream.usages]
