@@ -16,7 +16,8 @@ explains of what the earlier ones left:
    part of the request the previous one already sent (`rest`).
 3. `expiry`: more time passed since the conversation's previous request than the provider keeps a prefix
    (`lifetime`): all the rest, whoever changed what, since even an unchanged prefix would have missed.
-4. The forwarded prefix intact: the proxy sent the provider what it had sent before plus new messages, so the rest
+4. The forwarded prefix intact: the proxy sent the provider what it had sent before plus new messages (and the same
+   tools: adding its read tool changes what every provider caches first), so the rest
    is the provider's own miss, `provider` (a cache evicted early, a request routed to another machine).
 5. `client`: the client's own prefix changed (its request does not extend its previous one): what a direct run
    would have missed too, the tokens of the previous request the client no longer repeats
@@ -148,6 +149,8 @@ class Sighting:
     :param forwarded: The end of the chain of the messages the proxy forwarded.
     :param client_tokens: The proxy's estimate of the client's request, when it made one.
     :param prompt_tokens: The prompt tokens the provider reported for it.
+    :param tools_added: The proxy offered its read tool: the tools, which every cache puts before the messages,
+        were not the client's.
     """
 
     at: float
@@ -155,11 +158,12 @@ class Sighting:
     forwarded: ChainEnd
     client_tokens: int | None
     prompt_tokens: int
+    tools_added: bool = False
 
     @property
     def rewritten(self) -> bool:
-        """Whether the proxy forwarded something else than the client's messages."""
-        return self.client != self.forwarded
+        """Whether the proxy forwarded something else than the client's request (its messages or its tools)."""
+        return self.client != self.forwarded or self.tools_added
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,8 @@ class Step:
     """How a request follows the previous one of its conversation: what decides its causes.
 
     :param gap: Seconds since the previous request arrived.
-    :param forwarded_intact: What the proxy forwards extends what it forwarded for the previous request.
+    :param forwarded_intact: What the proxy forwards extends what it forwarded for the previous request (the same
+        tools, and messages that extend the previous ones).
     :param client_intact: What the client sent extends what it sent in the previous request.
     :param rewritten: The proxy forwarded something else than the client's messages, this time or the previous one.
     :param reported_growth: The provider's prompt tokens less the previous request's.
@@ -202,7 +207,9 @@ class Step:
             growth = now.client_tokens - previous.client_tokens
         return cls(
             gap=now.at - previous.at,
-            forwarded_intact=previous.forwarded.continued_by(forwarded_chain),
+            forwarded_intact=(
+                previous.forwarded.continued_by(forwarded_chain) and previous.tools_added == now.tools_added
+            ),
             client_intact=previous.client.continued_by(client_chain),
             rewritten=now.rewritten or previous.rewritten,
             reported_growth=now.prompt_tokens - previous.prompt_tokens,
@@ -232,7 +239,7 @@ class Misses:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def shown(self) -> str:
-        """The causes with tokens, as `cause=tokens` pairs (`compaction=1200,new=300`); empty when none missed."""
+        """The causes with tokens, as `cause=tokens` pairs (`new=300,compaction=1200`); empty when none missed."""
         return ",".join(f"{cause}={tokens}" for cause, tokens in self.as_dict().items() if tokens)
 
 

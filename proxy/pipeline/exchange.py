@@ -58,7 +58,7 @@ class ForwardPlan:
     :param route: The route of the request it was made for (`IncomingRequest.route`): which route's pipeline the
         outcome is reported to.
     :param cache_misses: Set by `complete` once the answer's usage is known: its uncached prompt tokens by cause
-        (`compaction=1200,new=300`, `none` when all were cached; see `proxy.pipeline.cache_misses`), for the access
+        (`new=300,compaction=1200`, `none` when all were cached; see `proxy.pipeline.cache_misses`), for the access
         log. None when the request was not recorded.
     """
 

@@ -131,6 +131,18 @@ class Opening:
         return self.key.hex()[:ID_HEX]
 
 
+@dataclass(frozen=True)
+class Forwarded:
+    """What the proxy sent for a request, as far as a prompt cache tells it from the previous one.
+
+    :param chain: The chain of the messages sent (empty: the client's own, unchanged).
+    :param tools_added: The proxy offered its read tool, so the tools were not the client's.
+    """
+
+    chain: Sequence[bytes]
+    tools_added: bool = False
+
+
 TOTALS: Final = (
     "client_tokens",
     "forwarded_tokens",
@@ -247,20 +259,20 @@ class Ledger:
             return None
         return Opening(key, self.clock(), lifetime, client_chain, api, model, tenant)
 
-    def expected(self, opening: Opening, forwarded_chain: Sequence[bytes]) -> tuple[str, ...]:
+    def expected(self, opening: Opening, forwarded: Forwarded) -> tuple[str, ...]:
         """The causes that apply to the request before its answer says how much missed (for its response header)."""
         conversation = self._conversations.get(opening.key)
-        now = self._sighting(opening, forwarded_chain, None, 0)
+        now = self._sighting(opening, forwarded, None, 0)
         previous = conversation.previous if conversation is not None else None
         if conversation is None or previous is None:
             return expected(None, opening.lifetime)
-        step = Step.between(previous, now, (opening.client_chain, forwarded_chain), 0)
+        step = Step.between(previous, now, (opening.client_chain, forwarded.chain), 0)
         return expected(step, opening.lifetime)
 
     def close(
         self,
         opening: Opening,
-        forwarded_chain: Sequence[bytes],
+        forwarded: Forwarded,
         reported: Reported,
         *,
         window: int | None,
@@ -270,12 +282,12 @@ class Ledger:
     ) -> LedgerRecord:
         """Record the answered request and attribute its misses (see `proxy.pipeline.cache_misses`)."""
         conversation = self._conversation(opening)
-        now = self._sighting(opening, forwarded_chain, client_tokens, reported.prompt_tokens)
+        now = self._sighting(opening, forwarded, client_tokens, reported.prompt_tokens)
         reused = conversation.reused(opening.client_chain)
         previous = conversation.previous
         step = None
         if previous is not None:
-            step = Step.between(previous, now, (opening.client_chain, forwarded_chain), reused)
+            step = Step.between(previous, now, (opening.client_chain, forwarded.chain), reused)
         record = LedgerRecord(
             at=opening.at,
             api=opening.api,
@@ -321,9 +333,7 @@ class Ledger:
         return conversation
 
     @staticmethod
-    def _sighting(
-        opening: Opening, forwarded_chain: Sequence[bytes], client_tokens: int | None, prompt_tokens: int
-    ) -> Sighting:
+    def _sighting(opening: Opening, forwarded: Forwarded, client_tokens: int | None, prompt_tokens: int) -> Sighting:
         client = ChainEnd.of(opening.client_chain)
-        forwarded = ChainEnd.of(forwarded_chain) if forwarded_chain else client
-        return Sighting(opening.at, client, forwarded, client_tokens, prompt_tokens)
+        sent = ChainEnd.of(forwarded.chain) if forwarded.chain else client
+        return Sighting(opening.at, client, sent, client_tokens, prompt_tokens, forwarded.tools_added)

@@ -19,7 +19,7 @@ from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
-from proxy.pipeline.ledger import CONVERSATION_HEADER, INSTRUCTIONS, CompactionNote, Ledger
+from proxy.pipeline.ledger import CONVERSATION_HEADER, INSTRUCTIONS, CompactionNote, Forwarded, Ledger
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.prepared import Prepared
 
@@ -57,9 +57,23 @@ def open_entry(
         lifetime=lifetime(incoming.wire.name, exchange.request.body),
     )
     exchange.opening = opening
-    if opening is not None:
-        plan.response_headers[CONVERSATION_HEADER] = opening.conversation
-        plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(opening, exchange.chain))
+    _announce(ledger, plan)
+
+
+def retried_entry(ledger: Ledger, retry: ForwardPlan | None, first: Prepared) -> None:
+    """A compacted retry after an overflow is the same request as its `first` try: it keeps its entry."""
+    if retry is not None and isinstance(retry.context, Prepared):
+        retry.context.opening = first.opening
+        _announce(ledger, retry)
+
+
+def _announce(ledger: Ledger, plan: ForwardPlan) -> None:
+    """Say the opened request's conversation and expected causes in the headers of `plan`."""
+    exchange = plan.context
+    if not isinstance(exchange, Prepared) or exchange.opening is None:
+        return
+    plan.response_headers[CONVERSATION_HEADER] = exchange.opening.conversation
+    plan.response_headers[MISSES_HEADER] = ",".join(ledger.expected(exchange.opening, _forwarded(plan, exchange)))
 
 
 def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, usage: Mapping[str, Any] | None) -> None:
@@ -72,12 +86,12 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
     before = _count(headers.get("X-Compaction-Tokens-Before"))
     after = _count(headers.get("X-Compaction-Tokens-After"))
     compaction = None
-    if headers.get("X-Compaction") == "compacted" and before is not None and after is not None:
+    if headers.get("X-Compaction", "").startswith("compacted") and before is not None and after is not None:
         strategies = tuple(name for name in headers.get("X-Compaction-Strategies", "").split(",") if name)
         compaction = CompactionNote(strategies, before, after)
     record = ledger.close(
         exchange.opening,
-        exchange.chain,
+        _forwarded(plan, exchange),
         reported,
         window=exchange.window,
         client_tokens=before,
@@ -86,6 +100,11 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
     )
     metrics.count_misses(record.api, record.misses)
     plan.cache_misses = record.misses.shown() or "none"
+
+
+def _forwarded(plan: ForwardPlan, exchange: Prepared) -> Forwarded:
+    """What was sent for `plan`: its messages' chain, and whether the proxy's read tool was offered with them."""
+    return Forwarded(exchange.chain, tools_added=plan.reads is not None)
 
 
 def _count(header: str | None) -> int | None:

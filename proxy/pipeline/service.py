@@ -57,7 +57,7 @@ from proxy.pipeline.exact_counts import ExactCounts
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest, Refusal, UpstreamOutcome
 from proxy.pipeline.kept_history import KeptHistories
 from proxy.pipeline.ledger import Clock, Ledger
-from proxy.pipeline.ledger_entries import close_entry, open_entry
+from proxy.pipeline.ledger_entries import close_entry, open_entry, retried_entry
 from proxy.pipeline.measured import Measured, measure
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.offload.offloading import Offloading, offload_off
@@ -422,7 +422,9 @@ class CompactionPipeline:
                 counter = counter_for_model(exchange.model)
                 await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
                 return None
-            return await self.retry.after(exchange, outcome)
+            retry = await self.retry.after(exchange, outcome)
+            retried_entry(self.ledger, retry, exchange)
+            return retry
         except Exception as error:
             self.failures.failed("Recording the upstream's answer failed; it is relayed as it was.", error)
             self.metrics.errors.inc()

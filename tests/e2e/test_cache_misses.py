@@ -97,7 +97,7 @@ async def ask(client: AsyncOpenAI, messages: list[dict[str, Any]]) -> tuple[dict
 
 
 def parsed(value: str) -> dict[str, int]:
-    """`compaction=1200,new=300` as a mapping."""
+    """`new=300,compaction=1200` as a mapping."""
     return {cause: int(tokens) for cause, tokens in (pair.split("=") for pair in value.split(",") if pair != "none")}
 
 
@@ -190,3 +190,26 @@ async def test_a_conversation_the_proxy_compacts_misses_as_compaction(
     assert sum(logged.values()) == uncached(completion)
     assert misses(proxy, "compaction") == logged["compaction"]
     assert proxy.metric("compaction_proxy_proxy_cache_miss_tokens_total") == logged["compaction"]
+
+
+async def test_the_retry_after_an_overflow_is_recorded_as_the_compaction_it_is(
+    upstream: OpenAIUpstream, clock: FakeClock, access: AccessLines
+) -> None:
+    # The proxy believes the window is far larger than the upstream's: the upstream refuses, the proxy compacts and
+    # retries; the one answer the client gets is the retry's, and so is the one record.
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: 400_000}, dashboard=True)
+    proxy = await proxies.start(clock=clock)
+    try:
+        messages = opening() + [{"role": "user", "content": PARAGRAPH * 40} for _ in range(24)]
+        async with AsyncOpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0) as client:
+            headers, completion = await ask(client, messages)
+        assert headers["x-compaction"] == "compacted-after-overflow"
+        assert headers["x-compaction-cache-misses"] == "first"
+        line = await access.line(1)
+        assert parsed(line["cache_misses"]) == {"first": uncached(completion)}
+        conversation = proxy.service.ledger.conversation(headers["x-compaction-conversation"])
+        assert conversation is not None
+        (record,) = conversation["records"]
+        assert record["compaction"] is not None and record["prompt_tokens"] == completion.usage.prompt_tokens
+    finally:
+        await proxies.close()

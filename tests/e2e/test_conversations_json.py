@@ -99,6 +99,34 @@ async def test_the_recent_conversations_and_their_records_equal_the_upstreams_us
     assert SECRET_WORDS not in str(listing) + str(answer) and "sk-json" not in str(listing) + str(answer)
 
 
+async def test_a_responses_conversation_records_the_upstreams_usage(proxies: LoopbackProxies, clock: FakeClock) -> None:
+    async with OpenAIUpstream(context_window=8192) as upstream:
+        upstream.prompt_cache.clock = clock
+        proxy = await proxies.start(
+            upstream=upstream.base_url, context_windows={MODEL: 8192}, dashboard=True, clock=clock
+        )
+        items: list[dict[str, Any]] = [{"role": "user", "content": "What failed first?"}]
+        async with AsyncOpenAI(base_url=proxy.url, api_key="sk-responses") as client:
+            for _turn in range(3):
+                clock.advance(10)
+                response = await client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=items)  # type: ignore[arg-type]
+                items += [
+                    {"role": "assistant", "content": response.output_text},
+                    {"role": "user", "content": "And then? " + PARAGRAPH * 4},
+                ]
+        _, listing = await get(proxy, "/dashboard/conversations.json")
+        (conversation,) = listing["conversations"]
+        _, answer = await get(proxy, f"/dashboard/conversations/{conversation['id']}.json")
+    records = records_of(answer)
+    assert conversation["api"] == "responses"
+    usages = upstream.responses_usages
+    assert [record["prompt_tokens"] for record in records] == [usage["input_tokens"] for usage in usages]
+    assert [record["cached_tokens"] for record in records] == [
+        usage["input_tokens_details"]["cached_tokens"] for usage in usages
+    ]
+    assert records[2]["cached_tokens"] > 0 and records[0]["misses"]["first"] == records[0]["prompt_tokens"]
+
+
 async def test_a_streamed_messages_conversation_records_cache_reads_and_writes(
     proxies: LoopbackProxies, clock: FakeClock
 ) -> None:

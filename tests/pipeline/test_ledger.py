@@ -11,7 +11,7 @@ from proxy.engine.messages import chain_keys, message_key
 from proxy.formats.anthropic.answers import chat_usage as anthropic_usage
 from proxy.formats.responses.answers import chat_usage as responses_usage
 from proxy.pipeline.cache_misses import CAUSES, DEFAULT_LIFETIME, Reported, lifetime
-from proxy.pipeline.ledger import CompactionNote, Ledger, LedgerRecord
+from proxy.pipeline.ledger import CompactionNote, Forwarded, Ledger, LedgerRecord
 from tests.support.examples import examples
 from tests.support.fake_clock import FakeClock
 
@@ -49,7 +49,12 @@ class Conversation:
         self.texts = ["instructions", "first question"]
 
     def send(
-        self, usage: Reported, *, forwarded: list[str] | None = None, client_tokens: int | None = None
+        self,
+        usage: Reported,
+        *,
+        forwarded: list[str] | None = None,
+        client_tokens: int | None = None,
+        tools_added: bool = False,
     ) -> LedgerRecord:
         opening = self.ledger.open(
             scope=self.scope,
@@ -65,7 +70,7 @@ class Conversation:
         sent = chain(forwarded) if forwarded is not None else chain(self.texts)
         return self.ledger.close(
             opening,
-            sent,
+            Forwarded(sent, tools_added),
             usage,
             window=8192,
             client_tokens=client_tokens,
@@ -76,7 +81,7 @@ class Conversation:
 
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["extend", "edit", "compact", "replay", "wait"]),
+        st.sampled_from(["extend", "edit", "compact", "replay", "wait", "offer"]),
         st.integers(min_value=0, max_value=50_000),
         st.integers(min_value=0, max_value=50_000),
         st.one_of(st.none(), st.integers(min_value=0, max_value=60_000)),
@@ -95,7 +100,9 @@ def test_causes_are_never_negative_and_add_up_to_the_uncached_tokens(
     clock = FakeClock()
     conversation = Conversation(Ledger(clock))
     forwarded: list[str] | None = None
+    offered = False
     for number, (action, prompt, cached, client_tokens, gap) in enumerate(sequence):
+        offered = offered != (action == "offer")
         clock.advance(gap if action == "wait" else 1)
         conversation.texts.append(f"message {number}")
         if action == "edit" and len(conversation.texts) > 3:
@@ -107,7 +114,7 @@ def test_causes_are_never_negative_and_add_up_to_the_uncached_tokens(
         else:
             forwarded = None
         usage = reported(prompt, min(cached, prompt))
-        record = conversation.send(usage, forwarded=forwarded, client_tokens=client_tokens)
+        record = conversation.send(usage, forwarded=forwarded, client_tokens=client_tokens, tools_added=offered)
         misses = record.misses.as_dict()
         assert all(tokens >= 0 for tokens in misses.values()), misses
         assert sum(misses.values()) == usage.prompt_tokens - usage.cached_tokens
@@ -122,6 +129,17 @@ def test_a_conversation_that_grows_and_stays_cached_misses_only_its_new_messages
     second = conversation.send(reported(2300, 1920), client_tokens=2300)
     assert second.misses.new == 300 and second.misses.provider == 80  # the 128-token steps of the cache
     assert second.client_reused_tokens == 2000
+
+
+def test_offering_the_read_tool_breaks_the_prefix_once_and_it_is_the_proxys() -> None:
+    conversation = Conversation(Ledger(FakeClock()))
+    conversation.send(reported(2000, 0), client_tokens=2000)
+    conversation.texts.append("answer and a question")
+    offered = conversation.send(reported(2300, 0), client_tokens=2300, tools_added=True)
+    assert (offered.misses.new, offered.misses.compaction) == (300, 2000)
+    conversation.texts.append("another question")
+    again = conversation.send(reported(2500, 2176), client_tokens=2500, tools_added=True)
+    assert (again.misses.new, again.misses.provider, again.misses.compaction) == (200, 124, 0)
 
 
 def test_the_ledger_is_bounded_in_conversations_and_in_records_but_totals_count_everything() -> None:
