@@ -14,8 +14,9 @@ import aiohttp
 import openai
 import orjson
 
+from proxy.pipeline.service import CompactionPipeline
 from proxy.simulator.openai_upstream import OpenAIUpstream
-from tests.e2e.conftest import MODEL, StartProxy
+from tests.e2e.conftest import MODEL, WINDOW, StartProxy
 from tests.support.chromium import chromium_or_skip, dump_dom
 from tests.support.format_agents import AGENTS, is_summary_request
 from tests.support.proxies import LoopbackProxies
@@ -171,19 +172,24 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
         assert times == proxy.metric("compaction_proxy_compactions_total", strategy=name)
 
 
+async def chat(base_url: str, questions: int, **headers: str) -> None:
+    """One conversation of `questions` chat requests through the proxy at `base_url`, with the official SDK."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+    async with openai.AsyncOpenAI(
+        base_url=base_url, api_key="sk-test", max_retries=0, default_headers=headers
+    ) as client:
+        for question in range(questions):
+            messages.append({"role": "user", "content": f"Question {question}: what failed?"})
+            completion = await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+            messages.append({"role": "assistant", "content": completion.choices[0].message.content or ""})
+
+
 async def test_a_browser_given_the_key_as_its_password_sees_the_conversations(
     upstream: OpenAIUpstream, start_proxy: StartProxy
 ) -> None:
     key = "browser-key-0123456789"
     base_url = await start_proxy(dashboard=True, proxy_keys=[key])
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
-    async with openai.AsyncOpenAI(
-        base_url=base_url, api_key="sk-test", max_retries=0, default_headers={"X-Proxy-Key": key}
-    ) as client:
-        for question in ("What failed?", "Why?"):
-            messages.append({"role": "user", "content": question})
-            completion = await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
-            messages.append({"role": "assistant", "content": completion.choices[0].message.content or ""})
+    await chat(base_url, 2, **{"X-Proxy-Key": key})
     root = base_url.removesuffix("/v1") + "/dashboard"
     refused, listed = Listed(), Listed()
     refused.feed(await dump_dom(root + "/conversations"))
@@ -194,3 +200,20 @@ async def test_a_browser_given_the_key_as_its_password_sees_the_conversations(
     drawn = Drawn()
     drawn.feed(await dump_dom(f"{keyed}/conversation?id={listed.ids[0]}"))
     assert drawn.requests() == [(usage["prompt_tokens"], 0) for usage in upstream.usages]
+
+
+async def test_past_the_records_kept_the_page_numbers_requests_from_the_first_kept(upstream: OpenAIUpstream) -> None:
+    proxies = LoopbackProxies(upstream=upstream.base_url, context_windows={MODEL: WINDOW})
+    try:
+        proxy = await proxies.start(dashboard=True)
+        assert isinstance(proxy.service, CompactionPipeline)
+        proxy.service.ledger.max_requests = 3
+        await chat(proxy.url, 5)
+        root = proxy.url.removesuffix("/v1") + "/dashboard"
+        listed, drawn = Listed(), Drawn()
+        listed.feed(await dump_dom(root + "/conversations"))
+        drawn.feed(await dump_dom(f"{root}/conversation?id={listed.ids[0]}"))
+    finally:
+        await proxies.close()
+    assert sorted(drawn.prompt) == [3, 4, 5]
+    assert drawn.requests() == [(usage["prompt_tokens"], 0) for usage in upstream.usages[2:]]
