@@ -74,8 +74,8 @@ function compactionText(n, compaction) {
 }
 
 // The `k`th compaction's mark over request `n`'s band (i in the plot): a dashed line from the tokens before down, an
-// arrowhead at the tokens after, and its number above the plot (the caption under it names its strategies).
-function compactionMark(frame, i, n, k, compaction) {
+// arrowhead at the tokens after, and its number above the plot at height `row` (the caption names its strategies).
+function compactionMark(frame, i, n, k, compaction, row) {
   const text = `Compaction ${k}, ${compactionText(n, compaction)} (the proxy's estimates)`;
   const mark = titled(make("svg:g", {
     class: "compaction", "data-request": n, "data-strategies": compaction.strategies.join(","),
@@ -86,7 +86,7 @@ function compactionMark(frame, i, n, k, compaction) {
   const after = frame.y(compaction.tokens_after);
   mark.append(make("svg:line", { class: "mark", x1: middle, x2: middle, y1: before, y2: frame.bottom }));
   mark.append(make("svg:path", { fill: COMPACTION_COLOR, d: `M${middle - 4},${after - 6} L${middle + 4},${after - 6} L${middle},${after} Z` }));
-  mark.append(make("svg:text", { x: middle, y: 12, "text-anchor": "middle", class: "strategy" }, String(k)));
+  mark.append(make("svg:text", { x: middle, y: row, "text-anchor": "middle", class: "strategy" }, String(k)));
   return mark;
 }
 
@@ -129,9 +129,12 @@ function promptFigure(records, first) {
   const stop = records.findIndex((r) => r.window && r.client_tokens > r.window);
   if (stop >= 0) frame.svg.append(directStop(frame, stop, first + stop, records[stop]));
   const caption = make("ol", { class: "compactions" });
+  let label = { x: -Infinity, row: 22 };  // numbers of compactions close together alternate between two rows
   records.forEach((r, i) => {
     if (!r.compaction) return;
-    frame.svg.append(compactionMark(frame, i, first + i, caption.children.length + 1, r.compaction));
+    const x = frame.x(i);
+    label = { x, row: x - label.x < 16 && label.row === 12 ? 22 : 12 };
+    frame.svg.append(compactionMark(frame, i, first + i, caption.children.length + 1, r.compaction, label.row));
     caption.append(make("li", {}, compactionText(first + i, r.compaction)));
   });
   const compactions = caption.children.length;
