@@ -43,7 +43,7 @@ function plural(number, noun) {
 function conversationEntry(conversation) {
   const entry = make("li", { "data-conversation": conversation.id });
   const link = make("a", { href: `conversation?id=${encodeURIComponent(conversation.id)}` }, conversation.id);
-  const totals = conversation.totals || {};
+  const totals = conversation.totals;
   const cachedShare = totals.prompt_tokens ? totals.cached_tokens / totals.prompt_tokens : null;
   const meter = make("span", { class: "meter", role: "img", "aria-label": `cached share ${percent(cachedShare)}` });
   const filled = make("span");
@@ -59,7 +59,7 @@ function conversationEntry(conversation) {
 
 async function showList() {
   const data = await read("conversations.json");
-  const conversations = Array.isArray(data) ? data : data.conversations;
+  const conversations = data.conversations;
   const list = make("ol", { class: "conversations" });
   list.append(...conversations.map(conversationEntry));
   if (!conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
@@ -85,7 +85,8 @@ function compactionMark(frame, i, n, k, compaction, row) {
   const before = frame.y(compaction.tokens_before);
   const after = frame.y(compaction.tokens_after);
   mark.append(make("svg:line", { class: "mark", x1: middle, x2: middle, y1: before, y2: frame.bottom }));
-  mark.append(make("svg:path", { fill: COMPACTION_COLOR, d: `M${middle - 4},${after - 6} L${middle + 4},${after - 6} L${middle},${after} Z` }));
+  const arrowhead = `M${middle - 4},${after - 6} L${middle + 4},${after - 6} L${middle},${after} Z`;
+  mark.append(make("svg:path", { fill: COMPACTION_COLOR, d: arrowhead }));
   mark.append(make("svg:text", { x: middle, y: row, "text-anchor": "middle", class: "strategy" }, String(k)));
   return mark;
 }
@@ -94,8 +95,8 @@ function compactionMark(frame, i, n, k, compaction, row) {
 // refused (the bill's estimate of going direct covers the requests before it).
 function directStop(frame, i, n, record) {
   const x = frame.x(i);
-  const text = `Request ${n}: the client sent ${count(record.client_tokens)} tokens, more than the `
-    + `${count(record.window)}-token window; going direct, the provider would have refused it`;
+  const text = `Request ${n}: ${count(record.client_tokens)} tokens before compaction, more than the `
+    + `${count(record.window)}-token window: going direct, the provider would have refused it`;
   const mark = titled(make("svg:g", { class: "direct-stop", "data-request": n }), text);
   mark.append(make("svg:line", { x1: x, x2: x, y1: 16, y2: frame.bottom }));
   mark.append(make("svg:text", { x: x - 3, y: 22, "text-anchor": "end" }, "direct stops"));
@@ -114,14 +115,17 @@ function windowLine(frame, records) {
 }
 
 function promptFigure(records, first) {
-  const sizes = records.flatMap((r) => [r.window, r.prompt_tokens, r.client_tokens, r.compaction && r.compaction.tokens_before]);
-  const frame = requestFrame("Prompt tokens per request against the window", records.length, 1.08 * Math.max(1, ...sizes.map((v) => v || 0)), count, first);
+  const sizes = records.flatMap((r) => [r.window, r.prompt_tokens, r.client_tokens, r.compaction?.tokens_before]);
+  const top = 1.08 * Math.max(1, ...sizes.map((v) => v || 0));
+  const frame = requestFrame("Prompt tokens per request against the window", records.length, top, count, first);
   records.forEach((r, i) => {
     const n = first + i;
-    const text = `Request ${n}: ${count(r.prompt_tokens)} prompt tokens reported` + (r.window ? ` of a ${count(r.window)}-token window` : "");
+    const text = `Request ${n}: ${count(r.prompt_tokens)} prompt tokens reported`
+      + (r.window ? ` of a ${count(r.window)}-token window` : "");
     frame.svg.append(bar(frame, i, 0, r.prompt_tokens, PROMPT_COLOR, text, { request: n, prompt: r.prompt_tokens }));
     if (!r.client_tokens) return;
-    const dot = make("svg:circle", { cx: frame.x(i) + frame.band / 2, cy: frame.y(r.client_tokens), r: 2.2, fill: CLIENT_COLOR, "data-request": n, "data-client": r.client_tokens });
+    const dot = make("svg:circle", { cx: frame.x(i) + frame.band / 2, cy: frame.y(r.client_tokens), r: 2.2,
+      fill: CLIENT_COLOR, "data-request": n, "data-client": r.client_tokens });
     frame.svg.append(titled(dot, `Request ${n}: ${count(r.client_tokens)} tokens before compaction (the proxy's estimate)`));
   });
   const window = windowLine(frame, records);
@@ -141,8 +145,9 @@ function promptFigure(records, first) {
   return figureSection("prompt", "Prompt tokens per request, against the window",
     "tokens per request as the provider reported them; each compaction marked with its strategies, tokens before → after",
     frame.svg,
-    legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"], ["client", CLIENT_COLOR, "before compaction (the proxy's estimate)"],
-      ["window", "#1d2433", "context window"], ["compaction", COMPACTION_COLOR, `compaction (${compactions}), numbered:`]]),
+    legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"],
+      ["client", CLIENT_COLOR, "before compaction (the proxy's estimate)"], ["window", "#1d2433", "context window"],
+      ["compaction", COMPACTION_COLOR, `compaction (${compactions}), numbered:`]]),
     caption);
 }
 
