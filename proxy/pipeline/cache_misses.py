@@ -124,20 +124,25 @@ class ChainEnd:
     """Where a conversation's hash chain ends: enough to tell whether a later chain extends it, and no content.
 
     Element i of a chain identifies messages 0..i as a whole, so a chain extends this one exactly when its element
-    at `length - 1` is `last`.
+    at `length - 1` is `last`. A longer chain that extends it up to the element before (`before`) continues it too:
+    a client that marks its newest message for the cache (Claude Code moves its breakpoint every turn) re-sends that
+    message changed by the mark alone, which no prompt cache reads.
     """
 
     length: int
     last: bytes
+    before: bytes = b""
 
     @classmethod
     def of(cls, chain: Sequence[bytes]) -> ChainEnd:
         """The end of `chain`."""
-        return cls(len(chain), chain[-1] if chain else b"")
+        return cls(len(chain), chain[-1] if chain else b"", chain[-2] if len(chain) > 1 else b"")
 
     def continued_by(self, chain: Sequence[bytes]) -> bool:
-        """Whether `chain` starts with the whole chain this is the end of."""
-        return self.length == 0 or (len(chain) >= self.length and chain[self.length - 1] == self.last)
+        """Whether `chain` starts with the chain this is the end of (its last message re-sent changed, when longer)."""
+        if self.length == 0 or (len(chain) >= self.length and chain[self.length - 1] == self.last):
+            return True
+        return self.length > 1 and len(chain) > self.length and chain[self.length - 2] == self.before
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """The per-conversation ledger: each forwarded request's figures and the causes of its cache misses, without content.
 
 A conversation is recognized without keeping anything of what it says: by the conversation header when the client
-names one (hashed with the state scope), else by the hash chain of its opening (its instructions and first user
-message, or its first message when it has no instructions), which every later request of it re-sends. A client that
-edits its opening starts a new conversation; one that edits a later message stays in the same one.
+names one, else by a digest of its opening (its instructions and first message, without cache marks: see
+`proxy.pipeline.ledger_entries.opening_digest`), which every later request of it re-sends; either is hashed with the
+state scope. A client that edits its opening starts a new conversation; one that edits a later message stays in the
+same one.
 
 For each request the provider answered with a usage report, a frozen `LedgerRecord` keeps the figures (the
 proxy's estimates before and after compaction, the provider's usage, the client's own prefix reuse, the compaction,
@@ -22,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from xxhash import xxh3_128_digest
@@ -40,9 +41,6 @@ ID_HEX: Final = 16
 
 TENANT_HEX: Final = 12
 """Hex digits of a tenant shown (its keyed hash, cut)."""
-
-INSTRUCTIONS: Final = frozenset({"system", "developer"})
-"""The roles of a conversation's opening instructions: with the first user message, they identify it."""
 
 CONVERSATION_HEADER: Final = "X-Compaction-Conversation"
 """Response header naming the request's conversation by its id (as `/dashboard/conversations/{id}.json` does)."""
@@ -96,10 +94,14 @@ class LedgerRecord:
 
     def as_json(self) -> dict[str, Any]:
         """The record as JSON: `compaction` null or an object, `misses` every cause with its tokens."""
-        shown = asdict(self)
-        shown["compaction"] = None if self.compaction is None else {**asdict(self.compaction)}
-        if self.compaction is not None:
-            shown["compaction"]["strategies"] = list(self.compaction.strategies)
+        shown = {field.name: getattr(self, field.name) for field in fields(self)}
+        compaction = self.compaction
+        if compaction is not None:
+            shown["compaction"] = {
+                "strategies": list(compaction.strategies),
+                "tokens_before": compaction.tokens_before,
+                "tokens_after": compaction.tokens_after,
+            }
         shown["misses"] = self.misses.as_dict()
         return shown
 
@@ -237,8 +239,8 @@ class Ledger:
         *,
         scope: bytes,
         named: str | None,
+        opening: bytes | None,
         client_chain: Sequence[bytes],
-        opening_instructions: bool,
         api: str,
         model: str | None,
         tenant: bytes,
@@ -247,13 +249,12 @@ class Ledger:
         """Note a request about to be forwarded; None when nothing identifies its conversation.
 
         :param named: The conversation the client names in a header, if it names one.
-        :param opening_instructions: The conversation opens with instructions (a system or developer message): its
-            first two messages identify it, else its first.
+        :param opening: What identifies it otherwise: a digest of its opening (see `proxy.pipeline.ledger_entries`).
+        :param client_chain: The chain of the messages the client sent (empty when not known).
         """
         if named:
             key = xxh3_128_digest(scope + b"\0named\0" + named.encode("utf-8", "surrogatepass"))
-        elif client_chain:
-            opening = client_chain[min(len(client_chain), 2 if opening_instructions else 1) - 1]
+        elif opening:
             key = xxh3_128_digest(scope + b"\0opening\0" + opening)
         else:
             return None

@@ -12,19 +12,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from xxhash import xxh3_128_digest
+
 from proxy.config import Settings
-from proxy.engine.messages import chain_keys, message_key
+from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
 from proxy.pipeline.caller import Caller, conversation_of
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
-from proxy.pipeline.ledger import CONVERSATION_HEADER, INSTRUCTIONS, CompactionNote, Forwarded, Ledger
+from proxy.pipeline.ledger import CONVERSATION_HEADER, CompactionNote, Forwarded, Ledger
 from proxy.pipeline.metrics import CompactionMetrics
 from proxy.pipeline.prepared import Prepared
 
 MISSES_HEADER: Final = "X-Compaction-Cache-Misses"
 """Response header listing the causes of cache misses that apply to the request (see the module docstring)."""
+
+INSTRUCTIONS: Final = frozenset({"system", "developer"})
+"""The roles of a conversation's opening instructions: with the first user message, they identify it."""
+
+BESIDE_MESSAGES: Final = ("system", "instructions")
+"""Request fields holding instructions beside the messages (the Messages API's, the Responses API's): part of the
+opening."""
 
 
 def open_entry(
@@ -49,8 +58,8 @@ def open_entry(
     opening = ledger.open(
         scope=caller.scope,
         named=named,
+        opening=None if exchange.provider_state else opening_digest(messages, exchange.request.body),
         client_chain=chain,
-        opening_instructions=bool(messages) and messages[0].get("role") in INSTRUCTIONS,
         api=incoming.wire.name,
         model=shown(exchange.model),
         tenant=caller.tenant,
@@ -58,6 +67,35 @@ def open_entry(
     )
     exchange.opening = opening
     _announce(ledger, plan)
+
+
+def opening_digest(messages: list[Message], body: Mapping[str, Any]) -> bytes | None:
+    """What identifies a conversation that names none: its opening, which every later request re-sends.
+
+    Its instructions (a leading system or developer message, or a field beside the messages) and its first message
+    otherwise, without their cache marks: a client that marks its newest message for the cache (Claude Code, every
+    turn) sends the first message marked in the first request only. A single text block reads as its text. None
+    without messages.
+    """
+    if not messages:
+        return None
+    count = 2 if messages[0].get("role") in INSTRUCTIONS else 1
+    keys = [message_key({**message, "content": _unmarked(message.get("content"))}) for message in messages[:count]]
+    # The parsed JSON's repr: any value it holds is written (orjson refuses integers past 64 bits).
+    beside = [repr(_unmarked(body.get(name))).encode() for name in BESIDE_MESSAGES if body.get(name) is not None]
+    return xxh3_128_digest(b"".join(keys + beside))
+
+
+def _unmarked(content: Any) -> Any:
+    """Content without its blocks' `cache_control` marks; a lone text block as its text."""
+    if not isinstance(content, list):
+        return content
+    blocks = [
+        {key: value for key, value in block.items() if key != "cache_control"} if isinstance(block, Mapping) else block
+        for block in content
+    ]
+    lone = blocks[0] if len(blocks) == 1 and isinstance(blocks[0], Mapping) else None
+    return lone["text"] if lone is not None and lone.get("type") == "text" and set(lone) == {"type", "text"} else blocks
 
 
 def retried_entry(ledger: Ledger, retry: ForwardPlan | None, first: Prepared) -> None:

@@ -129,6 +129,7 @@ class SocketTurns:
             "compaction": record.compaction if plan is not None else None,
             "tokens_before": record.tokens_before if plan is not None else None,
             "tokens_after": record.tokens_after if plan is not None else None,
+            "conversation_hash": record.conversation_hash if plan is not None else None,
             "forwarded": "unchanged" if plan is None else None,
             "error": refused,
         }

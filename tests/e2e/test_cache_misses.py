@@ -161,12 +161,12 @@ async def test_a_client_that_edits_an_earlier_message_misses_as_client(
     proxy: RunningProxy, client: AsyncOpenAI, access: AccessLines
 ) -> None:
     messages = opening()
-    await answered(client, messages)
-    await answered(client, messages)
+    for _turn in range(3):
+        await answered(client, messages)
     messages[3] = {"role": "user", "content": "And then, in short? " + PARAGRAPH * 4}  # an earlier question, edited
     headers, edited = await ask(client, messages)
     assert headers["x-compaction-cache-misses"] == "new,client"
-    logged = parsed((await access.line(3))["cache_misses"])
+    logged = parsed((await access.line(4))["cache_misses"])
     assert logged["client"] > 0 and "compaction" not in logged
     assert sum(logged.values()) == uncached(edited)
     assert misses(proxy, "client") == logged["client"]

@@ -183,3 +183,36 @@ async def test_the_json_sits_behind_the_dashboard_switch_and_the_proxy_keys(prox
         status, body = await get(keyed, "/dashboard/conversations/0123abcd.json", **{"X-Proxy-Key": KEY})
         assert (status, body["error"]["code"]) == (404, "conversation_not_found")
         assert upstream.requests == []  # answered by the proxy, never forwarded
+
+
+async def test_a_client_that_moves_its_cache_mark_every_turn_stays_one_conversation_without_client_misses(
+    proxies: LoopbackProxies, clock: FakeClock
+) -> None:
+    async with AnthropicUpstream(context_window=32_000, responder=tool_loop_responder(tool=None)) as upstream:
+        upstream.cache.clock = clock
+        proxy = await proxies.start(upstream=upstream.base_url, dashboard=True, clock=clock)
+        said: list[str] = []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "What failed first? " + PARAGRAPH * 70}]
+        client = AsyncAnthropic(base_url=f"http://127.0.0.1:{proxy.server.port}", api_key="sk-ant-test")
+        async with client:
+            for _turn in range(4):
+                clock.advance(10)
+                # As Claude Code does: only the newest message carries the breakpoint, as a text block.
+                newest = {"type": "text", "text": messages[-1]["content"], "cache_control": EPHEMERAL}
+                marked = [*messages[:-1], {"role": "user", "content": [newest]}]
+                raw = await client.messages.with_raw_response.create(
+                    model=CLAUDE,
+                    max_tokens=200,
+                    system="You answer in one line.",
+                    messages=marked,  # type: ignore[arg-type]
+                )
+                said.append(raw.headers["x-compaction-cache-misses"])
+                messages += [
+                    {"role": "assistant", "content": (await raw.parse()).content[-1].text},  # type: ignore[union-attr]
+                    {"role": "user", "content": "And then? " + PARAGRAPH * 4},
+                ]
+        _, listing = await get(proxy, "/dashboard/conversations.json")
+    (conversation,) = listing["conversations"]
+    assert said == ["first", "new", "new", "new"]
+    assert conversation["requests"] == 4 and conversation["totals"]["misses"]["client"] == 0
+    assert conversation["totals"]["cached_tokens"] > 0

@@ -12,6 +12,7 @@ from proxy.formats.anthropic.answers import chat_usage as anthropic_usage
 from proxy.formats.responses.answers import chat_usage as responses_usage
 from proxy.pipeline.cache_misses import CAUSES, DEFAULT_LIFETIME, Reported, lifetime
 from proxy.pipeline.ledger import CompactionNote, Forwarded, Ledger, LedgerRecord
+from proxy.pipeline.ledger_entries import opening_digest
 from tests.support.examples import examples
 from tests.support.fake_clock import FakeClock
 
@@ -59,8 +60,8 @@ class Conversation:
         opening = self.ledger.open(
             scope=self.scope,
             named=None,
+            opening=opening_digest([{"role": "system", "content": text} for text in self.texts[:2]], {}),
             client_chain=chain(self.texts),
-            opening_instructions=True,
             api="chat_completions",
             model="m",
             tenant=self.scope,
