@@ -48,10 +48,14 @@ async def conversation_screenshot(proxy: RunningProxy, upstream: OpenAIUpstream,
     agent.install(upstream, summary=SUMMARY_TEXT)
     await agent.run(proxy, TURNS, lambda turn: turn % 2 == 1)
     root = proxy.url.removesuffix("/v1") + "/dashboard"
-    async with aiohttp.ClientSession() as http, http.get(root + "/conversations.json") as listed:
-        conversations = (await listed.json())["conversations"]
-    longest = max(conversations, key=lambda conversation: conversation["requests"])
-    await screenshot(f"{root}/conversation?id={longest['id']}", path, ready=READY, height=1240)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(root + "/conversations.json") as listed:
+            conversations = (await listed.json())["conversations"]
+        longest = max(conversations, key=lambda conversation: conversation["requests"])["id"]
+        async with http.get(f"{root}/conversations/{longest}.json") as one:
+            billed = "bill" in await one.json()
+    # The bill's plot, where the data has one, takes the page down by 280 pixels.
+    await screenshot(f"{root}/conversation?id={longest}", path, ready=READY, height=1520 if billed else 1240)
 
 
 async def main(path: Path, minutes: int, conversation: Path | None = None) -> None:
