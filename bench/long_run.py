@@ -66,15 +66,20 @@ class DirectRun:
 
     :param usages: The usage of every turn answered.
     :param overflowed: Whether the run ended on a refused turn rather than at its last task.
+    :param client: The agent's requests as the upstream counts them, the refused one included.
     """
 
     usages: list[dict[str, Any]]
     overflowed: bool
+    client: billing.ClientCounts
 
 
-async def http_agent(base_url: str, tasks: int, steps: int, result_lines: int = 6) -> list[str]:
+async def http_agent(
+    base_url: str, tasks: int, steps: int, result_lines: int = 6, client: billing.ClientCounts | None = None
+) -> list[str]:
     """The agent run with plain aiohttp through `base_url`; returns each answer's X-Compaction.
 
+    :param client: Where each request the agent sends is counted, as the upstream would count it.
     :raises TurnRefused: When a turn is not answered with 200.
     """
     headers = {"Authorization": "Bearer sk-bench"}
@@ -82,6 +87,8 @@ async def http_agent(base_url: str, tasks: int, steps: int, result_lines: int = 
 
         async def turn(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
             body = {"model": MODEL, "messages": messages, "tools": TOOLS}
+            if client is not None:
+                client.add(body)
             async with http.post(f"{base_url}/v1/chat/completions", json=body, headers=headers) as response:
                 answer = await response.json()
                 if response.status != 200:
@@ -95,14 +102,15 @@ async def http_agent(base_url: str, tasks: int, steps: int, result_lines: int = 
 
 async def direct_run(tasks: int, steps: int, *, window: int = WINDOW, result_lines: int = 6) -> DirectRun:
     """The agent straight at a fresh upstream of `window` tokens, until it refuses a turn as too long."""
+    client = billing.ClientCounts()
     async with OpenAIUpstream(agent_responder(), context_window=window) as upstream:
         try:
-            await http_agent(upstream.base_url, tasks, steps, result_lines)
+            await http_agent(upstream.base_url, tasks, steps, result_lines, client)
         except TurnRefused as refused:
             if not refused.overflowed:
                 raise
-            return DirectRun(list(upstream.usages), overflowed=True)
-        return DirectRun(list(upstream.usages), overflowed=False)
+            return DirectRun(list(upstream.usages), overflowed=True, client=client)
+        return DirectRun(list(upstream.usages), overflowed=False, client=client)
 
 
 async def one_run(
@@ -122,7 +130,8 @@ async def one_run(
     :param strategies: The proxy's `--strategies`, when not its default chain.
     :param result_lines: How long each tool result is (see `tests.support.agent_run.run_agent`).
     :param settings: Proxy settings by name (`compact_to`: `0.3`), set through its environment.
-    :param direct: The same agent's run straight at the upstream: the row then carries `billing`, the bill of each.
+    :param direct: The same agent's run straight at the upstream: the row then carries `billing`, the bill of each,
+        and the proxy's estimate of going direct.
     """
     env = {"COMPACTION_PROXY_REWRITE_MEMORY": "true" if rewrite_memory else "false"}
     env.update((f"COMPACTION_PROXY_{name.upper()}", value) for name, value in (settings or {}).items())
@@ -130,8 +139,9 @@ async def one_run(
         args = ["-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream.base_url]
         args += ["--context-window", f"{MODEL}={window}", *(["--strategies", strategies] if strategies else [])]
         name = f"proxy-rewrite-memory-{'on' if rewrite_memory else 'off'}"
+        client = billing.ClientCounts()
         with Server(name, args, log_dir, env=env, url_on_stderr=True) as proxy:
-            decisions = await http_agent(proxy.url, tasks, steps, result_lines)
+            decisions = await http_agent(proxy.url, tasks, steps, result_lines, client)
         requests = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
         usages = list(upstream.usages)
     if len(usages) != len(requests):
@@ -162,7 +172,7 @@ async def one_run(
     }
     row.update(kept_after_compactions([request.json["messages"] for request in chat], decisions, result_lines))
     if direct is not None:
-        row["billing"] = compared(direct, usages, summaries)
+        row["billing"] = compared(direct, billing.records(usages, summaries, client, model=MODEL, window=window))
     return row
 
 
@@ -200,15 +210,21 @@ def _after_newest_summary(prompt: list[dict[str, Any]]) -> int:
     return summaries[-1] + 1 if summaries else 0
 
 
-def compared(direct: DirectRun, usages: Sequence[dict[str, Any]], summaries: Sequence[bool]) -> dict[str, Any]:
-    """The bill of the direct run, of the proxy's run over as many turns (its summary calls included), and whole."""
-    turns = len(direct.usages)
+def compared(direct: DirectRun, run: Sequence[billing.Record]) -> dict[str, Any]:
+    """The bill of the direct run; of the proxy's run, whole and over the turns going direct could make (its summary
+    calls included); and the proxy's estimate of going direct, from the proxy's run alone."""
+    window = run[0].window if run else 0
+    own = [False] * len(direct.usages)
+    went = billing.bills(billing.records(direct.usages, own, direct.client, model=MODEL, window=window))
+    through = billing.bills(run)
     return {
-        "direct_turns": turns,
+        "direct_turns": len(direct.usages),
         "direct_overflowed": direct.overflowed,
-        "direct": billing.bill(direct.usages).as_dict(),
-        "proxy_same_turns": billing.bill(billing.first_turns(usages, summaries, turns)).as_dict(),
-        "proxy": billing.bill(usages).as_dict(),
+        "direct": billing.priced({model: bill.proxy for model, bill in went.items()}),
+        "direct_estimate": billing.priced({model: bill.direct for model, bill in through.items()}),
+        "estimate_stopped": any(bill.stopped for bill in through.values()),
+        "proxy_same_turns": billing.priced({model: bill.covered for model, bill in through.items()}),
+        "proxy": billing.priced({model: bill.proxy for model, bill in through.items()}),
     }
 
 

@@ -107,15 +107,15 @@ def score(
     present = [fact for fact in facts if fact.text in last]
     held = "\n".join(offloaded)
     readable = [fact for fact in facts if fact not in present and fact.text in held]
-    bill = billing.bill(usages)
+    billed = billing.usage_charge(usages)
     return Score(
         facts=by_kind(facts),
         in_context=by_kind(present),
         readable_back=by_kind(readable),
         requests=len(bodies),
         compactions=sum(decision.startswith("compacted") for decision in decisions),
-        prompt_tokens=bill.uncached_input + bill.cached_input,
-        cached_tokens=bill.cached_input,
-        output_tokens=bill.output,
+        prompt_tokens=billed.input,
+        cached_tokens=billed.cached,
+        output_tokens=billed.output,
         prefix_reuse=prefix_reuse(case, bodies),
     )

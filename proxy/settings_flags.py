@@ -19,12 +19,15 @@ from pydantic.fields import FieldInfo
 
 from proxy.config import Settings, env_name, load_settings
 
-FLAGS: Final[Mapping[str, str]] = {"context_windows": "--context-window", "routes": "--route"}
+FLAGS: Final[Mapping[str, str]] = {"context_windows": "--context-window", "routes": "--route", "prices": "--price"}
 """Flags not spelled `--<field-name>`: `--context-window MODEL=TOKENS` is given once per model, `--route
-NAME=URL;...` once per route."""
+NAME=URL;...` once per route, `--price MODEL=input:N;...` once per model."""
 
-REPEATED: Final = frozenset({"context_windows", "routes"})
-METAVARS: Final[Mapping[str, str]] = {"routes": "NAME=URL;CONDITION=VALUE;..."}
+REPEATED: Final = frozenset({"context_windows", "routes", "prices"})
+METAVARS: Final[Mapping[str, str]] = {
+    "routes": "NAME=URL;CONDITION=VALUE;...",
+    "prices": "MODEL=input:N;cached:N;cache_write:N;output:N",
+}
 """Values the help shows for fields whose type says too little."""
 """Fields whose flag may be repeated; the values are joined with commas, as the environment spells a mapping."""
 

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from proxy.config.prices import parse_prices
 from proxy.config.routes import parse_route
 from proxy.config.settings import FIELDS, Settings
 
@@ -68,6 +69,8 @@ def _from_text(field: str, raw: str) -> Any:
         return _split_mapping(raw)
     if field == "routes":
         return json.loads(raw) if raw.strip().startswith("[") else [parse_route(part) for part in raw.split(",")]
+    if field == "prices":
+        return json.loads(raw) if raw.strip().startswith("{") else parse_prices(raw)
     if field == "default_context_window" and raw.strip().lower() in ("", "none", "null"):
         return None
     return raw

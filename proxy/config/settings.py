@@ -8,6 +8,7 @@ from pydantic import ConfigDict, model_validator
 
 from proxy.config.clients import ClientSettings
 from proxy.config.compaction import CompactionSettings
+from proxy.config.prices import PriceSettings
 from proxy.config.routes import RouteSettings
 from proxy.config.state import StateSettings
 from proxy.config.summaries import SummarySettings
@@ -15,11 +16,14 @@ from proxy.config.tracing import TracingSettings
 from proxy.config.upstream import UpstreamSettings
 
 
-class Settings(TracingSettings, StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings):
+class Settings(
+    PriceSettings, TracingSettings, StateSettings, SummarySettings, CompactionSettings, ClientSettings, UpstreamSettings
+):
     """Everything the proxy can be configured with. Immutable once loaded; see `load_settings` for the sources.
 
     The fields are declared by concern: `UpstreamSettings` (the provider and its timeouts), `ClientSettings` (the
-    listening side and its limits), `CompactionSettings`, `SummarySettings`, `StateSettings` and `TracingSettings`.
+    listening side and its limits), `CompactionSettings`, `SummarySettings`, `StateSettings`, `TracingSettings` and
+    `PriceSettings` (what the bill prices models at).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, use_enum_values=False)

@@ -31,9 +31,17 @@ ASSETS: Final = {
     "/dashboard.css": ("dashboard.css", "text/css"),
     "/dashboard.svg": ("dashboard.svg", "image/svg+xml"),
     "/favicon.ico": ("dashboard.svg", "image/svg+xml"),
+    "/dashboard/conversations": ("conversation.html", "text/html"),
+    "/dashboard/conversation": ("conversation.html", "text/html"),
+    "/dashboard/conversation.js": ("conversation.js", "text/javascript"),
+    "/dashboard/conversation_plots.js": ("conversation_plots.js", "text/javascript"),
+    "/dashboard/conversation_bill.js": ("conversation_bill.js", "text/javascript"),
+    "/dashboard/conversation.css": ("conversation.css", "text/css"),
 }
 """The page and what it loads: path -> (file in `proxy/server/static`, content type). A browser asks for
-`/favicon.ico` on its own (for `dashboard.json`, say): answered here, never forwarded to the upstream."""
+`/favicon.ico` on its own (for `dashboard.json`, say): answered here, never forwarded to the upstream. The
+conversation pages (`/dashboard/conversations`, the list; `/dashboard/conversation?id=...`, one) share one page,
+which draws the list or the conversation from the ledger's JSON."""
 
 DATA_PATH: Final = "/dashboard.json"
 

@@ -16,6 +16,8 @@ INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 
 DASHBOARD_PATHS: Final = frozenset(
     {"/dashboard", "/dashboard.json", "/dashboard.js", "/dashboard.css", "/dashboard.svg", "/favicon.ico"}
+    | {f"/dashboard/{name}" for name in ("conversations", "conversation", "conversation.css")}
+    | {f"/dashboard/conversation{name}.js" for name in ("", "_plots", "_bill")}
 )
 """The dashboard's page, data and assets (see `proxy.server.dashboard`): served (for GET) behind the proxy keys."""
 

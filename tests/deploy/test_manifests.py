@@ -532,10 +532,12 @@ def test_chart_sidecar_example(helm: ModuleType, native: bool) -> None:
 
 def test_chart_config_values_reach_the_config_file(helm: ModuleType, tmp_path: Path) -> None:
     config = {"compact_at": 0.9, "compact_to": 0.5, "strategies": ["sliding_window"], "context_windows": {"m": 4096}}
+    config["prices"] = {"llama-*": {"input": 0.2, "output": 0.6}}
     docs = rendered_docs(helm, {"config": config, "mode": "observe", "upstream": "https://api.groq.com/openai"})
     [settings] = check_proxy_settings(docs, tmp_path)
     assert (settings.compact_at, settings.compact_to, settings.strategies) == (0.9, 0.5, ["sliding_window"])
     assert settings.context_windows == {"m": 4096}
+    assert settings.prices["llama-*"].model_dump() == {"input": 0.2, "output": 0.6, "cached": None, "cache_write": None}
     assert (settings.mode.value, settings.upstream) == ("observe", "https://api.groq.com/openai")
 
 
