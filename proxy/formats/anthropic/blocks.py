@@ -252,13 +252,13 @@ class Conversation:
         if not isinstance(original, list):
             return {**source, "content": next(_texts(message), original)}
         drawn = [block for block in original if block_type(block) != "tool_use"]
-        rewritten = iter(_with_texts(drawn, message))
+        rewritten = iter(_aligned_texts(drawn, message))
         calls = iter(message.get("tool_calls") or ())
         blocks = [
             _rewritten_call(block, next(calls, None)) if block_type(block) == "tool_use" else next(rewritten)
             for block in original
         ]
-        return {**source, "content": blocks}
+        return {**source, "content": [block for block in blocks if block is not None]}
 
 
 @dataclass
@@ -358,13 +358,28 @@ def _texts(message: Message) -> Iterator[str]:
 
 def _with_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
     """`blocks` with their text blocks' texts taken, in order, from the engine's rewrite `message`."""
-    texts = _texts(message)
-    return [
-        {**block, "text": next(texts, block["text"])}
-        if block_type(block) == "text" and isinstance(block.get("text"), str)
-        else block
-        for block in blocks
-    ]
+    return [block for block in _aligned_texts(blocks, message) if block is not None]
+
+
+def _aligned_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
+    """`blocks` with their text blocks' texts taken, in order, from the rewrite `message`; None past its texts.
+
+    A rewrite with fewer texts than the blocks replaced all of them (a user message of two text blocks offloaded to
+    one reference): the blocks past its texts go, else the provider would read them on top of what the engine
+    counted, and the compaction would land above its target. A rewrite with no text leaves the blocks as they are.
+    """
+    texts = list(_texts(message))
+    if not texts:
+        return list(blocks)
+    remaining = iter(texts)
+    aligned: list[Any] = []
+    for block in blocks:
+        if block_type(block) == "text" and isinstance(block.get("text"), str):
+            text = next(remaining, None)
+            aligned.append(None if text is None else {**block, "text": text})
+        else:
+            aligned.append(block)
+    return aligned
 
 
 def _rewritten_result(block: Block, message: Message) -> Block:
