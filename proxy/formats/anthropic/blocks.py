@@ -33,6 +33,7 @@ from xxhash import xxh3_64_hexdigest
 
 from proxy.engine.messages import CHECKPOINT, CONTINUES_STEP, OPAQUE_PART, Message, content_parts, role_of
 from proxy.formats.anthropic.tokens import document_tokens, image_block_tokens
+from proxy.formats.rewritten_texts import rewritten_texts
 
 Block = Mapping[str, Any]
 """One content block, as the client sent it."""
@@ -362,24 +363,8 @@ def _with_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
 
 
 def _aligned_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
-    """`blocks` with their text blocks' texts taken, in order, from the rewrite `message`; None past its texts.
-
-    A rewrite with fewer texts than the blocks replaced all of them (a user message of two text blocks offloaded to
-    one reference): the blocks past its texts go, else the provider would read them on top of what the engine
-    counted, and the compaction would land above its target. A rewrite with no text leaves the blocks as they are.
-    """
-    texts = list(_texts(message))
-    if not texts:
-        return list(blocks)
-    remaining = iter(texts)
-    aligned: list[Any] = []
-    for block in blocks:
-        if block_type(block) == "text" and isinstance(block.get("text"), str):
-            text = next(remaining, None)
-            aligned.append(None if text is None else {**block, "text": text})
-        else:
-            aligned.append(block)
-    return aligned
+    """`blocks` with their text blocks' texts taken from the rewrite `message` (`rewritten_texts`): None past them."""
+    return rewritten_texts(blocks, list(_texts(message)), _text)
 
 
 def _rewritten_result(block: Block, message: Message) -> Block:
