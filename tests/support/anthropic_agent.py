@@ -29,6 +29,11 @@ RESULT_WORDS = 400
 """Words of each tool result: about 400 tokens, so a task of two calls adds about 1,100 tokens."""
 
 
+def task_text(turn: int) -> str:
+    """The user's words opening task `turn`: about 80 tokens."""
+    return f"Task {turn}: " + "details " * 80
+
+
 def with_breakpoint_last(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages with the client's breakpoint on the newest one's last block only."""
     *head, last = messages
@@ -76,17 +81,20 @@ async def run_agent(
     turns: int,
     streamed: Callable[[int], bool],
     before: Callable[[int, dict[str, Any]], Awaitable[None]] | None = None,
+    *,
+    task: Callable[[int], str | list[Any]] = task_text,
     **extra: Any,
 ) -> AgentRun:
     """Run `turns` requests of the agent; `extra` goes to each request (`extra_headers`, ...).
 
     :param before: Called with each turn's index and request body before it is sent (a client counting its tokens).
+    :param task: The content of the user message opening a task, by the turn it opens on.
     """
     run = AgentRun()
     for turn in range(turns):
         last = run.messages[-1] if run.messages else None
         if last is None or (last["role"] == "assistant" and last["content"][-1]["type"] == "text"):
-            run.messages.append({"role": "user", "content": f"Task {turn}: " + "details " * 80})
+            run.messages.append({"role": "user", "content": task(turn)})
         body = run.body(model)
         if before is not None:
             await before(turn, body)

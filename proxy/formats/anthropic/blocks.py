@@ -33,6 +33,7 @@ from xxhash import xxh3_64_hexdigest
 
 from proxy.engine.messages import CHECKPOINT, CONTINUES_STEP, OPAQUE_PART, Message, content_parts, role_of
 from proxy.formats.anthropic.tokens import document_tokens, image_block_tokens
+from proxy.formats.rewritten_texts import rewritten_texts
 
 Block = Mapping[str, Any]
 """One content block, as the client sent it."""
@@ -252,13 +253,13 @@ class Conversation:
         if not isinstance(original, list):
             return {**source, "content": next(_texts(message), original)}
         drawn = [block for block in original if block_type(block) != "tool_use"]
-        rewritten = iter(_with_texts(drawn, message))
+        rewritten = iter(_aligned_texts(drawn, message))
         calls = iter(message.get("tool_calls") or ())
         blocks = [
             _rewritten_call(block, next(calls, None)) if block_type(block) == "tool_use" else next(rewritten)
             for block in original
         ]
-        return {**source, "content": blocks}
+        return {**source, "content": [block for block in blocks if block is not None]}
 
 
 @dataclass
@@ -358,13 +359,12 @@ def _texts(message: Message) -> Iterator[str]:
 
 def _with_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
     """`blocks` with their text blocks' texts taken, in order, from the engine's rewrite `message`."""
-    texts = _texts(message)
-    return [
-        {**block, "text": next(texts, block["text"])}
-        if block_type(block) == "text" and isinstance(block.get("text"), str)
-        else block
-        for block in blocks
-    ]
+    return [block for block in _aligned_texts(blocks, message) if block is not None]
+
+
+def _aligned_texts(blocks: Sequence[Any], message: Message) -> list[Any]:
+    """`blocks` with their text blocks' texts taken from the rewrite `message` (`rewritten_texts`): None past them."""
+    return rewritten_texts(blocks, list(_texts(message)), _text)
 
 
 def _rewritten_result(block: Block, message: Message) -> Block:

@@ -35,6 +35,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.engine.messages import CHECKPOINT, CONTINUES_STEP, OPAQUE_PART, Message, content_parts, content_texts
+from proxy.formats.rewritten_texts import rewritten_texts
 
 Item = Mapping[str, Any]
 """One Responses API input (or output) item, as the client sent it."""
@@ -278,7 +279,15 @@ def _rewritten_own(item: Item, message: Message) -> Item:
     """A one-item unit with the engine's new text: a tool output's `output`, or a message's content."""
     if item_type(item) in TOOL_OUTPUTS:
         return {**item, "output": _text(message)}
+    content = item.get("content")
+    if item_type(item) == "message" and isinstance(content, list):
+        parts = rewritten_texts(content, _part_texts(message), _is_text_part)
+        return {**item, "content": [part for part in parts if part is not None]}
     return _with_texts(item, iter(_part_texts(message)))
+
+
+def _is_text_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
 
 
 def _with_texts(item: Item, texts: Iterator[str]) -> Item:
@@ -290,12 +299,7 @@ def _with_texts(item: Item, texts: Iterator[str]) -> Item:
         return {**item, "content": next(texts, content)}
     if not isinstance(content, list):
         return item
-    parts = [
-        {**part, "text": next(texts, part["text"])}
-        if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
-        else part
-        for part in content
-    ]
+    parts = [{**part, "text": next(texts, part["text"])} if _is_text_part(part) else part for part in content]
     return {**item, "content": parts}
 
 
