@@ -33,9 +33,9 @@ from bench.processes import Server
 from proxy.cli import build_compaction
 from proxy.config import Settings
 from proxy.server.app import create_app, runner_options
+from proxy.server.event_loop import new_event_loop
 from proxy.server.logging import configure_logging
 from proxy.server.main import COLLECTOR_THRESHOLDS
-from proxy.server.event_loop import new_event_loop
 
 OUTPUT = Path(__file__).parent / "results" / "profile.txt"
 TOP = 45
@@ -69,7 +69,8 @@ async def _load(url: str, body: Path, concurrency: int, requests: int) -> dict[s
 
 async def _profiled(settings: Settings, body: Path, concurrency: int, requests: int) -> tuple[str, dict[str, object]]:
     """Serve the proxy here; measure its CPU per request, then profile the same load; the profile's text."""
-    runner = web.AppRunner(create_app(settings, build_compaction(settings)), handle_signals=False, **runner_options(settings))
+    app = create_app(settings, build_compaction(settings))
+    runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
     site = web.TCPSite(runner, settings.host, 0, backlog=1024)
     await site.start()

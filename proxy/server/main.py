@@ -13,9 +13,11 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import Settings
+from proxy.config.kinds import EventLoop
 from proxy.pipeline.exchange import Compaction
 from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
+from proxy.server.event_loop import loop_factory
 from proxy.server.keys import COMPACTION, READINESS
 from proxy.server.logging import SERVER_LOGGER, configure_logging
 from proxy.server.readiness import unready_reason
@@ -40,14 +42,20 @@ def serve(settings: Settings, compaction: Compaction | None = None, *, worker: i
     """
     configure_logging(settings, worker)
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
-    asyncio.run(serve_async(settings, compaction))
+    event_loop, factory = loop_factory(settings.event_loop)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve_async(settings, compaction, event_loop=event_loop))
 
 
-async def serve_async(settings: Settings, compaction: Compaction | None = None) -> None:
+async def serve_async(
+    settings: Settings, compaction: Compaction | None = None, *, event_loop: EventLoop = EventLoop.ASYNCIO
+) -> None:
     """The coroutine behind `serve`, for callers that run their own event loop.
 
     The app listens through a `CappedListener` (at most `max_connections` client connections) instead of an aiohttp
     site; the runner still owns the app's lifecycle and the graceful shutdown of open connections.
+
+    :param event_loop: The kind of loop it runs on, for the `listening` line (`serve` chooses it).
     """
     app = create_app(settings, compaction)
     runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
@@ -74,6 +82,7 @@ async def serve_async(settings: Settings, compaction: Compaction | None = None) 
                     "offload": settings.offload,
                     "max_connections": listener.limit,
                     "pid": os.getpid(),
+                    "event_loop": event_loop.value,
                 }
             },
         )
