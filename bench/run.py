@@ -16,8 +16,8 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
 Then the fixed cost (`bench.fixed_cost`): the proxy's requests per second against the relay's with 32 clients and with
 one, and its CPU per streamed event against the relay's, the two on the same event loop (asyncio's, and uvloop's when
 installed). Then: a 400k-token conversation re-sent over sockets through the proxy and the relay
-(`bench.resend_wire`), resident memory per in-flight very large request (fresh processes, slow upstream), a long tool-
-using run with rewrite memory on and off (`bench.long_run`), the re-sent conversation's decision alone
+(`bench.resend_wire`), resident memory per in-flight very large request (fresh processes, slow upstream), a long
+tool-using run with rewrite memory on and off (`bench.long_run`), the re-sent conversation's decision alone
 (`bench.resend`) and our hook against Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each
 chain keeps of realistic agent transcripts (`bench.retention`, no sockets).
 
