@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.pipeline.labelled import labelled
+
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -178,7 +180,7 @@ class CompactionMetrics:
 
     def decided(self, api: str, outcome: str) -> None:
         """Count one request of the wire format `api` by what compaction decided for it."""
-        self.requests.labels(api, outcome).inc()
+        labelled(self.requests, api, outcome).inc()
 
     def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
         """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""

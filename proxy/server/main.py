@@ -19,7 +19,7 @@ from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
 from proxy.server.event_loop import loop_factory
 from proxy.server.keys import COMPACTION, READINESS
-from proxy.server.logging import SERVER_LOGGER, configure_logging
+from proxy.server.logging import SERVER_LOGGER, configure_logging, flush_logging
 from proxy.server.readiness import unready_reason
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -40,11 +40,14 @@ def serve(settings: Settings, compaction: Compaction | None = None, *, worker: i
     :param worker: Which of `settings.workers` processes this is (see `proxy.server.workers`); None for the only one.
     :raises OSError: The address could not be bound.
     """
-    configure_logging(settings, worker)
+    configure_logging(settings, worker, deferred=True)
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
     event_loop, factory = loop_factory(settings.event_loop)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve_async(settings, compaction, event_loop=event_loop))
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve_async(settings, compaction, event_loop=event_loop))
+    finally:
+        flush_logging()
 
 
 async def serve_async(
