@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 upstream=upstream.url, host="127.0.0.1", port=0, default_context_window=4_000_000
             )
             with redirect_stderr(log):
-                configure_logging(settings)
+                configure_logging(settings, deferred=True)
             gc.set_threshold(*COLLECTOR_THRESHOLDS)
             loop = new_event_loop(args.loop)
             try:
