@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """Facts about one request: no bodies and no header values other than the conversation id and the model.
 
