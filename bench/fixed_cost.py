@@ -86,7 +86,8 @@ def _rounds(
             server = servers[name]
             before = cpu_seconds(server.pid)
             summary = run_load(Target(name, server.url), payload, load, headers)
-            summary["cpu_s"] = cpu_seconds(server.pid) - before
+            summary["cpu_s"] = cpu = cpu_seconds(server.pid) - before
+            summary["cpu_us_per_request"] = cpu / (summary["completed"] + load.warmup) * 1e6
             figures[name] = summary
         runs.append(figures)
     return runs
@@ -96,6 +97,8 @@ def _requests_row(runs: list[dict[str, dict[str, Any]]], concurrency: int) -> di
     ratios = [run["proxy"]["rps"] / run["bare relay"]["rps"] for run in runs]
     return {
         "concurrency": concurrency,
+        "relay_cpu_us": statistics.median(run["bare relay"]["cpu_us_per_request"] for run in runs),
+        "proxy_cpu_us": statistics.median(run["proxy"]["cpu_us_per_request"] for run in runs),
         "relay_rps": statistics.median(run["bare relay"]["rps"] for run in runs),
         "proxy_rps": statistics.median(run["proxy"]["rps"] for run in runs),
         "proxy_vs_relay_rps": statistics.median(ratios),
@@ -144,8 +147,9 @@ def table(results: dict[str, Any]) -> list[str]:
     """The markdown lines of the fixed-cost table."""
     lines = [
         "| event loop | relay / proxy req/s, 32 clients | proxy / relay | relay / proxy req/s, 1 client "
-        "| proxy / relay | CPU per streamed event, relay / proxy | proxy / relay |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| proxy / relay | CPU per request, relay / proxy (32 clients) "
+        "| CPU per streamed event, relay / proxy | proxy / relay |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for loop, figures in results.items():
         many, one = figures["requests"]
@@ -153,6 +157,7 @@ def table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {loop} | {many['relay_rps']:.0f} / {many['proxy_rps']:.0f} | {many['proxy_vs_relay_rps']:.2f} "
             f"| {one['relay_rps']:.0f} / {one['proxy_rps']:.0f} | {one['proxy_vs_relay_rps']:.2f} "
+            f"| {many['relay_cpu_us']:.0f} / {many['proxy_cpu_us']:.0f} µs "
             f"| {events['relay_us_per_event']:.1f} / {events['proxy_us_per_event']:.1f} µs "
             f"| {events['proxy_vs_relay_cpu']:.2f}x |"
         )
