@@ -164,6 +164,28 @@ def table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """Issue 38's targets on each loop, as (target, what this run reached, met)."""
+    checks = []
+    for loop, figures in results.items():
+        many, one = figures["requests"]
+        cpu = figures["events"]["proxy_vs_relay_cpu"]
+        checks += [
+            (
+                f"proxy req/s at least 0.8 of the relay's, 32 clients ({loop})",
+                f"{many['proxy_vs_relay_rps']:.2f}",
+                many["proxy_vs_relay_rps"] >= 0.8,
+            ),
+            (
+                f"proxy req/s at least 0.9 of the relay's, 1 client ({loop})",
+                f"{one['proxy_vs_relay_rps']:.2f}",
+                one["proxy_vs_relay_rps"] >= 0.9,
+            ),
+            (f"CPU per streamed event at most 1.2x the relay's ({loop})", f"{cpu:.2f}x", cpu <= 1.2),
+        ]
+    return checks
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure, print the table and the JSON figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
