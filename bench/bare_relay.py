@@ -4,7 +4,9 @@ Forwards every request's method, path, query, headers (minus hop-by-hop and Host
 streaming the body both ways, over one pooled `aiohttp.ClientSession`; relays status, headers and body as they
 arrive. No JSON, no state, no metrics, no logging: whatever the proxy costs beyond this is the proxy's own work.
 
-    python -m bench.bare_relay --port 0 --upstream http://127.0.0.1:PORT
+    python -m bench.bare_relay --port 0 --upstream http://127.0.0.1:PORT [--event-loop asyncio|uvloop]
+
+`--event-loop` (default `auto`, as the proxy's) puts it on the same loop as the proxy it is compared with.
 
 prints its base URL on stdout once it listens, and serves until SIGTERM or SIGINT.
 """
@@ -22,6 +24,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from bench.serving import serve_until_signalled
+from proxy.config.kinds import EventLoop
+from proxy.server.event_loop import loop_factory
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
@@ -102,8 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     parser.add_argument("--upstream", required=True, help="base URL to forward to")
+    parser.add_argument("--event-loop", choices=[loop.value for loop in EventLoop], default=EventLoop.AUTO.value)
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.port, args.upstream))
+    with asyncio.Runner(loop_factory=loop_factory(args.event_loop)[1]) as runner:
+        runner.run(serve(args.host, args.port, args.upstream))
     return 0
 
 

@@ -8,7 +8,9 @@ payloads' measured ratio), so the proxy anchors on plausible counts, including a
 Request headers steer it (the proxy forwards them untouched):
 
 - `X-Bench-Stream: 1` answers Server-Sent Events (role, content, finish and usage chunks, then `[DONE]`);
-- `X-Bench-Delay: SECONDS` waits that long after reading the body (a slow upstream, for the memory figures).
+- `X-Bench-Delay: SECONDS` waits that long after reading the body (a slow upstream, for the memory figures);
+- `X-Bench-Events: N` streams N content events (default 1), `X-Bench-Pace: SECONDS` apart (default 0): an answer
+  paced like a model's tokens, for the CPU per streamed event.
 
     python -m bench.instant_upstream --port 0 [--bytes-per-token 4.0]
 
@@ -31,6 +33,10 @@ BYTES_PER_TOKEN = web.AppKey("bytes_per_token", float)
 
 STREAM_HEADER = "X-Bench-Stream"
 DELAY_HEADER = "X-Bench-Delay"
+EVENTS_HEADER = "X-Bench-Events"
+PACE_HEADER = "X-Bench-Pace"
+FRAMING_EVENTS = 4
+"""Events of a streamed answer besides its content events: role, finish, usage and `[DONE]`."""
 
 REPLY_TEXT = "ok"
 COMPLETION_TOKENS = 1
@@ -80,12 +86,13 @@ def _usage(prompt_tokens: int) -> dict[str, int]:
     }
 
 
-def stream_events(prompt_tokens: int) -> list[bytes]:
+def stream_events(prompt_tokens: int, content_events: int = 1) -> list[bytes]:
     """The canned streamed answer as separate SSE events (each is written and flushed on its own)."""
     head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "gpt-4.1"}
+    content = {**head, "choices": [{"index": 0, "delta": {"content": REPLY_TEXT}, "finish_reason": None}]}
     chunks = [
         {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-        {**head, "choices": [{"index": 0, "delta": {"content": REPLY_TEXT}, "finish_reason": None}]},
+        *[content] * content_events,
         {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         {**head, "choices": [], "usage": _usage(prompt_tokens)},
     ]
@@ -105,10 +112,13 @@ async def answer(request: web.Request) -> web.StreamResponse:
         return web.Response(body=message(prompt_tokens), content_type="application/json")
     if request.headers.get(STREAM_HEADER) != "1":
         return web.Response(body=completion(prompt_tokens), content_type="application/json")
+    pace = float(request.headers.get(PACE_HEADER, "0"))
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await out.prepare(request)
-    for event in stream_events(prompt_tokens):
+    for event in stream_events(prompt_tokens, int(request.headers.get(EVENTS_HEADER, "1"))):
         await out.write(event)
+        if pace:
+            await asyncio.sleep(pace)
     await out.write_eof()
     return out
 

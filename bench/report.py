@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import billing, long_run, retention
+from bench import billing, fixed_cost, long_run, retention
 
 
 def _ms(value: float) -> str:
@@ -61,6 +61,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Problems: {'; '.join(problems)}")
     lines.append("")
+    lines += _fixed_cost_lines(results["fixed_cost"])
     lines += _memory_lines(results)
     lines += _peer_lines(results)
     lines += _resend_wire_lines(results["resend_wire"])
@@ -109,6 +110,21 @@ def render(results: dict[str, Any]) -> str:
         speedup = theirs / ours if ours else float("inf")
         lines.append(f"| {label} | {_ms(ours)} | {_ms(theirs)} | {_ratio(speedup)} |")
     return "\n".join([*lines, "", *retention.render(results["retention"])])
+
+
+def _fixed_cost_lines(figures: dict[str, Any]) -> list[str]:
+    """The proxy against the bare relay on the same event loop: small requests, 32 clients and one; streamed events."""
+    lines = ["### The fixed cost: the proxy against the bare relay, on the same event loop", ""]
+    lines += fixed_cost.table(figures)
+    problems = [
+        problem
+        for loop in figures.values()
+        for row in [*loop["requests"], loop["events"]]
+        for problem in row["problems"]
+    ]
+    if problems:
+        lines += ["", f"Problems: {'; '.join(problems)}"]
+    return [*lines, ""]
 
 
 def _peer_lines(results: dict[str, Any]) -> list[str]:
@@ -195,9 +211,10 @@ def _target_lines(results: dict[str, Any]) -> list[str]:
             for case, x in sorted(memory.items(), reverse=True)
         ),
     ]
+    checks += fixed_cost.targets(results["fixed_cost"])
     peers = [row["proxy_vs_litellm_rps"] for row in latency if "proxy_vs_litellm_rps" in row]
     if peers:
         checks.append(("proxy req/s at least 15x LiteLLM's, every row", f"lowest {min(peers):.1f}x", min(peers) >= 15))
-    lines = ["### Targets (issue 13) in this run", "", "| target | reached | met |", "| --- | ---: | --- |"]
+    lines = ["### Targets (issues 13 and 38) in this run", "", "| target | reached | met |", "| --- | ---: | --- |"]
     lines += [f"| {target} | {reached} | {'yes' if met else 'no'} |" for target, reached, met in checks]
     return [*lines, ""]

@@ -13,11 +13,13 @@ Processes (all on 127.0.0.1, ports picked by the OS, all stopped at the end what
   rotated order and reports medians (LiteLLM, ten times slower, one round). The small conversation is sent once more
   to `POST /v1/messages`, in the Messages API's shape, direct, through the relay and through the proxy.
 
-Then: a 400k-token conversation re-sent over sockets through the proxy and the relay (`bench.resend_wire`), resident
-memory per in-flight very large request (fresh processes, slow upstream), a long tool-using run with rewrite memory on
-and off (`bench.long_run`), the re-sent conversation's decision alone (`bench.resend`) and our hook against
-Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each chain keeps of realistic agent
-transcripts (`bench.retention`, no sockets).
+Then the fixed cost (`bench.fixed_cost`): the proxy's requests per second against the relay's with 32 clients and with
+one, and its CPU per streamed event against the relay's, the two on the same event loop (asyncio's, and uvloop's when
+installed). Then: a 400k-token conversation re-sent over sockets through the proxy and the relay
+(`bench.resend_wire`), resident memory per in-flight very large request (fresh processes, slow upstream), a long
+tool-using run with rewrite memory on and off (`bench.long_run`), the re-sent conversation's decision alone
+(`bench.resend`) and our hook against Haystack's (`bench.hook_vs_haystack`), each in its own process; and what each
+chain keeps of realistic agent transcripts (`bench.retention`, no sockets).
 
 `--quick` runs a few seconds' worth of everything (CI smoke test): its figures are not worth quoting.
 """
@@ -39,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import litellm_peer, long_run, memory, retention
+from bench import fixed_cost, litellm_peer, long_run, memory, retention
 from bench.latency import Load, Target, run_cell, write_progress
 from bench.payloads import Payload, build, build_messages
 from bench.processes import ROOT, Server
@@ -72,6 +74,7 @@ class Plan:
     resend_turns: int
     hook_args: list[str]
     retention: tuple[list[int], int]
+    fixed_cost: fixed_cost.Sizes
 
 
 FULL = Plan(
@@ -93,6 +96,7 @@ FULL = Plan(
     resend_turns=40,
     hook_args=[],
     retention=(list(retention.SEEDS), retention.WINDOW),
+    fixed_cost=fixed_cost.FULL,
 )
 
 QUICK = Plan(
@@ -110,6 +114,7 @@ QUICK = Plan(
     resend_turns=3,
     hook_args=["--smoke"],
     retention=retention.SMOKE,
+    fixed_cost=fixed_cost.QUICK,
 )
 
 
@@ -177,6 +182,18 @@ def messages_rows(plan: Plan, procs: dict[str, Server], workdir: Path, log: Path
     write_progress(f"latency: {payload.name} ({payload.size} B), sequential, {count} requests", log)
     load = Load(1, count, warmup=min(50, count // 10), max_seconds=plan.max_seconds)
     return run_cell(targets, payload, load, plan.rounds)
+
+
+def socket_rows(
+    plan: Plan, payloads: dict[str, Payload], procs: dict[str, Server], workdir: Path, log: Path
+) -> dict[str, Any]:
+    """The latency cells and their summary (`latency_cells`, `latency`), and the fixed cost (`fixed_cost`)."""
+    cells = latency_rows(plan, payloads, procs, log) + messages_rows(plan, procs, workdir, log)
+    return {
+        "latency_cells": cells,
+        "latency": summarize_latency(cells),
+        "fixed_cost": fixed_cost.run(plan.fixed_cost, payloads["small"], workdir, log),
+    }
 
 
 def summarize_latency(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -308,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             write_progress(results["litellm_note"], log)
         with servers(workdir, bytes_per_token, litellm=litellm) as procs:
             results["idle_rss_mib"] = {name: server.rss_kib() / 1024 for name, server in procs.items()}
-            results["latency_cells"] = latency_rows(plan, payloads, procs, log)
-            results["latency_cells"] += messages_rows(plan, procs, workdir, log)
-            results["latency"] = summarize_latency(results["latency_cells"])
+            results |= socket_rows(plan, payloads, procs, workdir, log)
             write_progress("re-sent conversation through the proxy and the relay", log)
             results["resend_wire"] = resend_wire(plan, procs)
             upstream_url = procs["upstream"].url

@@ -75,9 +75,14 @@ def run_serve(args: argparse.Namespace) -> int:
         compaction = build_compaction(settings)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    from proxy.server.event_loop import EventLoopUnavailable, loop_factory
     from proxy.server.main import serve
     from proxy.server.workers import serve_workers
 
+    try:
+        loop_factory(settings.event_loop)
+    except EventLoopUnavailable as exc:
+        return fail(str(exc))
     try:
         if settings.workers > 1:
             return serve_workers(settings, compaction)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import retention
+from bench import fixed_cost, retention
 from bench.run import MESSAGES_API
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,13 +24,17 @@ ROOT = Path(__file__).resolve().parent.parent
         ["-m", "bench.retention", "--smoke"],
         ["-m", "bench.digests", "--smoke"],
         ["-m", "bench.repeated_lines"],
+        ["-m", "bench.profile", "--concurrency", "4", "--requests", "40"],
+        ["-m", "bench.profile", "--concurrency", "2", "--requests", "2", "--events", "5"],
     ],
-    ids=["hook_vs_haystack", "resend", "exact_counts", "retention", "digests", "repeated_lines"],
+    ids=["hook_vs_haystack", "resend", "exact_counts", "retention", "digests", "repeated_lines", "profile", "stream"],
 )
 def test_bench_runs(args: list[str], tmp_path: Path) -> None:
     """The harness exits 0 (writing its results, where it has an option for it, under `tmp_path`)."""
     if "bench.hook_vs_haystack" in args:
         args = [*args, "--output", str(tmp_path / "hook_vs_haystack.json")]
+    if "bench.profile" in args:
+        args = [*args, "--output", str(tmp_path / "profile.txt")]
     done = subprocess.run([sys.executable, *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -61,7 +65,11 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     assert "### What the provider bills for the long run" in done.stdout
     assert results["resend"]["resend_ms"] > 0
     assert results["resend_wire"]["x_compaction"] == {"unchanged": results["resend_wire"]["turns"]}
-    assert "### Targets (issue 13) in this run" in done.stdout
+    assert "### Targets (issues 13 and 38) in this run" in done.stdout
+    assert "### The fixed cost: the proxy against the bare relay" in done.stdout
+    assert set(results["fixed_cost"]) == set(fixed_cost.loops())
+    for figures in results["fixed_cost"].values():
+        assert all(not row["problems"] for row in [*figures["requests"], figures["events"]]), figures
     assert ("### Against LiteLLM's proxy" in done.stdout) == (results["litellm"] is not None)
     assert results["hook_vs_haystack"]["rows"]
     assert "### What each chain keeps" in done.stdout

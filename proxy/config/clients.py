@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from proxy.config.kinds import MIB, LogFormat, LogLevel, PositiveSeconds
+from proxy.config.kinds import MIB, EventLoop, LogFormat, LogLevel, PositiveSeconds
 
 
 class ClientSettings(BaseModel):
@@ -132,6 +132,13 @@ class ClientSettings(BaseModel):
     )
     log_level: LogLevel = Field(default=LogLevel.INFO, description="Minimum severity logged.")
     log_format: LogFormat = Field(default=LogFormat.JSON, description="`json` (one object per line) or `text`.")
+    event_loop: EventLoop = Field(
+        default=EventLoop.AUTO,
+        description=(
+            "The event loop `compaction-proxy serve` runs on: `auto` is uvloop when installed (the `speed` extra,"
+            " which the container image has: less CPU per request), else asyncio's; `asyncio` or `uvloop` to choose."
+        ),
+    )
 
     @field_validator("proxy_keys")
     @classmethod

@@ -72,6 +72,17 @@ class LogFormat(StrEnum):
     """`time level logger message key=value ...`, for people reading a terminal."""
 
 
+class EventLoop(StrEnum):
+    """The event loop `compaction-proxy serve` runs on."""
+
+    AUTO = "auto"
+    """uvloop when it is installed (the `speed` extra), else asyncio's own."""
+    ASYNCIO = "asyncio"
+    """asyncio's own loop."""
+    UVLOOP = "uvloop"
+    """uvloop; the proxy refuses to start without it."""
+
+
 class LogLevel(StrEnum):
     """The minimum severity that is logged."""
 

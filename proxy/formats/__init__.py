@@ -7,6 +7,7 @@ and one entry here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 import orjson
@@ -19,6 +20,9 @@ from proxy.pipeline.wire import WireFormat
 FORMATS: Final[tuple[WireFormat, ...]] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 """Every wire format the proxy compacts, in the order paths are matched."""
 
+
+PATHS_REMEMBERED: Final = 1024
+"""Paths whose format `format_of` remembers; a client's other paths are matched again (correct, only slower)."""
 
 BODY_ORDER: Final[tuple[WireFormat, ...]] = (MESSAGES, RESPONSES, CHAT_COMPLETIONS)
 """The order a body with no path to tell is recognized in: the most specific format first; chat completions, which
@@ -58,4 +62,10 @@ def format_of(method: str, path: str) -> WireFormat | None:
     """The wire format of a request compaction sees (a POST to one of the formats' paths), or None."""
     if method != "POST":
         return None
+    return _format_at(path)
+
+
+@lru_cache(maxsize=PATHS_REMEMBERED)
+def _format_at(path: str) -> WireFormat | None:
+    """The format serving POSTs to `path` (asked several times per request: by the access line, routing, the route)."""
     return next((wire for wire in FORMATS if wire.serves(path)), None)

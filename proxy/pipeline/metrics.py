@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy.pipeline.cache_misses import PROXY_CAUSES, Misses
+from proxy.pipeline.labelled import labelled
 
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -195,13 +196,13 @@ class CompactionMetrics:
 
     def decided(self, api: str, outcome: str) -> None:
         """Count one request of the wire format `api` by what compaction decided for it."""
-        self.requests.labels(api, outcome).inc()
+        labelled(self.requests, api, outcome).inc()
 
     def count_misses(self, api: str, misses: Misses) -> None:
         """Count a request's uncached prompt tokens by cause, and those the proxy caused."""
         for cause, tokens in misses.as_dict().items():
             if tokens:
-                self.cache_miss_tokens.labels(api, cause).inc(tokens)
+                labelled(self.cache_miss_tokens, api, cause).inc(tokens)
                 if cause in PROXY_CAUSES:
                     self.proxy_cache_miss_tokens.inc(tokens)
 

@@ -16,6 +16,7 @@ from aiohttp.typedefs import Handler
 from proxy.config import Settings
 from proxy.formats import format_of
 from proxy.pipeline.caller import conversation_of
+from proxy.pipeline.labelled import labelled
 from proxy.server.errors import internal_error, shape_of
 from proxy.server.keys import METRICS, RECORD, SETTINGS
 from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
@@ -103,19 +104,19 @@ def _account(request: web.Request, record: RequestRecord) -> None:
     metrics = request.app[METRICS]
     elapsed = record.elapsed()
     route = record.route
-    metrics.requests.labels(route=route, status=str(record.status)).inc()
-    metrics.request_duration.labels(route=route).observe(elapsed)
+    labelled(metrics.requests, route, str(record.status)).inc()
+    labelled(metrics.request_duration, route).observe(elapsed)
     if record.upstream_latency is not None:
-        metrics.upstream_latency.labels(route=route).observe(record.upstream_latency)
+        labelled(metrics.upstream_latency, route).observe(record.upstream_latency)
     if record.upstream is not None:
         status = str(record.upstream_status) if record.upstream_status is not None else "none"
-        metrics.routed.labels(upstream=record.upstream, route=route, status=status).inc()
+        labelled(metrics.routed, record.upstream, route, status).inc()
     if record.compaction is not None:
-        metrics.decisions.labels(route=route, decision=record.compaction).inc()
+        labelled(metrics.decisions, route, record.compaction).inc()
     if record.window_source is not None:
-        metrics.window_sources.labels(source=record.window_source).inc()
+        labelled(metrics.window_sources, record.window_source).inc()
     if record.error in ("unreachable", "timeout", "broken_stream"):
-        metrics.upstream_errors.labels(kind=record.error).inc()
+        labelled(metrics.upstream_errors, record.error).inc()
     fields = {
         "method": record.method,
         "path": request.rel_url.raw_path,

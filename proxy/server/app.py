@@ -85,7 +85,8 @@ def create_app(
 
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[accounting, inbound_auth],
+        # Without proxy keys the key check lets everything through: no layer for it on every request.
+        middlewares=[accounting, inbound_auth] if settings.proxy_keys else [accounting],
         handler_args=handler_args(settings),
     )
     app[SETTINGS] = settings

@@ -100,7 +100,7 @@ async def handle_compacted(
             record.error = refused.code
             request.app[METRICS].content_coding_refusals.labels(code=refused.code).inc()
             return refused.response(wire.error_body)
-    target = await take_route(request, raw_path, None if undecoded else body)
+    target = await take_route(request, raw_path, None if undecoded else body, wire)
     if undecoded:
         plan = None
     else:

@@ -9,8 +9,9 @@ answers, is copied as-is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
-from multidict import CIMultiDict, CIMultiDictProxy, istr
+from multidict import CIMultiDict, CIMultiDictProxy
 
 HOP_BY_HOP: frozenset[str] = frozenset(
     {"connection", "keep-alive", "te", "trailer", "trailers", "transfer-encoding", "upgrade", "proxy-connection"}
@@ -45,15 +46,21 @@ def connection_listed(headers: Headers) -> set[str]:
     return listed
 
 
-def _end_to_end(headers: Headers, also_drop: Iterable[str]) -> CIMultiDict[str]:
-    drop = HOP_BY_HOP | connection_listed(headers) | set(also_drop)
-    kept: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in drop or lower.startswith("proxy-"):
-            continue
-        kept.add(istr(name), value)
-    return kept
+def _end_to_end(headers: Headers, drop: frozenset[str]) -> CIMultiDict[str]:
+    """`headers` without `Proxy-*`, what `Connection` lists and the names in `drop` (lower case, hop-by-hop too)."""
+    if "Connection" in headers:
+        drop = drop | connection_listed(headers)
+    return CIMultiDict(
+        (name, value)
+        for name, value in headers.items()
+        if (lower := name.lower()) not in drop and not lower.startswith("proxy-")
+    )
+
+
+@lru_cache(maxsize=16)
+def _dropped_upstream(also_drop: frozenset[str]) -> frozenset[str]:
+    """Every request header name (lower case) not sent upstream, `also_drop` included."""
+    return HOP_BY_HOP | REQUEST_ONLY_DROPS | also_drop
 
 
 def upstream_request_headers(
@@ -66,7 +73,7 @@ def upstream_request_headers(
         client's Content-Length. None keeps the client's framing header as it was.
     :param drop: More header names (lower case) that no longer describe the body sent, e.g. `content-encoding`.
     """
-    kept = _end_to_end(headers, REQUEST_ONLY_DROPS | {name.lower() for name in drop})
+    kept = _end_to_end(headers, _dropped_upstream(frozenset(name.lower() for name in drop)))
     if body_length is not None:
         kept.popall("Content-Length", None)
         kept["Content-Length"] = str(body_length)
@@ -96,7 +103,7 @@ def client_response_headers(
     :param drop_length: The relayed body differs from the upstream's (a stripped usage chunk), so its
         Content-Length no longer holds.
     """
-    kept = _end_to_end(headers, ())
+    kept = _end_to_end(headers, HOP_BY_HOP)
     if drop_length:
         kept.popall("Content-Length", None)
     for name, value in (extra or {}).items():

@@ -10,6 +10,9 @@ quote the data it choked on (a message, a header value), and logs must never car
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextvars
 import logging
 import re
 import sys
@@ -191,16 +194,80 @@ class _WorkerField(logging.Filter):
         return True
 
 
-def configure_logging(settings: Settings, worker: int | None = None) -> None:
+class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
+    """Lines logged on the event loop are formatted and written after the loop's turn, all of a turn's in one write.
+
+    A request's access line then costs its handler a list append; the formatting and the write happen after the
+    handler returned, once per turn of the loop for every line logged in it. What a line takes from the moment it is
+    logged is taken then: its time (the record's) and the request it names (`REQUEST_ID`). A line logged off the
+    loop (a worker thread, startup, shutdown) is written at once, after the lines waiting before it, so the order of
+    the lines is the order they were logged in.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._pending: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record for the end of the loop's turn (write it now when not on a loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write_pending()
+            super().emit(record)
+            return
+        request_id = REQUEST_ID.get()
+        if request_id is not None and not hasattr(record, "request_id"):
+            record.request_id = request_id
+        self._pending.append(record)
+        if len(self._pending) == 1:
+            loop.call_soon(self.flush, context=contextvars.Context())  # formatted outside any request's context
+
+    def flush(self) -> None:
+        """Write the lines waiting, in one write."""
+        self.acquire()
+        try:
+            self._write_pending()
+            super().flush()
+        finally:
+            self.release()
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            self.stream.write("".join(self.format(record) + self.terminator for record in pending))
+        except Exception:
+            self.handleError(pending[0])
+
+
+def flush_logging() -> None:
+    """Write every line logged so far (they may wait for the end of the loop's turn, see `configure_logging`).
+
+    Called when the proxy stops (and at exit): its last lines (access lines of the last requests, `stopped`) are all
+    written, in order, before the process ends, even if its loop closed before the turn that would have written them.
+    """
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
+atexit.register(flush_logging)
+
+
+def configure_logging(settings: Settings, worker: int | None = None, *, deferred: bool = False) -> None:
     """Send all logging (the proxy's, aiohttp's, the compaction side's) to stderr in the configured format.
 
     :param worker: The worker this process is (`workers` > 1): every line then carries it as `worker`.
+    :param deferred: Format and write the lines logged on the event loop after its turn, a turn's lines in one write
+        (a serving process: see `_Batched`); `flush_logging` writes what is left.
     """
+    flush_logging()
     # The records' thread, process and caller are in no line: not looking them up makes each line cheaper (the
     # logging HOWTO's "Optimization"), which counts on the access log's one line per request.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Batched(sys.stderr) if deferred else logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format is LogFormat.JSON else TextFormatter())
     if worker is not None:
         handler.addFilter(_WorkerField(worker))

@@ -13,11 +13,13 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import Settings
+from proxy.config.kinds import EventLoop
 from proxy.pipeline.exchange import Compaction
 from proxy.server.app import create_app, runner_options
 from proxy.server.connections import CappedListener, default_max_connections
+from proxy.server.event_loop import loop_factory
 from proxy.server.keys import COMPACTION, READINESS
-from proxy.server.logging import SERVER_LOGGER, configure_logging
+from proxy.server.logging import SERVER_LOGGER, configure_logging, flush_logging
 from proxy.server.readiness import unready_reason
 
 log = logging.getLogger(SERVER_LOGGER)
@@ -38,16 +40,25 @@ def serve(settings: Settings, compaction: Compaction | None = None, *, worker: i
     :param worker: Which of `settings.workers` processes this is (see `proxy.server.workers`); None for the only one.
     :raises OSError: The address could not be bound.
     """
-    configure_logging(settings, worker)
+    configure_logging(settings, worker, deferred=True)
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
-    asyncio.run(serve_async(settings, compaction))
+    event_loop, factory = loop_factory(settings.event_loop)
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve_async(settings, compaction, event_loop=event_loop))
+    finally:
+        flush_logging()
 
 
-async def serve_async(settings: Settings, compaction: Compaction | None = None) -> None:
+async def serve_async(
+    settings: Settings, compaction: Compaction | None = None, *, event_loop: EventLoop = EventLoop.ASYNCIO
+) -> None:
     """The coroutine behind `serve`, for callers that run their own event loop.
 
     The app listens through a `CappedListener` (at most `max_connections` client connections) instead of an aiohttp
     site; the runner still owns the app's lifecycle and the graceful shutdown of open connections.
+
+    :param event_loop: The kind of loop it runs on, for the `listening` line (`serve` chooses it).
     """
     app = create_app(settings, compaction)
     runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
@@ -74,6 +85,7 @@ async def serve_async(settings: Settings, compaction: Compaction | None = None) 
                     "offload": settings.offload,
                     "max_connections": listener.limit,
                     "pid": os.getpid(),
+                    "event_loop": event_loop.value,
                 }
             },
         )

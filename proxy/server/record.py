@@ -13,7 +13,7 @@ from proxy.pipeline.ledger import CONVERSATION_HEADER
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """Facts about one request: no bodies and no header values other than the conversation id and the model.
 

@@ -20,6 +20,7 @@ from proxy.config import Settings
 from proxy.config.routes import DEFAULT_API, RouteSettings
 from proxy.formats import api_of
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
+from proxy.pipeline.wire import WireFormat
 from proxy.server.upstream import Upstream
 
 
@@ -39,8 +40,8 @@ class Route:
         """The route's name (the `upstream` metrics label, the access log's `upstream` field)."""
         return self.settings.name
 
-    def takes(self, method: str, path: str, headers: Mapping[str, str], model: str | None) -> bool:
-        """Whether every condition the route names holds for this request."""
+    def takes(self, path: str, headers: Mapping[str, str], model: str | None, api: str) -> bool:
+        """Whether every condition the route names holds for this request (of the API `api`)."""
         route = self.settings
         if route.path_prefix is not None and not path.startswith(route.path_prefix):
             return False
@@ -48,10 +49,7 @@ class Route:
             return False
         if route.header is not None and not _header_matches(route.header, headers):
             return False
-        if route.api:
-            wire = api_of(method, path, headers)
-            return (wire.api if wire is not None else DEFAULT_API) == route.api
-        return True
+        return not route.api or api == route.api
 
 
 def _header_matches(condition: str, headers: Mapping[str, str]) -> bool:
@@ -81,16 +79,30 @@ class RouteTable:
             routes.append(Route(route, Upstream(own, Upstream.create_session(own))))
         return cls(tuple(routes))
 
-    def choose(self, method: str, path: str, headers: Mapping[str, str], model: str | None = None) -> Route:
-        """The first route that takes the request."""
-        return next(route for route in self.routes if route.takes(method, path, headers, model))
+    def choose(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        model: str | None = None,
+        wire: WireFormat | None = None,
+    ) -> Route:
+        """The first route that takes the request.
 
-    async def choose_for_body(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Route:
+        :param wire: The format the server already found the request to be of, if any (else `api_of` tells its API).
+        """
+        wire = wire or api_of(method, path, headers)
+        api = wire.api if wire is not None else DEFAULT_API
+        return next(route for route in self.routes if route.takes(path, headers, model, api))
+
+    async def choose_for_body(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, wire: WireFormat | None = None
+    ) -> Route:
         """`choose` for a request whose body was read, with its `model` when a route names model patterns."""
         if not self.reads_models:
-            return self.choose(method, path, headers)
+            return self.choose(method, path, headers, wire=wire)
         model = _model_of(body) if len(body) < OFF_LOOP_BYTES else await asyncio.to_thread(_model_of, body)
-        return self.choose(method, path, headers, model)
+        return self.choose(method, path, headers, model, wire)
 
     async def aclose(self) -> None:
         """Close every route's connection pool."""

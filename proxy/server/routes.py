@@ -71,6 +71,10 @@ def route_kind(method: str, path: str) -> str:
     return RouteKind.OTHER.value
 
 
+_PLAIN_PATH: Final = re.compile(r"[\x20-\x24\x26-\x5b\x5d-\x7e]*")
+"""Printable ASCII without `%` or a backslash: a path that decodes to itself and splits at `/` alone."""
+
+
 def safe_raw_path(raw_path: str) -> str | None:
     """Return the raw (still percent-encoded) path to forward, or None when it must be refused.
 
@@ -80,6 +84,8 @@ def safe_raw_path(raw_path: str) -> str | None:
     """
     if not raw_path.startswith("/"):
         return None
+    if _PLAIN_PATH.fullmatch(raw_path) and "/." not in raw_path:
+        return "/" + raw_path.lstrip("/")  # nothing encoded, no backslash or control: no dot segment hides in it
     decoded = unquote(raw_path)
     if any(part in (".", "..") for part in re.split(r"[/\\]", decoded)):
         return None

@@ -116,6 +116,17 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(values) if values else None
 
 
+def lone_data(chunk: bytes) -> bytes | None:
+    """The data of a chunk that is exactly one event of one `data` line ended by LF LF, else None.
+
+    That is how servers write a token's event (and how it usually arrives, one read each): it is taken in two
+    scans, without the splitter's and `event_data`'s regular expressions, which cut any other chunk as the spec says.
+    """
+    if not chunk.startswith(b"data:") or not chunk.endswith(b"\n\n") or chunk.count(b"\n") != 2 or b"\r" in chunk:
+        return None
+    return chunk[6:-2] if chunk[5:6] == b" " else chunk[5:-2]
+
+
 def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
     """Return the chunk's JSON without its top-level `"usage": null`.
 
@@ -187,6 +198,8 @@ class StreamObserver:
         """Take bytes from the upstream; return the bytes to relay now (fewer when holding back a partial event)."""
         if self.stopped is not None:
             return chunk
+        if not self._splitter.pending and (data := lone_data(chunk)) is not None:
+            return self._lone(chunk, data)
         events = self._splitter.feed(chunk)
         relayed: list[bytes] = []
         try:
@@ -200,6 +213,15 @@ class StreamObserver:
         if self.stopped is not None:
             relayed.append(self._splitter.flush())
         return b"".join(relayed) if self.strip_usage else chunk
+
+    def _lone(self, event: bytes, data: bytes) -> bytes:
+        """`feed` for a chunk that is one whole event with `data` (`lone_data`): nothing is held back."""
+        try:
+            relayed = self._process(event, data)
+        except Exception as exc:
+            self._fail(exc)
+            relayed = event
+        return relayed if self.strip_usage else event
 
     def stop(self, reason: StopReason) -> bytes:
         """Stop inspecting; return the held-back bytes, which a stripping caller must relay before anything else."""
@@ -220,8 +242,8 @@ class StreamObserver:
         self.stopped = StopReason.ERROR
         self.error = type(exc).__name__
 
-    def _inspect(self, event: bytes) -> dict[str, Any] | None:
-        data = event_data(event)
+    def _inspect(self, event: bytes, data: bytes | None = None) -> dict[str, Any] | None:
+        data = event_data(event) if data is None else data
         if data is None or data.strip() == b"[DONE]":
             return None
         try:
@@ -233,16 +255,19 @@ class StreamObserver:
         self.wire.read_event(chunk, self.report)
         return chunk
 
-    def _process(self, event: bytes) -> bytes:
-        """Inspect one event; return it as it should be relayed (when stripping: without what the proxy caused)."""
-        chunk = self._inspect(event)
+    def _process(self, event: bytes, data: bytes | None = None) -> bytes:
+        """Inspect one event (`data`: its data, when known); return it as it should be relayed.
+
+        When stripping, that is without what the proxy caused (the usage chunk, `"usage": null`).
+        """
+        chunk = self._inspect(event, data)
         if not self.strip_usage or chunk is None or "usage" not in chunk:
             return event
         if chunk.get("choices") == [] and isinstance(chunk["usage"], dict):
             self.stripped_chunks += 1
             return b""
         if chunk["usage"] is None:
-            data = event_data(event)
+            data = event_data(event) if data is None else data
             assert data is not None  # _inspect parsed it
             return rewrite_event(event, _without_usage_null(data, chunk))
         return event

@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings
+from proxy.server.idle_watch import IdleTimedOut, IdleWatch
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.record import RequestRecord
 from proxy.upstream_session import upstream_session
@@ -146,6 +147,8 @@ class Upstream:
         self.first_byte_timeout = settings.first_byte_timeout
         self.idle_timeout = settings.idle_timeout
         self._turn_started = time.monotonic()
+        self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
+        """The idle timeout of each answer being read, from its headers to its close."""
         self.unreachable: str | None = None
         """Why the last request could not connect to the upstream (connection refused, DNS lookup failed, ...), or
         None once one did: `/readyz` reports it."""
@@ -205,9 +208,12 @@ class Upstream:
         if record is not None:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = response.status
+        self._watches[response] = watch = IdleWatch(response.content, self.idle_timeout)
         try:
             yield response
         finally:
+            watch.close()
+            del self._watches[response]
             # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
             # stops the upstream's generation instead of the proxy draining it.
             if response.content.at_eof():
@@ -267,9 +273,8 @@ class Upstream:
         :raises UpstreamUnreachable: The connection broke mid-body.
         """
         try:
-            async with asyncio.timeout(self.idle_timeout):
-                chunk = await response.content.read(RELAY_PIECE_BYTES)
-        except TimeoutError as exc:
+            chunk = await self._watches[response].read(RELAY_PIECE_BYTES)
+        except IdleTimedOut as exc:
             raise UpstreamTimeout(f"the response paused for more than {self.idle_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(_failure(exc)) from exc

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
-from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data
+from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data, lone_data
 from tests.support.examples import examples
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
@@ -281,3 +281,32 @@ def test_splitting_loses_nothing_and_finds_the_same_events_however_chunked(data:
     assert rest == whole_rest or not rest.strip(b"\r\n")
     blank = [not event.strip(b"\r\n") for event in whole_events]
     assert not any(itertools.starmap(operator.and_, itertools.pairwise(blank)))  # a run of blank lines: one piece
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(chunk=st.one_of(SSE_LIKE, FIELD_LINE.map(lambda line: line + b"\n\n")))
+def test_a_lone_events_data_is_what_the_splitter_and_event_data_find(chunk: bytes) -> None:
+    data = lone_data(chunk)
+    if data is not None:
+        splitter = EventSplitter()
+        assert splitter.feed(chunk) == [chunk]
+        assert event_data(chunk) == data
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(data=SSE_LIKE, strip=st.booleans())
+def test_an_event_a_chunk_is_relayed_and_read_as_the_stream_cut_anywhere_else(data: bytes, strip: bool) -> None:
+    splitter = EventSplitter()
+    events = [*splitter.feed(data), splitter.flush()]
+    one_by_one, whole = (
+        StreamObserver(CHAT_COMPLETIONS, strip_usage=strip),
+        StreamObserver(CHAT_COMPLETIONS, strip_usage=strip),
+    )
+    relayed = b"".join(one_by_one.feed(event) for event in events)
+    assert relayed + one_by_one.finish() == whole.feed(data) + whole.finish()
+    assert (one_by_one.usage, one_by_one.reply, one_by_one.stripped_chunks, one_by_one.stopped) == (
+        whole.usage,
+        whole.reply,
+        whole.stripped_chunks,
+        whole.stopped,
+    )
