@@ -363,6 +363,17 @@ class Ledger:
                 return {**conversation.summary(), "records": records, "dropped": conversation.requests - len(records)}
         return None
 
+    def records(self, conversation_id: str | None = None) -> dict[str, tuple[LedgerRecord, ...]]:
+        """The kept records of every conversation kept, or of the one with that id, by id (what its bill reads).
+
+        A snapshot, so a bill can be made of it in another thread while requests add records.
+        """
+        return {
+            conversation.id: tuple(conversation.records)
+            for conversation in self._conversations.values()
+            if conversation.requests and conversation_id in {None, conversation.id}
+        }
+
     def _conversation(self, opening: Opening) -> _Conversation:
         """The conversation of `opening`, made the most recently seen (created, and the oldest forgotten, if new)."""
         conversation = self._conversations.pop(opening.key, None)
