@@ -176,10 +176,13 @@ async def test_the_json_sits_behind_the_dashboard_switch_and_the_proxy_keys(prox
             assert (status, body["error"]["code"]) == (404, "dashboard_off"), path
             assert (await get(keyed, path))[0] == 401, path
         basic = "Basic " + base64.b64encode(f"me:{KEY}".encode()).decode()
-        assert await get(keyed, "/dashboard/conversations.json", Authorization=basic) == (
+        status, listing = await get(keyed, "/dashboard/conversations.json", Authorization=basic)
+        assert (status, listing["conversations"], listing["limits"]) == (
             200,
-            {"conversations": [], "limits": {"conversations": 128, "requests": 256}},
+            [],
+            {"conversations": 128, "requests": 256},
         )
+        assert listing["total"]["conversations"] == listing["total"]["proxy"]["requests"] == 0
         status, body = await get(keyed, "/dashboard/conversations/0123abcd.json", **{"X-Proxy-Key": KEY})
         assert (status, body["error"]["code"]) == (404, "conversation_not_found")
         assert upstream.requests == []  # answered by the proxy, never forwarded

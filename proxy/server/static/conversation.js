@@ -52,7 +52,7 @@ function conversationEntry(conversation) {
   const about = `${conversation.api} · ${conversation.model} · tenant ${conversation.tenant} · `
     + `${plural(conversation.requests, "request")}, ${count(conversation.compactions)} compacted · `
     + `${count(totals.prompt_tokens)} prompt tokens, `
-    + `${percent(cachedShare)} cached · last seen ${ago(conversation.last_seen)}`;
+    + `${percent(cachedShare)} cached · ${billed(conversation.bill)}last seen ${ago(conversation.last_seen)}`;
   entry.append(link, meter, make("span", { class: "about" }, about));
   return entry;
 }
@@ -64,7 +64,7 @@ async function showList() {
   list.append(...conversations.map(conversationEntry));
   if (!conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
   document.getElementById("figures").replaceChildren(figureSection("conversations", "Recent conversations",
-    "most recent first; each name opens its page", list));
+    "most recent first; each name opens its page", list), ...(data.total ? [billFigure(data.total)] : []));
   return `${plural(conversations.length, "recent conversation")}.`;
 }
 
