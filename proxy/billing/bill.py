@@ -221,6 +221,20 @@ def direct_charge(request: Request, rates: Rates | None, previous: float | None)
     return charge(rates, client, served, written, request.output_tokens)
 
 
+def tokens(request: Request, previous: float | None) -> tuple[Charge, Charge]:
+    """One request's tokens by kind (no price), through the proxy and going direct: what the metrics count.
+
+    Going direct is empty for a call the proxy made on its own, and for a request larger than its window (the
+    provider would have refused it). The client's previous request was sent at `previous` (None: none).
+    """
+    proxy = charge(
+        None, request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens
+    )
+    client = request.client_tokens or 0
+    fits = client > 0 and not 0 < (request.window or 0) < client
+    return proxy, direct_charge(request, None, previous) if fits else Charge()
+
+
 def total(bills: Iterable[Bill]) -> Bill:
     """Conversations' bills added up."""
     return sum(bills, Bill())

@@ -311,6 +311,12 @@ class Ledger:
         step = Step.between(previous, now, (opening.client_chain, forwarded.chain), 0)
         return expected(step, opening.lifetime)
 
+    def previous_at(self, opening: Opening) -> float | None:
+        """When the previous request of `opening`'s conversation arrived (None: it is the first kept)."""
+        conversation = self._conversations.get(opening.key)
+        previous = conversation.previous if conversation is not None else None
+        return previous.at if previous is not None else None
+
     def close(
         self,
         opening: Opening,
