@@ -97,6 +97,29 @@ async def test_the_recent_conversations_and_their_records_equal_the_upstreams_us
     ]
     assert answer["dropped"] == 0 and listing["limits"] == {"conversations": 128, "requests": 256}
     assert SECRET_WORDS not in str(listing) + str(answer) and "sk-json" not in str(listing) + str(answer)
+    assert_bills(proxy, listing, answer, upstream.usages)
+
+
+BILL_KINDS = {"uncached": "uncached_input", "cached": "cached_input", "cache_write": "cache_write_input"}
+
+
+def assert_bills(proxy: RunningProxy, listing: dict[str, Any], answer: dict[str, Any], usages: list[Any]) -> None:
+    """The bills: a conversation's in its JSON and in the list, their total, and the metrics' tokens each way."""
+    bills = [conversation["bill"] for conversation in listing["conversations"]]
+    mine = next(c["bill"] for c in listing["conversations"] if c["id"] == answer["id"])
+    assert answer["bill"] == mine and mine["proxy"]["requests"] == answer["requests"]
+    total = listing["total"]
+    assert total["conversations"] == len(bills) and not total["stopped"]
+    assert total["proxy"]["requests"] == len(usages) == sum(bill["proxy"]["requests"] for bill in bills)
+    prompt = sum(usage["prompt_tokens"] for usage in usages)
+    assert total["proxy"]["uncached_input"] + total["proxy"]["cached_input"] == prompt
+    assert total["proxy"]["output"] == sum(usage["completion_tokens"] for usage in usages)
+    for way in ("proxy", "direct"):
+        counted = {
+            kind: proxy.metric("compaction_proxy_bill_tokens_total", api="chat_completions", way=way, kind=kind)
+            for kind in (*BILL_KINDS, "output")
+        }
+        assert counted == {kind: total[way][BILL_KINDS.get(kind, kind)] for kind in counted}, way
 
 
 async def test_a_responses_conversation_records_the_upstreams_usage(proxies: LoopbackProxies, clock: FakeClock) -> None:
