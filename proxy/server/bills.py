@@ -6,7 +6,8 @@ conversation's bill and their `total`. A bill covers the records the ledger keep
 
 The price library's data takes a second or two of CPU to load: it is loaded in a worker thread when the app starts,
 never on the request path. A bill made before it is ready prices only the operator's `prices` (the library's models
-are counted in tokens only) and says `"prices": "loading"`; after, `"prices": "loaded"`. Bills of many records are
+are counted in tokens only) and says `"prices": "loading"`; after, `"prices": "loaded"`, or `"unavailable"` when the
+library is not installed (the `billing` extra) or failed to load (logged). Bills of many records are
 made in a worker thread too, like `/dashboard.json`'s figures: the event loop forwards requests.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -23,6 +25,9 @@ from proxy.billing import PriceBook, conversation_bill, total
 from proxy.billing.prices import PerMillion, preload
 from proxy.pipeline.ledger import LedgerRecord
 from proxy.server.keys import SETTINGS
+from proxy.server.logging import SERVER_LOGGER
+
+log = logging.getLogger(SERVER_LOGGER)
 
 TOTAL: Final = ""
 """The key of the total in `billed`'s answer (no conversation's id is empty)."""
@@ -40,17 +45,24 @@ class Prices:
     def __init__(self, overrides: Mapping[str, PerMillion]) -> None:
         self._book = PriceBook(overrides)
         self._loading = PriceBook(overrides, library=False)
-        self.ready = False
+        self.state = "loading"
 
     def load(self) -> None:
         """Load the library's data (in a worker thread: a second or two of CPU), then price with it."""
-        preload()
-        self.ready = True
+        try:
+            self.state = "loaded" if preload() else "unavailable"
+        except Exception:  # a broken price library costs the bill its prices, never the proxy its start
+            log.warning(
+                "The price library (genai-prices) failed to load: bills price only the `prices` setting's models."
+                " Reinstall the `billing` extra, or name your models' prices in `prices`.",
+                exc_info=True,
+            )
+            self.state = "unavailable"
 
-    @property
-    def book(self) -> PriceBook:
-        """The book to price with now: without the library until its data is loaded."""
-        return self._book if self.ready else self._loading
+    def now(self) -> tuple[PriceBook, str]:
+        """The book to price with now (without the library until its data is loaded), and the state it is of."""
+        state = self.state  # read once: the loading thread may change it
+        return self._book if state == "loaded" else self._loading, state
 
 
 PRICES = web.AppKey("prices", Prices)
@@ -81,12 +93,11 @@ async def billed(app: web.Application, records: Mapping[str, Sequence[LedgerReco
 
     Each says whether the library's prices were in it (`prices`).
     """
-    prices = app[PRICES]
-    book, ready = prices.book, prices.ready
+    book, loaded = app[PRICES].now()
+    state = {"prices": loaded}
 
     def made() -> dict[str, dict[str, Any]]:
         each = {conversation: conversation_bill(kept, book) for conversation, kept in records.items()}
-        state = {"prices": "loaded" if ready else "loading"}
         shown = {conversation: {**bill.as_dict(), **state} for conversation, bill in each.items()}
         return {**shown, TOTAL: {**total(each.values()).as_dict(), **state}}
 
