@@ -124,6 +124,7 @@ async def one_run(
     result_lines: int = 6,
     settings: Mapping[str, str] | None = None,
     direct: DirectRun | None = None,
+    ledger: bool = False,
 ) -> dict[str, Any]:
     """The run through a proxy process with rewrite memory on or off; figures from what the upstream recorded.
 
@@ -132,8 +133,11 @@ async def one_run(
     :param settings: Proxy settings by name (`compact_to`: `0.3`), set through its environment.
     :param direct: The same agent's run straight at the upstream: the row then carries `billing`, the bill of each,
         and the proxy's estimate of going direct.
+    :param ledger: Run the proxy with its dashboard on: the row then carries `conversations`, the proxy's own JSON of
+        each conversation it kept (`/dashboard/conversations/{id}.json`, its bill included).
     """
     env = {"COMPACTION_PROXY_REWRITE_MEMORY": "true" if rewrite_memory else "false"}
+    env |= {"COMPACTION_PROXY_DASHBOARD": "true"} if ledger else {}
     env.update((f"COMPACTION_PROXY_{name.upper()}", value) for name, value in (settings or {}).items())
     async with OpenAIUpstream(agent_responder(), context_window=window) as upstream:
         args = ["-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--upstream", upstream.base_url]
@@ -142,6 +146,7 @@ async def one_run(
         client = billing.ClientCounts()
         with Server(name, args, log_dir, env=env, url_on_stderr=True) as proxy:
             decisions = await http_agent(proxy.url, tasks, steps, result_lines, client)
+            kept = await conversations(proxy.url) if ledger else None
         requests = [request for request in upstream.requests if request.path.endswith("/chat/completions")]
         usages = list(upstream.usages)
     if len(usages) != len(requests):
@@ -171,9 +176,24 @@ async def one_run(
         "summary_cached_share": summary_cached / summary_prompt if summary_prompt else None,
     }
     row.update(kept_after_compactions([request.json["messages"] for request in chat], decisions, result_lines))
+    if kept is not None:
+        row["conversations"] = kept
     if direct is not None:
         row["billing"] = compared(direct, billing.records(usages, summaries, client, model=MODEL, window=window))
     return row
+
+
+async def conversations(base_url: str) -> list[dict[str, Any]]:
+    """Every conversation the proxy's ledger keeps, as its dashboard's JSON gives it (records and bill)."""
+    headers = {"Authorization": "Bearer sk-bench"}
+    async with aiohttp.ClientSession(base_url, headers=headers, raise_for_status=True) as http:
+        async with http.get("/dashboard/conversations.json") as response:
+            listed = (await response.json())["conversations"]
+        kept = []
+        for conversation in listed:
+            async with http.get(f"/dashboard/conversations/{conversation['id']}.json") as response:
+                kept.append(await response.json())
+    return kept
 
 
 def kept_after_compactions(

@@ -9,6 +9,7 @@ and the proxy's estimate of going direct, made from the proxy's run alone, is wh
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,38 @@ async def test_the_long_run_s_bill_is_the_upstream_s_and_its_estimate_of_going_d
     # The default chain makes no summary calls: as many requests billed as the direct run's turns.
     assert figures["proxy_same_turns"]["requests"] == figures["direct_turns"] < figures["proxy"]["requests"]
     assert any(line.startswith(f"| {row['label']} | {figures['direct_turns']} |") for line in billing.table([row]))
+
+
+def as_bench_figures(charge: dict[str, Any]) -> dict[str, Any]:
+    """A charge of the proxy's conversation JSON in the bench's form, priced as the bench's agent model."""
+    kinds = ("requests", "uncached_input", "cached_input", "output")
+    return {**{kind: charge[kind] for kind in kinds}, "usd": charge["usd"]}
+
+
+def bench_figures(figures: dict[str, Any]) -> dict[str, Any]:
+    """The bench's figures priced as the agent's model alone."""
+    return {**tokens(figures), "usd": figures["usd"][long_run.MODEL]}
+
+
+async def test_the_proxy_s_own_bill_of_the_long_run_is_the_bench_s(tmp_path: Path) -> None:
+    direct = await long_run.direct_run(3, 20, window=4096)
+    row = await long_run.one_run(True, 3, 20, tmp_path, window=4096, direct=direct, ledger=True)
+    figures = row["billing"]
+    assert row["compacted_turns"] > 0 and figures["estimate_stopped"]
+    [conversation] = row["conversations"]
+    bill = conversation["bill"]
+    assert bill["prices"] == "loaded" and bill["stopped"] == 1 and bill["proxy"]["price"] == "known"
+    # Through the proxy, whole and over the turns going direct could make: the bench's bill of the upstream's usage.
+    assert as_bench_figures(bill["proxy"]) == bench_figures(figures["proxy"])
+    assert as_bench_figures(bill["covered"]) == bench_figures(figures["proxy_same_turns"])
+    # Going direct: the proxy's estimate is the bench's bill of the agent's real direct run.
+    assert (
+        as_bench_figures(bill["direct"])
+        == bench_figures(figures["direct"])
+        == bench_figures(figures["direct_estimate"])
+    )
+    # The client's request sizes keep growing across compactions: the upstream's counts of the direct run's requests.
+    sizes = [record["client_tokens"] for record in conversation["records"]]
+    compacted = [record["compaction"] is not None for record in conversation["records"]]
+    assert sum(compacted) == row["compacted_turns"] and all(b > a for a, b in itertools.pairwise(sizes))
+    assert sizes[: len(direct.client.counts)] == [size for size, _ in direct.client.counts]

@@ -61,13 +61,13 @@ class Request(Protocol):
         ...
 
     @property
-    def window(self) -> int:
-        """The model's context window in tokens (0: unknown)."""
+    def window(self) -> int | None:
+        """The model's context window in tokens (0 or None: unknown)."""
         ...
 
     @property
-    def client_tokens(self) -> int:
-        """Its input as the client sent it, in tokens (0: a call the proxy made on its own)."""
+    def client_tokens(self) -> int | None:
+        """Its input as the client sent it, in tokens (0 or None: a call the proxy made on its own, or not known)."""
         ...
 
     @property
@@ -195,26 +195,44 @@ def conversation_bill(requests: Sequence[Request], prices: PriceBook) -> Bill:
     covered = len(requests) if stop is None else stop
     direct, previous = Charge(), None
     for request, price in zip(requests[:covered], rates, strict=False):
-        if request.client_tokens > 0:
+        if request.client_tokens:
             direct += direct_charge(request, price, previous)
             previous = request.at
-    clients = sum(request.client_tokens > 0 for request in requests)
+    clients = sum(bool(request.client_tokens) for request in requests)
     proxy, through = sum(forwarded, Charge()), sum(forwarded[:covered], Charge())
     return Bill(proxy, through, direct, clients, conversations=1, stopped=int(stop is not None))
 
 
 def refused_at(requests: Sequence[Request]) -> int | None:
     """Where going direct stops: the index of the first request larger than its window (None: it never does)."""
-    return next((index for index, request in enumerate(requests) if 0 < request.window < request.client_tokens), None)
+    return next(
+        (index for index, request in enumerate(requests) if 0 < (request.window or 0) < (request.client_tokens or 0)),
+        None,
+    )
 
 
 def direct_charge(request: Request, rates: Rates | None, previous: float | None) -> Charge:
     """The estimate of one client request sent direct, the client's previous one sent at `previous` (None: none)."""
     rules = rules_for(request.api)
     alive = previous is not None and request.at - previous <= rules.lifetime
-    served = rules.served(min(request.client_reused_tokens, request.client_tokens)) if alive else 0
-    written = rules.written(request.client_tokens, served)
-    return charge(rates, request.client_tokens, served, written, request.output_tokens)
+    client = request.client_tokens or 0
+    served = rules.served(min(request.client_reused_tokens, client)) if alive else 0
+    written = rules.written(client, served)
+    return charge(rates, client, served, written, request.output_tokens)
+
+
+def tokens(request: Request, previous: float | None) -> tuple[Charge, Charge]:
+    """One request's tokens by kind (no price), through the proxy and going direct: what the metrics count.
+
+    Going direct is empty for a call the proxy made on its own, and for a request larger than its window (the
+    provider would have refused it). The client's previous request was sent at `previous` (None: none).
+    """
+    proxy = charge(
+        None, request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens
+    )
+    client = request.client_tokens or 0
+    fits = client > 0 and not 0 < (request.window or 0) < client
+    return proxy, direct_charge(request, None, previous) if fits else Charge()
 
 
 def total(bills: Iterable[Bill]) -> Bill:

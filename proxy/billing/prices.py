@@ -106,10 +106,13 @@ class PriceBook:
     """Looks up a model's `Rates`: the operator's prices (exact name, then patterns in order), then the library.
 
     :param overrides: The `prices` setting: model name or shell-style pattern to prices per million tokens.
+    :param library: Whether to look in the library: a book made while its data is still loading (`preload`) prices
+        the operator's models only, so a bill never waits for it.
     """
 
-    def __init__(self, overrides: Mapping[str, PerMillion] | None = None) -> None:
+    def __init__(self, overrides: Mapping[str, PerMillion] | None = None, *, library: bool = True) -> None:
         self.overrides = dict(overrides or {})
+        self.library = library
 
     def rates(self, model: str | None, api: str) -> Rates | None:
         """The prices of `model` at the provider of `api`; None when neither the setting nor the library knows them."""
@@ -120,7 +123,7 @@ class PriceBook:
         if name is not None:
             return _from_setting(name, self.overrides[name])
         provider = PROVIDERS.get(api)
-        return _from_library(model, provider) if provider else None
+        return _from_library(model, provider) if provider and self.library else None
 
 
 def _flat(price: float) -> Rate:

@@ -12,8 +12,8 @@ explains of what the earlier ones left:
 2. `new`: the request's new messages (the previous answer re-sent and what the client added), which no cache holds
    yet: the provider's own count of the growth, `prompt - previous prompt`, unless the proxy rewrote this request
    or the previous one and the forwarded prefix broke (a compaction shrinks the prompt), when it is the growth of
-   the client's request by the proxy's estimate (`client_tokens - previous client_tokens`). What is left is the
-   part of the request the previous one already sent (`rest`).
+   the client's request (`client_tokens - previous client_tokens`; see `proxy.pipeline.ledger.client_size`). What
+   is left is the part of the request the previous one already sent (`rest`).
 3. `expiry`: more time passed since the conversation's previous request than the provider keeps a prefix
    (`lifetime`): all the rest, whoever changed what, since even an unchanged prefix would have missed.
 4. The forwarded prefix intact: the proxy sent the provider what it had sent before plus new messages (and the same
@@ -152,7 +152,7 @@ class Sighting:
     :param at: When it arrived (the ledger's clock, seconds).
     :param client: The end of the chain of the messages the client sent.
     :param forwarded: The end of the chain of the messages the proxy forwarded.
-    :param client_tokens: The proxy's estimate of the client's request, when it made one.
+    :param client_tokens: The client's request's size, when known (`proxy.pipeline.ledger.client_size`).
     :param prompt_tokens: The prompt tokens the provider reported for it.
     :param tools_added: The proxy offered its read tool: the tools, which every cache puts before the messages,
         were not the client's.

@@ -66,7 +66,8 @@ class LedgerRecord:
     :param api: Its wire format (`chat_completions`, `responses`, `messages`).
     :param model: The model it asked for.
     :param window: The context window the decision used, when known.
-    :param client_tokens: The request as the client sent it, by the proxy's estimate (the decision's tokens before).
+    :param client_tokens: The request as the client sent it, in tokens: carried forward from the provider's counts
+        where they tell it (see `client_size`), the proxy's estimate else.
     :param forwarded_tokens: What the proxy sent, by its estimate (after compaction when it compacted).
     :param prompt_tokens: The prompt tokens the provider reported (see `Reported`).
     :param cached_tokens: Of those, the ones it served from its cache.
@@ -217,6 +218,46 @@ class _Conversation:
         }
 
 
+def client_size(
+    previous: Sighting | None,
+    opening: Opening,
+    forwarded: Forwarded,
+    reported: Reported,
+    estimates: tuple[int | None, int | None],
+) -> int | None:
+    """The size of the request as the client sent it, in the provider's tokens where they tell it exactly.
+
+    The decision's "tokens before" is measured after earlier compactions are replayed, so it drops after each one
+    while the client's own history keeps growing; the client's size is carried forward instead:
+
+    - forwarded as the client sent it (its messages and tools): the prompt tokens the provider reported;
+    - else, continuing the client's previous request: that request's size plus this one's growth, which is the
+      growth of the provider's count when the forwarded messages continue the previous forwarded ones too (a
+      replayed compaction), else the growth of the proxy's estimate over what it forwarded before (a new
+      compaction: the replayed prefix is the previous request's forwarded messages);
+    - else (a first request the proxy rewrote, an edit of the client's history): the proxy's estimate.
+
+    :param estimates: The decision's tokens before for this request, and the previous request's forwarded tokens.
+    """
+    before, previous_sent = estimates
+    client = opening.client_chain
+    sent = forwarded.chain or client
+    if not forwarded.tools_added and len(sent) == len(client) and (not sent or sent[-1] == client[-1]):
+        return reported.prompt_tokens
+    if previous is None or previous.client_tokens is None or not _extends(previous.client, client):
+        return before
+    if _extends(previous.forwarded, sent) and previous.tools_added == forwarded.tools_added:
+        return previous.client_tokens + reported.prompt_tokens - previous.prompt_tokens
+    if before is None or previous_sent is None:
+        return before
+    return previous.client_tokens + before - previous_sent
+
+
+def _extends(end: ChainEnd, chain: Sequence[bytes]) -> bool:
+    """Whether `chain` holds the whole chain `end` ends, unchanged, and more after it."""
+    return 0 < end.length < len(chain) and chain[end.length - 1] == end.last
+
+
 class Ledger:
     """The recent conversations' records (see the module docstring).
 
@@ -270,6 +311,12 @@ class Ledger:
         step = Step.between(previous, now, (opening.client_chain, forwarded.chain), 0)
         return expected(step, opening.lifetime)
 
+    def previous_at(self, opening: Opening) -> float | None:
+        """When the previous request of `opening`'s conversation arrived (None: it is the first kept)."""
+        conversation = self._conversations.get(opening.key)
+        previous = conversation.previous if conversation is not None else None
+        return previous.at if previous is not None else None
+
     def close(
         self,
         opening: Opening,
@@ -283,6 +330,8 @@ class Ledger:
     ) -> LedgerRecord:
         """Record the answered request and attribute its misses (see `proxy.pipeline.cache_misses`)."""
         conversation = self._conversation(opening)
+        previous_sent = conversation.records[-1].forwarded_tokens if conversation.records else None
+        client_tokens = client_size(conversation.previous, opening, forwarded, reported, (client_tokens, previous_sent))
         now = self._sighting(opening, forwarded, client_tokens, reported.prompt_tokens)
         reused = conversation.reused(opening.client_chain)
         previous = conversation.previous
@@ -319,6 +368,17 @@ class Ledger:
                 records = [record.as_json() for record in conversation.records]
                 return {**conversation.summary(), "records": records, "dropped": conversation.requests - len(records)}
         return None
+
+    def records(self, conversation_id: str | None = None) -> dict[str, tuple[LedgerRecord, ...]]:
+        """The kept records of every conversation kept, or of the one with that id, by id (what its bill reads).
+
+        A snapshot, so a bill can be made of it in another thread while requests add records.
+        """
+        return {
+            conversation.id: tuple(conversation.records)
+            for conversation in self._conversations.values()
+            if conversation.requests and conversation_id in {None, conversation.id}
+        }
 
     def _conversation(self, opening: Opening) -> _Conversation:
         """The conversation of `opening`, made the most recently seen (created, and the oldest forgotten, if new)."""

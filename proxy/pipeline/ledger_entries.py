@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from xxhash import xxh3_128_digest
 
+from proxy.billing.bill import tokens
 from proxy.config import Settings
 from proxy.engine.messages import Message, chain_keys, message_key
 from proxy.names import shown
@@ -127,6 +128,7 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
     if headers.get("X-Compaction", "").startswith("compacted") and before is not None and after is not None:
         strategies = tuple(name for name in headers.get("X-Compaction-Strategies", "").split(",") if name)
         compaction = CompactionNote(strategies, before, after)
+    previous_at = ledger.previous_at(exchange.opening)
     record = ledger.close(
         exchange.opening,
         _forwarded(plan, exchange),
@@ -137,6 +139,7 @@ def close_entry(ledger: Ledger, metrics: CompactionMetrics, plan: ForwardPlan, u
         compaction=compaction,
     )
     metrics.count_misses(record.api, record.misses)
+    metrics.count_bill(record.api, *tokens(record, previous_at))
     plan.cache_misses = record.misses
 
 

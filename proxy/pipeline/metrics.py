@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.billing import Charge
 from proxy.pipeline.cache_misses import PROXY_CAUSES, Misses
 from proxy.pipeline.labelled import labelled
 
@@ -188,6 +189,14 @@ class CompactionMetrics:
             " figure to alert on.",
             registry=registry,
         )
+        self.bill_tokens = Counter(
+            "compaction_proxy_bill_tokens",
+            "Tokens the provider bills, by format (api), way (proxy: what it reported for each forwarded request;"
+            " direct: the estimate of the same client requests sent as the client sent them, those that fit the"
+            " window) and kind (uncached, cached, cache_write: input by how it is billed; output).",
+            ["api", "way", "kind"],
+            registry=registry,
+        )
         self.errors = Counter(
             "compaction_proxy_compaction_errors",
             "Internal compaction errors; each forwarded the request unchanged (fail open).",
@@ -205,6 +214,14 @@ class CompactionMetrics:
                 labelled(self.cache_miss_tokens, api, cause).inc(tokens)
                 if cause in PROXY_CAUSES:
                     self.proxy_cache_miss_tokens.inc(tokens)
+
+    def count_bill(self, api: str, proxy: Charge, direct: Charge) -> None:
+        """Count a request's billed tokens by kind, through the proxy and as estimated going direct."""
+        for way, charge in (("proxy", proxy), ("direct", direct)):
+            kinds = {"uncached": charge.uncached, "cached": charge.cached, "cache_write": charge.cache_write}
+            for kind, tokens in (kinds | {"output": charge.output}).items():
+                if tokens:
+                    self.bill_tokens.labels(api, way, kind).inc(tokens)
 
     def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
         """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""

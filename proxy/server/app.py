@@ -14,6 +14,7 @@ from proxy.pipeline.exchange import Compaction, PassThrough
 from proxy.server import conversations, dashboard, health
 from proxy.server.accounting import accounting
 from proxy.server.auth import inbound_auth
+from proxy.server.bills import add_prices
 from proxy.server.connections import socket_cap
 from proxy.server.forwarding import proxy_request
 from proxy.server.keys import COMPACTION, METRICS, READINESS, ROUTES, SETTINGS
@@ -98,6 +99,7 @@ def create_app(
     health.add_routes(app)
     dashboard.add_routes(app)
     conversations.add_routes(app)
+    add_prices(app)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     app.cleanup_ctx.append(_route_table)
     app.cleanup_ctx.append(exporter)

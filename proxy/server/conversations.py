@@ -1,7 +1,8 @@
 """The dashboard's per-conversation data: the recent conversations, and one conversation's records, as JSON.
 
 `GET /dashboard/conversations.json` lists the conversations the ledger keeps (`proxy.pipeline.ledger`), the most
-recently seen first, each with its totals; `GET /dashboard/conversations/{id}.json` gives one with its records. No
+recently seen first, each with its totals and its bill, and the `total` of their bills; `GET
+/dashboard/conversations/{id}.json` gives one with its records and its bill (`proxy.server.bills`). No
 content is in either: conversations, tenants are named by hashes. Both sit behind the proxy keys and the `dashboard`
 switch, like `/dashboard.json`: off, they answer 404 and say how to turn the dashboard on.
 """
@@ -13,7 +14,9 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
+from proxy.pipeline.ledger import LedgerRecord
 from proxy.server import errors
+from proxy.server.bills import TOTAL, billed
 from proxy.server.dashboard import SECURITY_HEADERS, dashboard_off
 from proxy.server.keys import COMPACTION, SETTINGS
 
@@ -34,6 +37,10 @@ class Conversations(Protocol):
 
     def conversation(self, conversation_id: str) -> dict[str, Any] | None:
         """One conversation with its records, or None."""
+        ...
+
+    def records(self, conversation_id: str | None = None) -> dict[str, tuple[LedgerRecord, ...]]:
+        """The kept records of every conversation, or of one, by id (what the bills read)."""
         ...
 
 
@@ -57,7 +64,12 @@ async def listing(request: web.Request) -> web.Response:
     if ledger is None:
         return dashboard_off()
     limits = {"conversations": ledger.max_conversations, "requests": ledger.max_requests}
-    return web.json_response({"conversations": ledger.recent(), "limits": limits}, headers=SECURITY_HEADERS)
+    listed = ledger.recent()
+    bills = await billed(request.app, ledger.records())
+    for conversation in listed:
+        conversation["bill"] = bills[conversation["id"]]
+    listing = {"conversations": listed, "total": bills[TOTAL], "limits": limits}
+    return web.json_response(listing, headers=SECURITY_HEADERS)
 
 
 async def one(request: web.Request) -> web.Response:
@@ -74,4 +86,5 @@ async def one(request: web.Request) -> web.Response:
             type_="invalid_request_error",
             code="conversation_not_found",
         )
-    return web.json_response(found, headers=SECURITY_HEADERS)
+    bills = await billed(request.app, ledger.records(conversation_id))
+    return web.json_response({**found, "bill": bills[conversation_id]}, headers=SECURITY_HEADERS)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.billing import Record
+from proxy.billing import bill as billing
 from proxy.billing.bill import Bill, Charge, conversation_bill, refused_at, total
 from proxy.billing.caching import RULES, rules_for
 from proxy.billing.prices import PriceBook
@@ -184,3 +185,27 @@ def test_the_estimate_follows_the_simulated_anthropic_cache(turns: list[list[int
         records.append(Record(float(index), "messages", "priced", 0, prompt, reused, prompt, read, written, 10))
     bill = conversation_bill(records, BOOK)
     assert bill.direct == bill.proxy
+
+
+@settings(max_examples=examples(200))
+@given(steps, apis, st.sampled_from([0, 2_000, 20_000]))
+def test_the_metrics_tokens_add_up_to_the_bill_s(conversation: list[Step], api: str, window: int) -> None:
+    """Counted request by request (the metrics), tokens by kind add up to the bill's, each way; going direct, the
+    requests larger than the window are left out (a client's requests only grow, so those are the bill's last)."""
+    records = unchanged(conversation, api, window=window)
+    bill = conversation_bill(records, BOOK)
+    proxy, direct, previous = Charge(), Charge(), None
+    for record in records:
+        through, going = billing.tokens(record, previous)
+        proxy, direct = proxy + through, direct + going
+        previous = record.at if record.client_tokens else previous
+    kinds = ("requests", "uncached", "cached", "cache_write", "output")
+    assert [getattr(proxy, kind) for kind in kinds] == [getattr(bill.proxy, kind) for kind in kinds]
+    assert [getattr(direct, kind) for kind in kinds] == [getattr(bill.direct, kind) for kind in kinds]
+
+
+def test_a_book_without_the_library_prices_only_the_operator_s_models() -> None:
+    loading = PriceBook(BOOK.overrides, library=False)
+    assert loading.rates("gpt-4o-mini", "chat_completions") is None
+    assert PriceBook().rates("gpt-4o-mini", "chat_completions") is not None
+    assert loading.rates("priced", "chat_completions") == BOOK.rates("priced", "chat_completions")

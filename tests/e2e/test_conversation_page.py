@@ -6,6 +6,7 @@ the proxy's own figures.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from html.parser import HTMLParser
 from typing import Any
@@ -113,6 +114,18 @@ def drawn_bill(bill: dict[str, Any] | None) -> dict[str, dict[str, float | None]
     }
 
 
+async def priced_listing(root: str) -> dict[str, Any]:
+    """The list's JSON once the proxy's price library is loaded (in a worker thread from start-up), so the page drawn
+    after it and the JSON read after that price alike."""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{root}/conversations.json") as got:
+                listing: dict[str, Any] = await got.json()
+            if listing["total"]["prices"] == "loaded":
+                return listing
+            await asyncio.sleep(0.05)  # polls a condition: the load takes a second or two of CPU
+
+
 def direct_stop(conversation: dict[str, Any]) -> int | None:
     """The request (numbered from 1) where going direct stops: the first larger than its window, if any is."""
     first = conversation["dropped"] + 1
@@ -135,9 +148,16 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
     assert decisions.count("compacted") >= 2, decisions
 
     root = proxy.url.removesuffix("/v1") + "/dashboard"
-    listed = Listed()
-    listed.feed(await dump_dom(root + "/conversations"))
+    listing = await priced_listing(root)
+    listed, total = Listed(), Drawn()
+    page = await dump_dom(root + "/conversations")
+    listed.feed(page)
+    total.feed(page)
     assert listed.ids, "the list shows the run's conversation"
+    assert total.bill == drawn_bill(listing["total"]), "the list draws the total of the conversations' bills"
+    assert listing["total"]["proxy"]["requests"] == sum(
+        c["bill"]["proxy"]["requests"] for c in listing["conversations"]
+    )
     pages = []
     for conversation in reversed(listed.ids):  # oldest first, as the run went
         drawn = Drawn()
@@ -147,7 +167,8 @@ async def test_the_page_draws_the_upstreams_counts_and_the_compactions(
     for conversation, drawn in zip(reversed(listed.ids), pages, strict=True):
         async with aiohttp.ClientSession() as http, http.get(f"{root}/conversations/{conversation}.json") as got:
             data = await got.json()
-        assert drawn.bill == drawn_bill(data.get("bill")) and drawn.no_bill == ("bill" not in data)
+        assert data["bill"]["proxy"]["price"] == "known" and data["bill"]["proxy"]["requests"] == len(data["records"])
+        assert drawn.bill == drawn_bill(data["bill"]) and not drawn.no_bill
         assert drawn.direct_stop == direct_stop(data)
 
     shown = [request for drawn in pages for request in drawn.requests()]

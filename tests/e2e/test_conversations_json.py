@@ -97,6 +97,29 @@ async def test_the_recent_conversations_and_their_records_equal_the_upstreams_us
     ]
     assert answer["dropped"] == 0 and listing["limits"] == {"conversations": 128, "requests": 256}
     assert SECRET_WORDS not in str(listing) + str(answer) and "sk-json" not in str(listing) + str(answer)
+    assert_bills(proxy, listing, answer, upstream.usages)
+
+
+BILL_KINDS = {"uncached": "uncached_input", "cached": "cached_input", "cache_write": "cache_write_input"}
+
+
+def assert_bills(proxy: RunningProxy, listing: dict[str, Any], answer: dict[str, Any], usages: list[Any]) -> None:
+    """The bills: a conversation's in its JSON and in the list, their total, and the metrics' tokens each way."""
+    bills = [conversation["bill"] for conversation in listing["conversations"]]
+    mine = next(c["bill"] for c in listing["conversations"] if c["id"] == answer["id"])
+    assert answer["bill"] == mine and mine["proxy"]["requests"] == answer["requests"]
+    total = listing["total"]
+    assert total["conversations"] == len(bills) and not total["stopped"]
+    assert total["proxy"]["requests"] == len(usages) == sum(bill["proxy"]["requests"] for bill in bills)
+    prompt = sum(usage["prompt_tokens"] for usage in usages)
+    assert total["proxy"]["uncached_input"] + total["proxy"]["cached_input"] == prompt
+    assert total["proxy"]["output"] == sum(usage["completion_tokens"] for usage in usages)
+    for way in ("proxy", "direct"):
+        counted = {
+            kind: proxy.metric("compaction_proxy_bill_tokens_total", api="chat_completions", way=way, kind=kind)
+            for kind in (*BILL_KINDS, "output")
+        }
+        assert counted == {kind: total[way][BILL_KINDS.get(kind, kind)] for kind in counted}, way
 
 
 async def test_a_responses_conversation_records_the_upstreams_usage(proxies: LoopbackProxies, clock: FakeClock) -> None:
@@ -176,10 +199,13 @@ async def test_the_json_sits_behind_the_dashboard_switch_and_the_proxy_keys(prox
             assert (status, body["error"]["code"]) == (404, "dashboard_off"), path
             assert (await get(keyed, path))[0] == 401, path
         basic = "Basic " + base64.b64encode(f"me:{KEY}".encode()).decode()
-        assert await get(keyed, "/dashboard/conversations.json", Authorization=basic) == (
+        status, listing = await get(keyed, "/dashboard/conversations.json", Authorization=basic)
+        assert (status, listing["conversations"], listing["limits"]) == (
             200,
-            {"conversations": [], "limits": {"conversations": 128, "requests": 256}},
+            [],
+            {"conversations": 128, "requests": 256},
         )
+        assert listing["total"]["conversations"] == listing["total"]["proxy"]["requests"] == 0
         status, body = await get(keyed, "/dashboard/conversations/0123abcd.json", **{"X-Proxy-Key": KEY})
         assert (status, body["error"]["code"]) == (404, "conversation_not_found")
         assert upstream.requests == []  # answered by the proxy, never forwarded

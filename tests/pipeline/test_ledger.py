@@ -200,3 +200,47 @@ def test_the_cache_lifetime_is_the_providers_and_longer_when_the_request_asks() 
     assert lifetime("messages", {"system": [{"type": "text", "text": "Rules.", "cache_control": hour}]}) == 3600
     assert lifetime("messages", {"tools": [{"name": "search", "cache_control": hour}]}) == 3600
     assert lifetime("messages", {"system": "the 1h plan", "messages": [{"role": "user", "content": "ttl 1h"}]}) == 300
+
+
+@settings(max_examples=examples(200))
+@given(
+    st.lists(st.tuples(st.integers(1, 3_000), st.sampled_from(["send", "send", "compact"])), min_size=1, max_size=30),
+    st.integers(0, 500),
+    st.integers(-200, 200),
+)
+def test_the_client_s_size_keeps_growing_across_compactions_as_the_provider_counts_it(
+    turns: list[tuple[int, str]], overhead: int, bias: int
+) -> None:
+    """A client that only appends; a proxy that compacts, replaying its compactions after (it measures each request
+    on the replayed prefix, off by a fixed `bias`); a provider counting each message's tokens plus a fixed overhead:
+    `client_tokens` is the client's request as the provider would count it sent directly."""
+    ledger = Ledger(FakeClock())
+    texts, sizes = ["instructions"], {"instructions": 100}
+    sent: list[str] = []
+    for number, (size, action) in enumerate(turns):
+        texts.append(f"message {number}")
+        sizes[texts[-1]] = sizes[f"summary {number}"] = size
+        replayed = [*sent, texts[-1]] if sent else list(texts)
+        # A first request the proxy compacts has no size the provider told: the estimate stands (the docstring's).
+        sent = ["instructions", f"summary {number}", texts[-1]] if action == "compact" and number else replayed
+        opening = ledger.open(
+            scope=b"t",
+            named="c",
+            opening=None,
+            client_chain=chain(texts),
+            api="chat_completions",
+            model="m",
+            tenant=b"t",
+            lifetime=DEFAULT_LIFETIME,
+        )
+        assert opening is not None
+        record = ledger.close(
+            opening,
+            Forwarded([] if sent == texts else chain(sent)),
+            reported(overhead + sum(sizes[text] for text in sent), 0),
+            window=None,
+            client_tokens=bias + overhead + sum(sizes[text] for text in replayed),
+            forwarded_tokens=bias + overhead + sum(sizes[text] for text in sent),
+            compaction=None,
+        )
+        assert record.client_tokens == overhead + sum(sizes[text] for text in texts)

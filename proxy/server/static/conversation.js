@@ -52,7 +52,7 @@ function conversationEntry(conversation) {
   const about = `${conversation.api} · ${conversation.model} · tenant ${conversation.tenant} · `
     + `${plural(conversation.requests, "request")}, ${count(conversation.compactions)} compacted · `
     + `${count(totals.prompt_tokens)} prompt tokens, `
-    + `${percent(cachedShare)} cached · last seen ${ago(conversation.last_seen)}`;
+    + `${percent(cachedShare)} cached · ${billed(conversation.bill)}last seen ${ago(conversation.last_seen)}`;
   entry.append(link, meter, make("span", { class: "about" }, about));
   return entry;
 }
@@ -64,7 +64,7 @@ async function showList() {
   list.append(...conversations.map(conversationEntry));
   if (!conversations.length) list.append(make("li", {}, "No conversation yet: none has gone through this process."));
   document.getElementById("figures").replaceChildren(figureSection("conversations", "Recent conversations",
-    "most recent first; each name opens its page", list));
+    "most recent first; each name opens its page", list), ...(data.total ? [billFigure(data.total)] : []));
   return `${plural(conversations.length, "recent conversation")}.`;
 }
 
@@ -95,7 +95,7 @@ function compactionMark(frame, i, n, k, compaction, row) {
 // refused (the bill's estimate of going direct covers the requests before it).
 function directStop(frame, i, n, record) {
   const x = frame.x(i);
-  const text = `Request ${n}: ${count(record.client_tokens)} tokens before compaction, more than the `
+  const text = `Request ${n}: ${count(record.client_tokens)} tokens as the client sent it, more than the `
     + `${count(record.window)}-token window: going direct, the provider would have refused it`;
   const mark = titled(make("svg:g", { class: "direct-stop", "data-request": n }), text);
   mark.append(make("svg:line", { x1: x, x2: x, y1: 16, y2: frame.bottom }));
@@ -126,7 +126,7 @@ function promptFigure(records, first) {
     if (!r.client_tokens) return;
     const dot = make("svg:circle", { cx: frame.x(i) + frame.band / 2, cy: frame.y(r.client_tokens), r: 2.2,
       fill: CLIENT_COLOR, "data-request": n, "data-client": r.client_tokens });
-    frame.svg.append(titled(dot, `Request ${n}: ${count(r.client_tokens)} tokens before compaction (the proxy's estimate)`));
+    frame.svg.append(titled(dot, `Request ${n}: ${count(r.client_tokens)} tokens as the client sent it`));
   });
   const window = windowLine(frame, records);
   if (window) frame.svg.append(window);
@@ -146,7 +146,7 @@ function promptFigure(records, first) {
     "tokens per request as the provider reported them; each compaction marked with its strategies, tokens before → after",
     frame.svg,
     legend([["prompt", PROMPT_COLOR, "prompt tokens (the provider's usage)"],
-      ["client", CLIENT_COLOR, "before compaction (the proxy's estimate)"], ["window", "#1d2433", "context window"],
+      ["client", CLIENT_COLOR, "the request as the client sent it"], ["window", "#1d2433", "context window"],
       ["compaction", COMPACTION_COLOR, `compaction (${compactions}), numbered:`]]),
     caption);
 }

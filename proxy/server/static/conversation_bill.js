@@ -67,7 +67,15 @@ function billCoverage(bill) {
     : " (the proxy's own calls, such as summaries, are billed through the proxy and have no direct counterpart).";
   const priced = bill.proxy.price === "known" ? ""
     : ` Prices: ${bill.proxy.price} (a model without a known price is counted in tokens only).`;
-  return make("p", { class: "divides" }, covered + stopped + priced);
+  const loading = bill.prices === "loading"
+    ? " The price library was still loading when this was made: reload the page for its prices." : "";
+  return make("p", { class: "divides" }, covered + stopped + priced + loading);
+}
+
+// A conversation's bill in the list, in words: through the proxy against going direct, over the same requests.
+function billed(bill) {
+  if (!bill) return "";
+  return `billed ${usd(bill.covered.usd)} against ${usd(bill.direct.usd)} direct · `;
 }
 
 function billFigure(bill) {
