@@ -101,14 +101,18 @@ def test_the_continued_turn_runs_back_through_its_tool_results() -> None:
     assert continued_turn(steered) == {1, 4}, "Claude Code's system message after each result does not end the turn"
 
 
-def test_the_proxys_breakpoint_fits_within_four_and_follows_the_clients_lifetime() -> None:
-    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+def test_the_proxys_breakpoint_fits_within_four_and_never_follows_a_shorter_lifetime() -> None:
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    marked = {"type": "text", "text": "x", "cache_control": hour}
     fields: dict[str, Any] = {"system": [marked], "messages": [{"role": "user", "content": "hello"}]}
     messages = with_breakpoint(fields, 0)
-    assert messages[0]["content"] == [
-        {"type": "text", "text": "hello", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    ]
+    assert messages[0]["content"] == [{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}], (
+        "after an hour-long breakpoint the cheaper 5-minute one is valid"
+    )
     assert fields["messages"][0] == {"role": "user", "content": "hello"}, "the input was modified"
+    later = {"role": "user", "content": [{"type": "text", "text": "newest", "cache_control": hour}]}
+    before_an_hour = with_breakpoint({**fields, "messages": [fields["messages"][0], later]}, 0)
+    assert before_an_hour[0]["content"][0]["cache_control"] == hour, "a 5-minute breakpoint may not precede 1h"
     full = {**fields, "tools": [{"name": n, "cache_control": {"type": "ephemeral"}} for n in "abc"]}
     assert breakpoints(full) == 4 and with_breakpoint(full, 0) == full["messages"]
     thinking_only = {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]}
