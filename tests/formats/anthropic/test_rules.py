@@ -14,6 +14,7 @@ from proxy.formats.anthropic.rules import (
     THINKING_BINDING_BETA,
     breakpoints,
     continued_turn,
+    unchanged_head_end,
     with_beta,
     with_breakpoint,
     with_drop_block,
@@ -117,6 +118,17 @@ def test_the_proxys_breakpoint_fits_within_four_and_never_follows_a_shorter_life
     assert breakpoints(full) == 4 and with_breakpoint(full, 0) == full["messages"]
     thinking_only = {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]}
     assert with_breakpoint(thinking_only, 0) == thinking_only["messages"]
+
+
+def test_the_unchanged_head_ends_before_the_first_message_removed_changed_or_created() -> None:
+    source: list[dict[str, Any]] = [{"role": "user", "content": f"m{n}"} for n in range(5)]
+    note = {"role": "user", "content": "[Earlier messages were removed.]"}
+    assert unchanged_head_end([source[0], source[1], note, source[4]], [0, 1, None, 4], source) == 1
+    assert unchanged_head_end([source[0], source[3], source[4]], [0, 3, 4], source) == 0, "a removal is a change"
+    changed = {**source[1], "content": "shortened"}
+    assert unchanged_head_end([source[0], changed, source[2]], [0, 1, 2], source) == 0
+    assert unchanged_head_end([note, *source], [None, 0, 1, 2, 3, 4], source) is None, "nothing is kept at the head"
+    assert unchanged_head_end(source, [0, 1, 2, 3, 4], source) is None, "nothing was rewritten"
 
 
 def test_drop_block_respects_the_clients_choice_and_the_beta_header_is_added_once() -> None:
