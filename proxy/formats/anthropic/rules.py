@@ -41,9 +41,9 @@ one moving breakpoint sits on its newest block never writes the head, and after 
 head lies far more than 20 blocks before that breakpoint: every compaction billed the head uncached. With a
 breakpoint there, the compaction that first sends the head writes it (cache writes cost 1.25 times the base input
 price for the 5-minute lifetime, 2 times for `"ttl": "1h"`; reads 0.1 times) and every later compaction and replay
-reads it. A longer-lived breakpoint may not follow a shorter one ("cache entries with longer TTL must appear before
-shorter TTLs"), so the proxy's is marked `"ttl": "1h"` only when a breakpoint after it is, and the 5-minute default
-otherwise (the cheaper write).
+reads it. When a request mixes lifetimes, the longer-lived entries must come before the shorter ones (an hour-long
+breakpoint before any 5-minute one), so the proxy's is marked `"ttl": "1h"` only when a breakpoint after it is, and
+the 5-minute default otherwise (the cheaper write).
 """
 
 from __future__ import annotations
