@@ -55,6 +55,25 @@ def _is_requirement(entry: Any) -> bool:
     return isinstance(entry, dict) and isinstance(entry.get("content"), str) and entry["content"].startswith("Req")
 
 
+def requirements_in(forwarded: list[Any]) -> list[Any]:
+    """The requirements among forwarded entries, a user text the proxy marked for the cache read as its text.
+
+    On the Messages API the proxy's cache breakpoint at the end of the head it kept (`proxy.formats.anthropic.rules`)
+    turns a user's text into one text block carrying `cache_control`: the same words, which the model reads the same.
+    """
+    unmarked = [_unmarked(entry) for entry in forwarded]
+    return [entry for entry in unmarked if _is_requirement(entry)]
+
+
+def _unmarked(entry: Any) -> Any:
+    content = entry.get("content") if isinstance(entry, dict) else None
+    if isinstance(content, list) and len(content) == 1 and "cache_control" in content[0]:
+        block = content[0]
+        if set(block) == {"type", "text", "cache_control"} and block["type"] == "text":
+            return {**entry, "content": block["text"]}
+    return entry
+
+
 def grown(wire: FormatCase, body: dict[str, Any], turns: int) -> dict[str, Any]:
     """`body` with the model's answer and `turns` more turns of lookups and requirements after it."""
     entries = body[wire.entries]
@@ -82,7 +101,7 @@ async def test_every_requirement_reaches_the_upstream_and_replays_byte_for_byte(
     first = wire.forwarded(format_upstream)[-1]
     forwarded = wire.entries_of(first)
     assert len(forwarded) < len(body[wire.entries]), "old lookups and answers went"
-    assert [entry for entry in forwarded if _is_requirement(entry)] == sent, "every requirement, byte for byte"
+    assert requirements_in(forwarded) == sent, "every requirement, byte for byte"
     assert first.count(NOTE) == 1
 
     # The next turn replays the rewrite: what the upstream saw is the prefix of what it sees now.
@@ -98,7 +117,7 @@ async def test_every_requirement_reaches_the_upstream_and_replays_byte_for_byte(
     assert status == 200 and headers["X-Compaction"] == "compacted"
     third = wire.forwarded(format_upstream)[-1]
     expected = [entry for entry in later[wire.entries] if _is_requirement(entry)]
-    assert [entry for entry in wire.entries_of(third) if _is_requirement(entry)] == expected
+    assert requirements_in(wire.entries_of(third)) == expected
     assert len(expected) == 32
     assert third.count(NOTE) == 1
 
@@ -149,7 +168,7 @@ def test_random_conversations_keep_the_users_words_the_pairs_and_the_prefix(
 
     assert first == second, "the same conversation, on another proxy, is forwarded byte for byte the same"
     compacted, next_turn = first
-    assert [entry for entry in wire.entries_of(compacted) if _is_requirement(entry)] == sent
+    assert requirements_in(wire.entries_of(compacted)) == sent
     assert wire.entries_bytes(next_turn).startswith(wire.entries_bytes(compacted)[:-1])
 
 
@@ -188,7 +207,7 @@ async def test_with_offloading_the_users_messages_that_must_go_are_read_back_wit
     defaults = Settings()
     target = Thresholds(window, defaults.compact_at, defaults.compact_to, body.get("max_tokens", 0)).target_total
     assert wire.upstream_prompt_tokens(format_upstream)[0] <= target, "the read tool's tokens are within the target"
-    # The proxy's cache breakpoint (Messages API) ends the compacted prefix, never the client's newest message.
+    # The proxy's cache breakpoints (Messages API) end the compacted prefix and the kept head, never the newest message.
     assert first.count(b'"cache_control"') <= MAX_BREAKPOINTS
     assert wire.entries_of(first)[-1] == entries[-1], "the newest message goes as the client sent it"
     # The model read them back in full (at most `offload_reads_per_answer`, 8, in one answer), secrets and all.

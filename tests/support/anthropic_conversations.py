@@ -26,6 +26,7 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "run", "description": "Run a command.", "input_schema": {"type": "object", "properties": {}}},
 ]
 EPHEMERAL = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
 
 
 def png(width: int, height: int) -> str:
@@ -57,6 +58,7 @@ class _Builder:
         self.body["messages"] = self.messages
         self.calls = 0
         self.breakpoints = 1 if isinstance(system, list) and "cache_control" in system[0] else 0
+        self.hours = 1 if self.breakpoints and system[0]["cache_control"] == HOUR else 0
 
     def text(self, prefix: str) -> str:
         return prefix + " " + "lorem ipsum " * self.draw(st.integers(0, 60))
@@ -64,7 +66,10 @@ class _Builder:
     def mark(self, block: dict[str, Any]) -> dict[str, Any]:
         if self.breakpoints < 3 and self.draw(st.integers(0, 6)) == 0:
             self.breakpoints += 1
-            return {**block, "cache_control": EPHEMERAL}
+            # A longer-lived breakpoint may not follow a shorter one: an hour only while every mark before is one.
+            hour = self.hours == self.breakpoints - 1 and self.draw(st.booleans())
+            self.hours += hour
+            return {**block, "cache_control": HOUR if hour else EPHEMERAL}
         return block
 
     def user(self, turn: int) -> None:
@@ -136,7 +141,9 @@ def conversations(draw: st.DrawFn, signer: Signer) -> Built:
     """A conversation the upstream accepts (see the module docstring)."""
     model = draw(st.sampled_from(MODELS))
     marked = {"type": "text", "text": "You are an agent.", "cache_control": EPHEMERAL}
-    system: Any = draw(st.sampled_from([None, "You are an agent.", [{"type": "text", "text": "Be brief."}], [marked]]))
+    hour = {**marked, "cache_control": HOUR}
+    systems = [None, "You are an agent.", [{"type": "text", "text": "Be brief."}], [marked], [hour]]
+    system: Any = draw(st.sampled_from(systems))
     built = _Builder(draw, signer, model, system)
     turns = draw(st.integers(1, 4))
     for turn in range(turns):

@@ -2,8 +2,9 @@
 
 `forward` is the one step the pipeline calls with what the engine returned: it maps the messages back
 (`MessagesRequest.mapped`), drops the thinking blocks a change before them invalidates and opts the continued turn
-into `drop_block` (`rules.bind_thinking`, `rules.with_drop_block`), and marks the end of the compacted prefix as a
-cache breakpoint while the request has room for one (`rules.with_breakpoint`). When the engine's messages map back to
+into `drop_block` (`rules.bind_thinking`, `rules.with_drop_block`), and marks the end of the compacted prefix, then
+the end of the head the rewrite left as the client sent it, as cache breakpoints while the request has room for them
+(`rules.with_breakpoint`, `rules.unchanged_head_end`). When the engine's messages map back to
 the request itself, the client's bytes go as they came.
 """
 
@@ -22,6 +23,7 @@ from proxy.formats.anthropic.rules import (
     binds_prefix,
     compacted_prefix_end,
     message_digest,
+    unchanged_head_end,
     with_breakpoint,
     with_drop_block,
 )
@@ -89,6 +91,9 @@ def forward(
     end = compacted_prefix_end(bound.messages, bound.origins, source)
     if end is not None:
         fields["messages"] = with_breakpoint(fields, end)
+    head = unchanged_head_end(bound.messages, bound.origins, source)
+    if head is not None and mapped.system is request.conversation.system:
+        fields["messages"] = with_breakpoint(fields, head)
     return Forward(json_bytes(fields), beta, bound.dropped, end, fields["messages"], bound.drop_block)
 
 

@@ -26,10 +26,24 @@ final message is not tool results) never needs the opt-in, so on a binding model
 the request still fits.
 
 **At most four cache breakpoints** (`MAX_BREAKPOINTS`) in a request, the client's own included (`breakpoints`).
-The proxy adds one of its own, only while the request has fewer (`with_breakpoint`), at the end of the compacted
-prefix it replays turn after turn (`compacted_prefix_end`): the prefix that stays the same from the compaction on, so
-every later request reads it from the cache; the client's own breakpoints (Claude Code puts its last on the newest
-message) serve what follows.
+The proxy adds up to two of its own to a request it rewrote, each only while the request has fewer
+(`with_breakpoint`): first at the end of the compacted prefix it replays turn after turn (`compacted_prefix_end`),
+so every later request reads it from the cache; then at the end of the head the rewrite left as the client sent it
+(`unchanged_head_end`: tools, system and the messages before the first one removed or rewritten, which the user
+message window keeps byte for byte from one compaction to the next). The client's own breakpoints (Claude Code puts
+its last on the newest message) serve what follows; they are never moved or changed, and a request the proxy does
+not rewrite gets none.
+
+Why the head needs one of its own (Anthropic's prompt caching page, platform.claude.com/docs/en/build-with-claude/
+prompt-caching): a cache entry is written only for the prefix ending at a `cache_control` breakpoint, and a request
+looks for hits only at its breakpoints and at the block boundaries up to about 20 blocks before each. A client whose
+one moving breakpoint sits on its newest block never writes the head, and after a compaction rewrote the middle the
+head lies far more than 20 blocks before that breakpoint: every compaction billed the head uncached. With a
+breakpoint there, the compaction that first sends the head writes it (cache writes cost 1.25 times the base input
+price for the 5-minute lifetime, 2 times for `"ttl": "1h"`; reads 0.1 times) and every later compaction and replay
+reads it. When a request mixes lifetimes, the longer-lived entries must come before the shorter ones (an hour-long
+breakpoint before any 5-minute one), so the proxy's is marked `"ttl": "1h"` only when a breakpoint after it is, and
+the 5-minute default otherwise (the cheaper write).
 """
 
 from __future__ import annotations
@@ -263,12 +277,25 @@ def compacted_prefix_end(
     return None
 
 
+def unchanged_head_end(
+    messages: Sequence[Mapping[str, Any]], origins: Sequence[int | None], source: Sequence[Mapping[str, Any]]
+) -> int | None:
+    """The position of the last message of the head a rewrite left as the client sent it (None: no such message).
+
+    The head is the messages before the first one compaction created, changed, or moved from its place in `source`.
+    """
+    for position, (message, origin) in enumerate(zip(messages, origins, strict=True)):
+        if origin != position or message is not source[position]:
+            return position - 1 if position > 0 else None
+    return None
+
+
 def with_breakpoint(fields: Mapping[str, Any], position: int) -> list[Mapping[str, Any]]:
     """The request's messages with a breakpoint at the end of message `position`, if the request has room for one.
 
     Unchanged when it already holds `MAX_BREAKPOINTS`, or the message already has one. The breakpoint goes on the
-    message's last block that may carry one (not thinking, not empty text); its lifetime is an hour when any of the
-    client's is, since a longer-lived breakpoint may not follow a shorter one.
+    message's last block that may carry one (not thinking, not empty text); its lifetime is an hour when a breakpoint
+    after it has that lifetime (a longer-lived breakpoint may not follow a shorter one), the default 5 minutes else.
     """
     messages: list[Mapping[str, Any]] = list(fields.get("messages") or ())
     if breakpoints(fields) >= MAX_BREAKPOINTS or not 0 <= position < len(messages):
@@ -281,13 +308,14 @@ def with_breakpoint(fields: Mapping[str, Any], position: int) -> list[Mapping[st
     eligible = [index for index, block in enumerate(blocks) if _may_cache(block)]
     if not eligible:
         return messages
+    last = eligible[-1]
+    later = _breakpoint_blocks({"messages": [{"content": blocks[last + 1 :]}, *messages[position + 1 :]]})
     hour = any(
         block.get("cache_control", {}).get("ttl") == "1h"
-        for block in _breakpoint_blocks(fields)
+        for block in later
         if isinstance(block.get("cache_control"), Mapping)
     )
     control = {**EPHEMERAL, "ttl": "1h"} if hour else EPHEMERAL
-    last = eligible[-1]
     marked = [{**block, "cache_control": control} if index == last else block for index, block in enumerate(blocks)]
     messages[position] = {**message, "content": marked}
     return messages

@@ -106,6 +106,8 @@ def test_what_is_forwarded_keeps_every_rule_of_the_api(chain: str, built: Built,
     assert UNIT_KEY.encode() not in forwarded.body
     assert sent.get("system") == built.body.get("system"), "the system prompt changed"
     assert breakpoints(sent) <= 4
+    assert _lifetimes(sent) == sorted(_lifetimes(sent)), "a 1h breakpoint follows a 5-minute one"
+    _kept_head_carries_the_clients_breakpoints(built.body["messages"], sent["messages"])
     headers = BETA if forwarded.beta else {}
     try:
         upstream_accepts(sent, headers)
@@ -129,6 +131,33 @@ def _continued_thinking_is_byte_for_byte(built: Built, sent: dict[str, Any]) -> 
     for call_id, message in turn.items():
         if call_id in forwarded:
             assert _thinking(forwarded[call_id]) == _thinking(message), "the continued turn's thinking changed"
+
+
+def _lifetimes(body: dict[str, Any]) -> list[bool]:
+    """For each breakpoint, in the order the API reads them, whether it lives 5 minutes (False: an hour)."""
+    system = body.get("system")
+    blocks = [*body.get("tools", ()), *(system if isinstance(system, list) else ())]
+    blocks.extend(block for m in body["messages"] if isinstance(m["content"], list) for block in m["content"])
+    return [block["cache_control"].get("ttl") != "1h" for block in blocks if "cache_control" in block]
+
+
+def _kept_head_carries_the_clients_breakpoints(own: list[dict[str, Any]], sent: list[dict[str, Any]]) -> None:
+    """The messages sent as the client sent them at the head keep its breakpoints; the proxy adds at most one there."""
+    added = 0
+    for mine, theirs in zip(own, sent, strict=False):
+        if _unmarked(mine) != _unmarked(theirs):
+            break
+        if mine != theirs:
+            added += 1
+            assert _unmarked(mine) != mine or not isinstance(mine["content"], list), "a client's breakpoint changed"
+    assert added <= 1, "the proxy marked more than one message of the kept head"
+
+
+def _unmarked(message: dict[str, Any]) -> Any:
+    """The message's content as text blocks without `cache_control`."""
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return [{key: value for key, value in block.items() if key != "cache_control"} for block in blocks]
 
 
 def _thinking(message: dict[str, Any]) -> list[Any]:

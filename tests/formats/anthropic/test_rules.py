@@ -14,6 +14,7 @@ from proxy.formats.anthropic.rules import (
     THINKING_BINDING_BETA,
     breakpoints,
     continued_turn,
+    unchanged_head_end,
     with_beta,
     with_breakpoint,
     with_drop_block,
@@ -101,18 +102,33 @@ def test_the_continued_turn_runs_back_through_its_tool_results() -> None:
     assert continued_turn(steered) == {1, 4}, "Claude Code's system message after each result does not end the turn"
 
 
-def test_the_proxys_breakpoint_fits_within_four_and_follows_the_clients_lifetime() -> None:
-    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+def test_the_proxys_breakpoint_fits_within_four_and_never_follows_a_shorter_lifetime() -> None:
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    marked = {"type": "text", "text": "x", "cache_control": hour}
     fields: dict[str, Any] = {"system": [marked], "messages": [{"role": "user", "content": "hello"}]}
     messages = with_breakpoint(fields, 0)
-    assert messages[0]["content"] == [
-        {"type": "text", "text": "hello", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    ]
+    assert messages[0]["content"] == [{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}], (
+        "after an hour-long breakpoint the cheaper 5-minute one is valid"
+    )
     assert fields["messages"][0] == {"role": "user", "content": "hello"}, "the input was modified"
+    later = {"role": "user", "content": [{"type": "text", "text": "newest", "cache_control": hour}]}
+    before_an_hour = with_breakpoint({**fields, "messages": [fields["messages"][0], later]}, 0)
+    assert before_an_hour[0]["content"][0]["cache_control"] == hour, "a 5-minute breakpoint may not precede 1h"
     full = {**fields, "tools": [{"name": n, "cache_control": {"type": "ephemeral"}} for n in "abc"]}
     assert breakpoints(full) == 4 and with_breakpoint(full, 0) == full["messages"]
     thinking_only = {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]}
     assert with_breakpoint(thinking_only, 0) == thinking_only["messages"]
+
+
+def test_the_unchanged_head_ends_before_the_first_message_removed_changed_or_created() -> None:
+    source: list[dict[str, Any]] = [{"role": "user", "content": f"m{n}"} for n in range(5)]
+    note = {"role": "user", "content": "[Earlier messages were removed.]"}
+    assert unchanged_head_end([source[0], source[1], note, source[4]], [0, 1, None, 4], source) == 1
+    assert unchanged_head_end([source[0], source[3], source[4]], [0, 3, 4], source) == 0, "a removal is a change"
+    changed = {**source[1], "content": "shortened"}
+    assert unchanged_head_end([source[0], changed, source[2]], [0, 1, 2], source) == 0
+    assert unchanged_head_end([note, *source], [None, 0, 1, 2, 3, 4], source) is None, "nothing is kept at the head"
+    assert unchanged_head_end(source, [0, 1, 2, 3, 4], source) is None, "nothing was rewritten"
 
 
 def test_drop_block_respects_the_clients_choice_and_the_beta_header_is_added_once() -> None:
