@@ -80,7 +80,8 @@ def opening_digest(messages: list[Message], body: Mapping[str, Any]) -> bytes | 
     """
     if not messages:
         return None
-    count = 2 if messages[0].get("role") in INSTRUCTIONS else 1
+    role = messages[0].get("role")
+    count = 2 if isinstance(role, str) and role in INSTRUCTIONS else 1
     keys = [message_key({**message, "content": _unmarked(message.get("content"))}) for message in messages[:count]]
     # The parsed JSON's repr: any value it holds is written (orjson refuses integers past 64 bits).
     beside = [repr(_unmarked(body.get(name))).encode() for name in BESIDE_MESSAGES if body.get(name) is not None]
