@@ -14,6 +14,8 @@ def shown(name: str | None, limit: int = MAX_SHOWN) -> str | None:
     """`name` fit for a log line: at most `limit` printable characters, `...` marking a cut; None stays None."""
     if name is None:
         return None
+    if len(name) <= limit and name.isprintable():
+        return name  # the common name, shown as it is without a character-by-character copy
     printable = "".join(char for char in name[:limit] if char.isprintable())
     return printable + "..." if len(name) > limit else printable
 

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -135,5 +136,16 @@ class StateSettings(BaseModel):
         """
         lowered = {name.lower(): value for name, value in headers.items()}
         material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in TENANT_HEADERS)
-        key = self.tenant_key.get_secret_value().encode()
-        return hmac.new(key, material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+        return _keyed_hash(self.tenant_key.get_secret_value(), material)
+
+
+@lru_cache(maxsize=4_096)
+def _keyed_hash(key: str, material: str) -> str:
+    """The tenant id of `material` under `key`, remembered for the callers seen most recently.
+
+    A caller sends the same credentials on every request, so its HMAC is computed once, not per request. The cache
+    is keyed by the whole key and the whole material (compared in full, not by a digest), so an entry answers only
+    the exact credentials under the exact tenant key it was computed for: no caller can be given another's tenant.
+    It lives in this process's memory only, as the credentials of the requests in flight do.
+    """
+    return hmac.new(key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

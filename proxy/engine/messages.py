@@ -147,10 +147,11 @@ def _value_bytes(value: Any) -> bytes:
 
 def _call_bytes(call: Any) -> bytes:
     """One tool call as the model reads it: id, function name, canonical arguments."""
-    if not isinstance(call, Mapping):
+    # A dict is checked first: it is what clients send, and `isinstance(x, Mapping)` costs an ABC's check.
+    if not isinstance(call, (dict, Mapping)):
         return b"?" + _value_bytes(call)
     function = call.get("function")
-    if not isinstance(function, Mapping):
+    if not isinstance(function, (dict, Mapping)):
         return b"?" + _value_bytes(call)
     arguments = function.get("arguments")
     canonical = canonical_json_text(arguments) if isinstance(arguments, str) else _value_bytes(arguments)
@@ -184,26 +185,30 @@ def message_key(message: Message) -> MessageKey:
     """
     role = message.get("role")
     content = _single_text(message.get("content"))
+    content = "" if content is None else content
     name = message.get("name") or ""
     call_id = message.get("tool_call_id") or ""
+    calls = message.get("tool_calls")
     if (
         isinstance(role, str)
         and isinstance(content, str)
         and isinstance(name, str)
         and isinstance(call_id, str)
-        and not message.get("tool_calls")
+        and (not calls or isinstance(calls, list))
         and not message.get("function_call")
     ):
-        # The common shape, hashed without building a list of pieces: the same bytes the general path produces.
+        # The common shapes (text, or an assistant's calls), hashed with fewer steps: the general path's bytes.
         r, c, n, t = role.encode(), content.encode("utf-8", "surrogatepass"), name.encode(), call_id.encode()
-        return xxh3_128_digest(b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t))
+        head = b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t)
+        if not calls:
+            return xxh3_128_digest(head)
+        return xxh3_128_digest(head + b"".join([b"%d:%b" % (len(call), call) for call in map(_call_bytes, calls)]))
     pieces = [
         _value_bytes(message.get("role")),
         _value_bytes(content),
         _value_bytes(message.get("name")),
         _value_bytes(message.get("tool_call_id")),
     ]
-    calls = message.get("tool_calls")
     if isinstance(calls, list):
         pieces.extend(_call_bytes(call) for call in calls)
     elif calls:

@@ -13,6 +13,7 @@ import logging
 import pathlib
 import struct
 import textwrap
+import types
 import typing
 import unittest
 import zlib
@@ -128,6 +129,33 @@ def test_one_text_part_keys_and_counts_as_its_text(role: str, text: str, other: 
     assert message_key(two) != message_key({"role": role, "content": text + other})
     marked = {"role": role, "content": [{"type": "text", "text": text, "detail": other}]}
     assert message_key(marked) != message_key(as_string)
+
+
+_CALLS = st.lists(
+    st.fixed_dictionaries(
+        {"id": st.text(max_size=8), "function": st.fixed_dictionaries({"name": st.text(), "arguments": st.text()})}
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=examples(200))
+@given(calls=_CALLS, text=st.text())
+def test_a_message_with_calls_keys_by_what_the_model_reads(calls: list[dict[str, typing.Any]], text: str) -> None:
+    # Null, empty and absent content read alike; so do calls as dicts and as other mappings.
+    null = {"role": "assistant", "content": None, "tool_calls": calls}
+    key = message_key(null)
+    assert message_key({"role": "assistant", "content": "", "tool_calls": calls}) == key
+    assert message_key({"role": "assistant", "tool_calls": calls}) == key
+    proxied = [types.MappingProxyType({**call, "function": types.MappingProxyType(call["function"])}) for call in calls]
+    assert message_key(types.MappingProxyType({**null, "tool_calls": proxied})) == key
+    # One call more, or text beside them, is another message; no calls at all is the bare text.
+    assert message_key({**null, "tool_calls": [*calls, {"id": "x", "function": {"name": "f"}}]}) != key
+    assert message_key({"role": "assistant", "content": text, "tool_calls": []}) == message_key(
+        {"role": "assistant", "content": text}
+    )
+    if text:
+        assert message_key({**null, "content": text}) != key
 
 
 def _png(width: int, height: int) -> bytes:

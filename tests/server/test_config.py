@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -10,10 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Mode, Settings, load_settings
+from proxy.config.state import TENANT_HEADERS
 from proxy.engine import DEFAULT_CHAIN
+from tests.support.examples import examples
 
 
 def cli_command() -> list[str]:
@@ -108,6 +115,29 @@ def test_tenant_ids_are_keyed_hashes() -> None:
     assert one.tenant_of(alice) != one.tenant_of({"Authorization": "Bearer sk-bob"})
     assert one.tenant_of(alice) != other.tenant_of(alice)
     assert "sk-alice" not in one.tenant_of(alice)
+
+
+_CREDENTIAL_NAMES = st.sampled_from(["authorization", "Authorization", "x-api-key", "api-key", "x-proxy-key", "other"])
+
+
+@hypothesis_settings(max_examples=examples(200))
+@given(
+    calls=st.lists(
+        st.tuples(st.sampled_from(["k" * 32, "j" * 32]), st.dictionaries(_CREDENTIAL_NAMES, st.text(max_size=6))),
+        max_size=30,
+    )
+)
+def test_a_remembered_tenant_id_is_always_the_keyed_hash_of_the_callers_own_credentials(
+    calls: list[tuple[str, dict[str, str]]],
+) -> None:
+    # The ids are remembered per credentials (`_keyed_hash`): repeated and interleaved callers under two tenant keys
+    # each get exactly the HMAC of their own credential headers under their own key, as if computed afresh.
+    tenant_settings = {key: Settings(tenant_key=key) for key in ("k" * 32, "j" * 32)}
+    for key, headers in calls:
+        lowered = {name.lower(): value for name, value in headers.items()}
+        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in TENANT_HEADERS)
+        expected = hmac.new(key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+        assert tenant_settings[key].tenant_of(headers) == expected[:32]
 
 
 def test_serve_with_a_bad_environment_value_exits_2_with_one_line() -> None:
