@@ -14,7 +14,6 @@ made in a worker thread too, like `/dashboard.json`'s figures: the event loop fo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
@@ -24,6 +23,7 @@ from aiohttp import web
 from proxy.billing import PriceBook, conversation_bill, total
 from proxy.billing.prices import PerMillion, preload
 from proxy.pipeline.ledger import LedgerRecord
+from proxy.server.background import running
 from proxy.server.keys import SETTINGS
 from proxy.server.logging import SERVER_LOGGER
 
@@ -79,14 +79,8 @@ def add_prices(app: web.Application) -> None:
 async def _loading(app: web.Application) -> AsyncIterator[None]:
     prices = Prices(app[SETTINGS].prices)
     app[PRICES] = prices
-    task = asyncio.create_task(asyncio.to_thread(prices.load))
-    try:
+    async with running(asyncio.to_thread(prices.load)):  # a load still running at cleanup finishes in its thread
         yield
-    finally:
-        # A load still running finishes in its thread; nothing waits for it.
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def billed(app: web.Application, records: Mapping[str, Sequence[LedgerRecord]]) -> dict[str, dict[str, Any]]:

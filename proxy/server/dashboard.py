@@ -9,7 +9,6 @@ scripts can read as well as the page. Both sit behind the proxy keys when they a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from functools import partial
 from importlib import resources
@@ -18,6 +17,7 @@ from typing import Final
 from aiohttp import web
 
 from proxy.server import errors
+from proxy.server.background import running
 from proxy.server.dashboard_figures import FAMILIES, dashboard_json
 from proxy.server.keys import METRICS, SETTINGS
 from proxy.server.metric_ring import POINTS, STEP_SECONDS, MetricRing
@@ -106,10 +106,5 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     ring = MetricRing(app[METRICS].registry, FAMILIES)
     ring.sample()
     app[RING] = ring
-    task = asyncio.create_task(ring.run(STEP_SECONDS))
-    try:
+    async with running(ring.run(STEP_SECONDS)):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
