@@ -16,18 +16,24 @@ BINDING = "claude-fable-5-1"
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
+def window() -> int:
+    """The Claude models' window, for the fake and the proxies; a module that needs another overrides this fixture."""
+    return WINDOW
+
+
+@pytest.fixture
+async def upstream(window: int) -> AsyncIterator[AnthropicUpstream]:
     """The fake Messages API: a model that thinks, calls `search` twice per task, then answers."""
     async with AnthropicUpstream(
-        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
+        context_window=window, responder=tool_loop_responder("search", steps=2, words=60)
     ) as fake:
         yield fake
 
 
 @pytest.fixture
-async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]:
-    """Proxies in front of `upstream` that know the Claude models' window is `WINDOW`."""
-    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
+async def proxies(upstream: AnthropicUpstream, window: int) -> AsyncIterator[LoopbackProxies]:
+    """Proxies in front of `upstream` that know the Claude models' window is `window`."""
+    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": window})
     yield started
     await started.close()
 

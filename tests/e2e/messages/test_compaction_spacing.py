@@ -18,12 +18,11 @@ counted and the compaction landed far above its target.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from proxy.simulator.anthropic_upstream import AnthropicUpstream, tool_loop_responder
+from proxy.simulator.anthropic_upstream import AnthropicUpstream
 from tests.e2e.messages.conftest import NON_BINDING, sdk
 from tests.support.anthropic_agent import run_agent
 from tests.support.proxies import LoopbackProxies
@@ -34,6 +33,12 @@ TOLERANCE = 0.02
 """How far the proxy's count may stand from the upstream's, as a share of the window (their tokenizers differ)."""
 
 USER_WORDS = "details " * 340
+
+
+@pytest.fixture
+def window() -> int:
+    """This module's window, for the folder's `upstream` and `proxies` fixtures."""
+    return WINDOW
 
 
 def words(turn: int) -> str:
@@ -50,15 +55,6 @@ def with_reminder(turn: int) -> list[Any]:
 
 
 TASKS = {"string": words, "blocks": with_reminder}
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
-    """The fake Messages API in a 16k window: a model that thinks, calls `search` twice per task, then answers."""
-    async with AnthropicUpstream(
-        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
-    ) as fake:
-        yield fake
 
 
 def most_compactions(sizes: list[int], trigger: float, target: float) -> int:

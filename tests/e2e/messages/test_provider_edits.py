@@ -7,7 +7,6 @@ performs them as the API documents (`proxy.simulator.anthropic_context`) and rep
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,12 @@ WINDOW = 16_000
 """The model's window: the proxy's trigger is at 11,200 tokens."""
 
 KEEP = 3
+
+
+@pytest.fixture
+def window() -> int:
+    """This module's window, for the folder's `upstream` and `proxies` fixtures."""
+    return WINDOW
 
 
 @dataclass
@@ -104,21 +109,6 @@ def sent(body: dict[str, Any]) -> int:
 def processed(usage: dict[str, Any]) -> int:
     """What the upstream read for one message (the top-level usage: its `message` iterations)."""
     return int(usage["input_tokens"] + usage["cache_creation_input_tokens"] + usage["cache_read_input_tokens"])
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[AnthropicUpstream]:
-    async with AnthropicUpstream(
-        context_window=WINDOW, responder=tool_loop_responder("search", steps=2, words=60)
-    ) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def proxies(upstream: AnthropicUpstream) -> AsyncIterator[LoopbackProxies]:
-    started = LoopbackProxies(upstream=upstream.base_url, context_windows={"claude": WINDOW})
-    yield started
-    await started.close()
 
 
 async def test_what_the_api_clears_is_not_compacted_by_the_proxy(
