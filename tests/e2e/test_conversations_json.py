@@ -45,6 +45,14 @@ async def get(proxy: RunningProxy, path: str, **headers: str) -> tuple[int, Any]
         return response.status, await response.json(content_type=None)
 
 
+async def the_only_conversation(proxy: RunningProxy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The one conversation the proxy lists, and its page's JSON."""
+    _, listing = await get(proxy, "/dashboard/conversations.json")
+    (conversation,) = listing["conversations"]
+    _, answer = await get(proxy, f"/dashboard/conversations/{conversation['id']}.json")
+    return conversation, answer
+
+
 def records_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = answer["records"]
     for record in records:
@@ -137,9 +145,7 @@ async def test_a_responses_conversation_records_the_upstreams_usage(proxies: Loo
                     {"role": "assistant", "content": response.output_text},
                     {"role": "user", "content": "And then? " + PARAGRAPH * 4},
                 ]
-        _, listing = await get(proxy, "/dashboard/conversations.json")
-        (conversation,) = listing["conversations"]
-        _, answer = await get(proxy, f"/dashboard/conversations/{conversation['id']}.json")
+        conversation, answer = await the_only_conversation(proxy)
     records = records_of(answer)
     assert conversation["api"] == "responses"
     usages = upstream.responses_usages
@@ -173,9 +179,7 @@ async def test_a_streamed_messages_conversation_records_cache_reads_and_writes(
                     {"role": "assistant", "content": reply.content[-1].text},  # type: ignore[union-attr]
                     {"role": "user", "content": "And then? " + PARAGRAPH * 4},
                 ]
-        _, listing = await get(proxy, "/dashboard/conversations.json")
-        (conversation,) = listing["conversations"]
-        _, answer = await get(proxy, f"/dashboard/conversations/{conversation['id']}.json")
+        conversation, answer = await the_only_conversation(proxy)
     records = records_of(answer)
     assert conversation["api"] == "messages"
     usages = upstream.usages
