@@ -304,10 +304,10 @@ class Ledger:
     def expected(self, opening: Opening, forwarded: Forwarded) -> tuple[str, ...]:
         """The causes that apply to the request before its answer says how much missed (for its response header)."""
         conversation = self._conversations.get(opening.key)
-        now = self._sighting(opening, forwarded, None, 0)
         previous = conversation.previous if conversation is not None else None
-        if conversation is None or previous is None:
+        if previous is None:
             return expected(None, opening.lifetime)
+        now = self._sighting(opening, forwarded, None, 0)
         step = Step.between(previous, now, (opening.client_chain, forwarded.chain), 0)
         return expected(step, opening.lifetime)
 
@@ -382,12 +382,14 @@ class Ledger:
 
     def _conversation(self, opening: Opening) -> _Conversation:
         """The conversation of `opening`, made the most recently seen (created, and the oldest forgotten, if new)."""
-        conversation = self._conversations.pop(opening.key, None)
-        if conversation is None:
-            tenant = opening.tenant.hex()[:TENANT_HEX]
-            records: deque[LedgerRecord] = deque(maxlen=self.max_requests)
-            seen: deque[tuple[ChainEnd, int]] = deque(maxlen=self.max_requests)
-            conversation = _Conversation(opening.conversation, opening.api, opening.model, tenant, records, seen)
+        conversation = self._conversations.get(opening.key)
+        if conversation is not None:
+            self._conversations.move_to_end(opening.key)
+            return conversation
+        tenant = opening.tenant.hex()[:TENANT_HEX]
+        records: deque[LedgerRecord] = deque(maxlen=self.max_requests)
+        seen: deque[tuple[ChainEnd, int]] = deque(maxlen=self.max_requests)
+        conversation = _Conversation(opening.conversation, opening.api, opening.model, tenant, records, seen)
         self._conversations[opening.key] = conversation
         while len(self._conversations) > self.max_conversations:
             self._conversations.popitem(last=False)

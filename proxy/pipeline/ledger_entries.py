@@ -9,14 +9,14 @@ causes only; the tokens by cause are in the log line, the metrics and the dashbo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from xxhash import xxh3_128_digest
 
 from proxy.billing.bill import tokens
 from proxy.config import Settings
-from proxy.engine.messages import Message, chain_keys, message_key
+from proxy.engine.messages import Message, MessageKey, chain_keys, message_key
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
@@ -53,13 +53,15 @@ def open_entry(
         return
     messages = exchange.request.messages
     chain = exchange.original
+    keys: list[MessageKey] = []
     if not chain and not exchange.provider_state and exchange.size < SIZED_BELOW_BYTES:
         # A request sized by its bytes was never hashed: hashing one that small is cheap.
-        chain = chain_keys([message_key(message) for message in messages])
+        keys = [message_key(message) for message in messages]
+        chain = chain_keys(keys)
     opening = ledger.open(
         scope=caller.scope,
         named=named,
-        opening=None if exchange.provider_state else opening_digest(messages, exchange.request.body),
+        opening=None if exchange.provider_state else opening_digest(messages, exchange.request.body, keys),
         client_chain=chain,
         api=incoming.wire.name,
         model=shown(exchange.model),
@@ -70,22 +72,36 @@ def open_entry(
     _announce(ledger, plan)
 
 
-def opening_digest(messages: list[Message], body: Mapping[str, Any]) -> bytes | None:
+def opening_digest(messages: list[Message], body: Mapping[str, Any], known: Sequence[MessageKey] = ()) -> bytes | None:
     """What identifies a conversation that names none: its opening, which every later request re-sends.
 
     Its instructions (a leading system or developer message, or a field beside the messages) and its first message
     otherwise, without their cache marks: a client that marks its newest message for the cache (Claude Code, every
     turn) sends the first message marked in the first request only. A single text block reads as its text. None
     without messages.
+
+    :param known: The messages' keys when the caller has them (`message_key`, in order): a message whose content is
+        text or null has no marks, so its key is the one known.
     """
     if not messages:
         return None
     role = messages[0].get("role")
     count = 2 if isinstance(role, str) and role in INSTRUCTIONS else 1
-    keys = [message_key({**message, "content": _unmarked(message.get("content"))}) for message in messages[:count]]
+    keys = [
+        _opening_key(message, known[index] if index < len(known) else None)
+        for index, message in enumerate(messages[:count])
+    ]
     # The parsed JSON's repr: any value it holds is written (orjson refuses integers past 64 bits).
     beside = [repr(_unmarked(body.get(name))).encode() for name in BESIDE_MESSAGES if body.get(name) is not None]
     return xxh3_128_digest(b"".join(keys + beside))
+
+
+def _opening_key(message: Message, known: MessageKey | None) -> MessageKey:
+    """The key of an opening message without its cache marks: `known`, its key, when it has none to take off."""
+    content = message.get("content")
+    if known is not None and (content is None or isinstance(content, str)):
+        return known
+    return message_key({**message, "content": _unmarked(content)})
 
 
 def _unmarked(content: Any) -> Any:

@@ -218,10 +218,15 @@ class CompactionMetrics:
     def count_bill(self, api: str, proxy: Charge, direct: Charge) -> None:
         """Count a request's billed tokens by kind, through the proxy and as estimated going direct."""
         for way, charge in (("proxy", proxy), ("direct", direct)):
-            kinds = {"uncached": charge.uncached, "cached": charge.cached, "cache_write": charge.cache_write}
-            for kind, tokens in (kinds | {"output": charge.output}).items():
+            kinds = (
+                ("uncached", charge.uncached),
+                ("cached", charge.cached),
+                ("cache_write", charge.cache_write),
+                ("output", charge.output),
+            )
+            for kind, tokens in kinds:
                 if tokens:
-                    self.bill_tokens.labels(api, way, kind).inc(tokens)
+                    labelled(self.bill_tokens, api, way, kind).inc(tokens)
 
     def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
         """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""
