@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from proxy.billing.caching import rules_for
 from proxy.billing.prices import PriceBook, Rates
@@ -141,6 +141,10 @@ class Charge:
         }
 
 
+NOTHING: Final = Charge()
+"""No request, no tokens: a charge is frozen, so one serves every empty one."""
+
+
 def charge(rates: Rates | None, prompt: int, cached: int, cache_write: int, output: int) -> Charge:
     """One request's charge: `prompt` input tokens, `cached` of them read from the cache, `cache_write` written."""
     uncached = max(prompt - cached - cache_write, 0)
@@ -232,7 +236,7 @@ def tokens(request: Request, previous: float | None) -> tuple[Charge, Charge]:
     )
     client = request.client_tokens or 0
     fits = client > 0 and not 0 < (request.window or 0) < client
-    return proxy, direct_charge(request, None, previous) if fits else Charge()
+    return proxy, direct_charge(request, None, previous) if fits else NOTHING
 
 
 def total(bills: Iterable[Bill]) -> Bill:

@@ -183,26 +183,39 @@ def message_key(message: Message) -> MessageKey:
     the Messages API's `cache_control`); keyed apart, the rewrite remembered on the first turn would not be found on
     the second, and the conversation would be compacted again.
     """
-    role = message.get("role")
-    content = _single_text(message.get("content"))
-    content = "" if content is None else content
-    name = message.get("name") or ""
-    call_id = message.get("tool_call_id") or ""
-    calls = message.get("tool_calls")
+    get = message.get
+    role = get("role")
+    content = get("content")
+    if not isinstance(content, str):
+        content = "" if content is None else _single_text(content)
+    name = get("name") or ""
+    call_id = get("tool_call_id") or ""
+    calls = get("tool_calls")
     if (
         isinstance(role, str)
         and isinstance(content, str)
         and isinstance(name, str)
         and isinstance(call_id, str)
         and (not calls or isinstance(calls, list))
-        and not message.get("function_call")
+        and not get("function_call")
     ):
         # The common shapes (text, or an assistant's calls), hashed with fewer steps: the general path's bytes.
-        r, c, n, t = role.encode(), content.encode("utf-8", "surrogatepass"), name.encode(), call_id.encode()
+        r, c = role.encode("utf-8", "surrogatepass"), content.encode("utf-8", "surrogatepass")
+        n, t = name.encode("utf-8", "surrogatepass"), call_id.encode("utf-8", "surrogatepass")
         head = b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t)
         if not calls:
             return xxh3_128_digest(head)
+        if len(calls) == 1:
+            call = _call_bytes(calls[0])
+            return xxh3_128_digest(b"%b%d:%b" % (head, len(call), call))
         return xxh3_128_digest(head + b"".join([b"%d:%b" % (len(call), call) for call in map(_call_bytes, calls)]))
+    return _general_key(message)
+
+
+def _general_key(message: Message) -> MessageKey:
+    """`message_key` for any message: each field's bytes (`_value_bytes`, `_call_bytes`), length-prefixed."""
+    content = _single_text(message.get("content"))
+    calls = message.get("tool_calls")
     pieces = [
         _value_bytes(message.get("role")),
         _value_bytes(content),

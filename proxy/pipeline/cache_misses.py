@@ -168,7 +168,8 @@ class Sighting:
     @property
     def rewritten(self) -> bool:
         """Whether the proxy forwarded something else than the client's request (its messages or its tools)."""
-        return self.client != self.forwarded or self.tools_added
+        # Forwarded as sent, the two ends are one object (`Ledger`): no fields to compare.
+        return self.tools_added or (self.client is not self.forwarded and self.client != self.forwarded)
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ conversations), so the defaults hold at most about 20 MB.
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -118,6 +119,7 @@ class Opening:
     :param api: Its wire format.
     :param model: Its model.
     :param tenant: Its tenant.
+    :param client_end: The end of `client_chain`, made once for the comparisons at `expected` and `close`.
     """
 
     key: bytes
@@ -127,6 +129,7 @@ class Opening:
     api: str
     model: str | None
     tenant: bytes
+    client_end: ChainEnd
 
     @property
     def conversation(self) -> str:
@@ -156,6 +159,9 @@ TOTALS: Final = (
     "client_reused_tokens",
 )
 """The record fields a conversation's totals sum."""
+
+_totalled: Final = attrgetter(*TOTALS)
+"""A record's `TOTALS`, in one call."""
 
 
 @dataclass
@@ -197,10 +203,13 @@ class _Conversation:
         self.requests += 1
         self.compactions += record.compaction is not None
         self.last_seen = record.at
-        for name in TOTALS:
-            self.totals[name] += getattr(record, name) or 0
+        totals, misses = self.totals, self.misses
+        for name, value in zip(TOTALS, _totalled(record), strict=True):
+            if value:
+                totals[name] += value
         for cause, tokens in record.misses.as_dict().items():
-            self.misses[cause] += tokens
+            if tokens:
+                misses[cause] += tokens
         self.previous = sighting
 
     def summary(self) -> dict[str, Any]:
@@ -299,7 +308,7 @@ class Ledger:
             key = xxh3_128_digest(scope + b"\0opening\0" + opening)
         else:
             return None
-        return Opening(key, self.clock(), lifetime, client_chain, api, model, tenant)
+        return Opening(key, self.clock(), lifetime, client_chain, api, model, tenant, ChainEnd.of(client_chain))
 
     def expected(self, opening: Opening, forwarded: Forwarded) -> tuple[str, ...]:
         """The causes that apply to the request before its answer says how much missed (for its response header)."""
@@ -397,6 +406,6 @@ class Ledger:
 
     @staticmethod
     def _sighting(opening: Opening, forwarded: Forwarded, client_tokens: int | None, prompt_tokens: int) -> Sighting:
-        client = ChainEnd.of(opening.client_chain)
+        client = opening.client_end
         sent = ChainEnd.of(forwarded.chain) if forwarded.chain else client
         return Sighting(opening.at, client, sent, client_tokens, prompt_tokens, forwarded.tools_added)

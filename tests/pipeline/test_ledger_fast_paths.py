@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine.messages import message_key
+from proxy.engine.messages import _general_key, message_key
 from proxy.pipeline.cache_misses import CAUSES, Misses
 from proxy.pipeline.ledger_entries import opening_digest
 from tests.support.examples import examples
@@ -51,3 +51,32 @@ def test_misses_spelled_out_are_every_field_in_the_order_of_the_causes(misses: M
     assert misses.as_dict() == by_field
     assert tuple(misses.as_dict()) == CAUSES
     assert misses.total == sum(by_field.values())
+
+
+any_text = st.text(st.characters(exclude_categories=()), max_size=8)
+"""Any text, lone surrogates included (some clients send them; both paths encode them alike)."""
+arguments = st.one_of(any_text, st.just('{"b": 1, "a": [2]}'), st.dictionaries(texts, st.integers(), max_size=2))
+calls = st.fixed_dictionaries(
+    {"id": st.one_of(st.none(), any_text), "type": st.just("function")},
+    optional={
+        "function": st.fixed_dictionaries({"name": st.one_of(any_text, st.none())}, optional={"arguments": arguments})
+    },
+)
+wire_messages = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.one_of(st.sampled_from(["user", "assistant", "tool"]), any_text, st.integers()),
+        "content": st.one_of(contents, any_text, st.integers()),
+        "name": st.one_of(any_text, st.none(), st.integers()),
+        "tool_call_id": st.one_of(any_text, st.none(), st.integers()),
+        "tool_calls": st.one_of(st.lists(st.one_of(calls, any_text), max_size=3), st.none(), st.just({"x": 1})),
+        "function_call": st.one_of(st.none(), st.fixed_dictionaries({"name": any_text, "arguments": arguments})),
+    },
+)
+
+
+@settings(max_examples=examples(500))
+@given(wire_messages)
+def test_a_message_keys_the_same_by_its_shortcut_as_by_the_general_path(message: dict[str, Any]) -> None:
+    """Text and tool-call messages are hashed with fewer steps; the bytes hashed are the general path's."""
+    assert message_key(message) == _general_key(message)
