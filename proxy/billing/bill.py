@@ -141,17 +141,23 @@ class Charge:
         }
 
 
-NOTHING: Final = Charge()
-"""No request, no tokens: a charge is frozen, so one serves every empty one."""
+Tokens = tuple[int, int, int, int]
+"""A request's tokens by how they are billed, in `KINDS` order."""
+
+KINDS: Final = ("uncached", "cached", "cache_write", "output")
+"""The kinds of billed tokens: input by how it is billed (not cached, read from the cache, written to it), output."""
+
+def billed(prompt: int, cached: int, cache_write: int, output: int) -> Tokens:
+    """Tokens by kind of `prompt` input tokens, `cached` of them read from the cache and `cache_write` written."""
+    return max(prompt - cached - cache_write, 0), cached, cache_write, output
 
 
 def charge(rates: Rates | None, prompt: int, cached: int, cache_write: int, output: int) -> Charge:
     """One request's charge: `prompt` input tokens, `cached` of them read from the cache, `cache_write` written."""
-    uncached = max(prompt - cached - cache_write, 0)
+    kinds = billed(prompt, cached, cache_write, output)
     if rates is None:
-        return Charge(1, uncached, cached, cache_write, output, unpriced=1)
-    usd = rates.cost(prompt, uncached, cached, cache_write, output)
-    return Charge(1, uncached, cached, cache_write, output, usd=usd)
+        return Charge(1, *kinds, unpriced=1)
+    return Charge(1, *kinds, usd=rates.cost(prompt, *kinds))
 
 
 @dataclass(frozen=True)
@@ -217,26 +223,29 @@ def refused_at(requests: Sequence[Request]) -> int | None:
 
 def direct_charge(request: Request, rates: Rates | None, previous: float | None) -> Charge:
     """The estimate of one client request sent direct, the client's previous one sent at `previous` (None: none)."""
+    return charge(rates, *_direct_input(request, previous), request.output_tokens)
+
+
+def _direct_input(request: Request, previous: float | None) -> tuple[int, int, int]:
+    """A client request's input sent direct: all of it, what the cache serves of it, and what is written to it."""
     rules = rules_for(request.api)
     alive = previous is not None and request.at - previous <= rules.lifetime
     client = request.client_tokens or 0
     served = rules.served(min(request.client_reused_tokens, client)) if alive else 0
-    written = rules.written(client, served)
-    return charge(rates, client, served, written, request.output_tokens)
+    return client, served, rules.written(client, served)
 
 
-def tokens(request: Request, previous: float | None) -> tuple[Charge, Charge]:
+def tokens(request: Request, previous: float | None) -> tuple[Tokens, Tokens | None]:
     """One request's tokens by kind (no price), through the proxy and going direct: what the metrics count.
 
-    Going direct is empty for a call the proxy made on its own, and for a request larger than its window (the
+    Going direct is None for a call the proxy made on its own, and for a request larger than its window (the
     provider would have refused it). The client's previous request was sent at `previous` (None: none).
     """
-    proxy = charge(
-        None, request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens
-    )
+    proxy = billed(request.prompt_tokens, request.cached_tokens, request.cache_write_tokens, request.output_tokens)
     client = request.client_tokens or 0
-    fits = client > 0 and not 0 < (request.window or 0) < client
-    return proxy, direct_charge(request, None, previous) if fits else NOTHING
+    if client <= 0 or 0 < (request.window or 0) < client:
+        return proxy, None
+    return proxy, billed(*_direct_input(request, previous), request.output_tokens)
 
 
 def total(bills: Iterable[Bill]) -> Bill:

@@ -174,8 +174,9 @@ class Sighting:
 
 @dataclass(slots=True)
 class Step:
-    """How a request follows the previous one of its conversation: what decides its causes (made per request and
-    read once, so not frozen: a frozen dataclass costs four times as much to make).
+    """How a request follows the previous one of its conversation: what decides its causes.
+
+    Made for each request and read once, so not frozen: a frozen dataclass costs four times as much to make.
 
     :param gap: Seconds since the previous request arrived.
     :param forwarded_intact: What the proxy forwards extends what it forwarded for the previous request (the same

@@ -21,10 +21,10 @@ conversations), so the defaults hold at most about 20 MB.
 from __future__ import annotations
 
 import time
-from operator import attrgetter
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Final
 
 from xxhash import xxh3_128_digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.billing import Charge
+from proxy.billing.bill import KINDS, Tokens
 from proxy.pipeline.cache_misses import PROXY_CAUSES, Misses
 from proxy.pipeline.labelled import labelled
 
@@ -215,16 +215,11 @@ class CompactionMetrics:
                 if cause in PROXY_CAUSES:
                     self.proxy_cache_miss_tokens.inc(tokens)
 
-    def count_bill(self, api: str, proxy: Charge, direct: Charge) -> None:
-        """Count a request's billed tokens by kind, through the proxy and as estimated going direct."""
-        for way, charge in (("proxy", proxy), ("direct", direct)):
-            kinds = (
-                ("uncached", charge.uncached),
-                ("cached", charge.cached),
-                ("cache_write", charge.cache_write),
-                ("output", charge.output),
-            )
-            for kind, tokens in kinds:
+    def count_bill(self, api: str, proxy: Tokens, direct: Tokens | None) -> None:
+        """Count a request's billed tokens by kind, through the proxy and as estimated going direct (None: not)."""
+        ways = (("proxy", proxy),) if direct is None else (("proxy", proxy), ("direct", direct))
+        for way, billed in ways:
+            for kind, tokens in zip(KINDS, billed, strict=True):
                 if tokens:
                     labelled(self.bill_tokens, api, way, kind).inc(tokens)
 

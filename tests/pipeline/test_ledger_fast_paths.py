@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine.messages import _general_key, message_key
+from proxy.engine.messages import Message, _general_key, message_key
 from proxy.pipeline.cache_misses import CAUSES, Misses
 from proxy.pipeline.ledger_entries import opening_digest
 from tests.support.examples import examples
@@ -36,9 +36,7 @@ bodies = st.fixed_dictionaries({}, optional={"system": contents, "instructions":
 
 @settings(max_examples=examples(300))
 @given(messages, bodies)
-def test_the_opening_digest_from_known_keys_is_the_one_hashed_again(
-    sent: list[dict[str, Any]], body: dict[str, Any]
-) -> None:
+def test_the_opening_digest_from_known_keys_is_the_one_hashed_again(sent: list[Message], body: dict[str, Any]) -> None:
     """The keys `open_entry` already made of the client's messages stand for the opening's own where no mark is
     taken off: the digest is the same as hashing the opening again."""
     known = [message_key(message) for message in sent]
