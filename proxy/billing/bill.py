@@ -147,6 +147,7 @@ Tokens = tuple[int, int, int, int]
 KINDS: Final = ("uncached", "cached", "cache_write", "output")
 """The kinds of billed tokens: input by how it is billed (not cached, read from the cache, written to it), output."""
 
+
 def billed(prompt: int, cached: int, cache_write: int, output: int) -> Tokens:
     """Tokens by kind of `prompt` input tokens, `cached` of them read from the cache and `cache_write` written."""
     return max(prompt - cached - cache_write, 0), cached, cache_write, output
