@@ -84,7 +84,7 @@ def _long_lived(block: Any) -> bool:
     return isinstance(control, Mapping) and control.get("ttl") == "1h"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reported:
     """The provider's usage of one answer, the same across the three formats.
 
@@ -119,7 +119,7 @@ class Reported:
         return self.prompt_tokens - self.cached_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChainEnd:
     """Where a conversation's hash chain ends: enough to tell whether a later chain extends it, and no content.
 
@@ -145,7 +145,7 @@ class ChainEnd:
         return self.length > 1 and len(chain) > self.length and chain[self.length - 2] == self.before
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sighting:
     """What a forwarded request leaves for the next one of its conversation to be compared with (no content).
 
@@ -175,8 +175,6 @@ class Sighting:
 @dataclass(slots=True)
 class Step:
     """How a request follows the previous one of its conversation: what decides its causes.
-
-    Made for each request and read once, so not frozen: a frozen dataclass costs four times as much to make.
 
     :param gap: Seconds since the previous request arrived.
     :param forwarded_intact: What the proxy forwards extends what it forwarded for the previous request (the same
