@@ -200,9 +200,13 @@ def message_key(message: Message) -> MessageKey:
         and not get("function_call")
     ):
         # The common shapes (text, or an assistant's calls), hashed with fewer steps: the general path's bytes.
-        r, c = role.encode("utf-8", "surrogatepass"), content.encode("utf-8", "surrogatepass")
-        n, t = name.encode("utf-8", "surrogatepass"), call_id.encode("utf-8", "surrogatepass")
-        head = b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t)
+        if content.isascii() and role.isascii() and name.isascii() and call_id.isascii():
+            # ASCII text has as many bytes as characters: the lengths are the bytes' and one encoding does.
+            head = f"{len(role)}:{role}{len(content)}:{content}{len(name)}:{name}{len(call_id)}:{call_id}".encode()
+        else:
+            r, c = role.encode("utf-8", "surrogatepass"), content.encode("utf-8", "surrogatepass")
+            n, t = name.encode("utf-8", "surrogatepass"), call_id.encode("utf-8", "surrogatepass")
+            head = b"%d:%b%d:%b%d:%b%d:%b" % (len(r), r, len(c), c, len(n), n, len(t), t)
         if not calls:
             return xxh3_128_digest(head)
         if len(calls) == 1:
