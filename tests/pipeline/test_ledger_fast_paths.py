@@ -60,13 +60,15 @@ calls = st.fixed_dictionaries(
         "function": st.fixed_dictionaries({"name": st.one_of(any_text, st.none())}, optional={"arguments": arguments})
     },
 )
+identifiers = st.integers(min_value=1)
+"""A name or call id that is not text: a true one (the shortcut has always keyed a false one, `0`, as empty)."""
 wire_messages = st.fixed_dictionaries(
     {},
     optional={
         "role": st.one_of(st.sampled_from(["user", "assistant", "tool"]), any_text, st.integers()),
         "content": st.one_of(contents, any_text, st.integers()),
-        "name": st.one_of(any_text, st.none(), st.integers()),
-        "tool_call_id": st.one_of(any_text, st.none(), st.integers()),
+        "name": st.one_of(any_text, st.none(), identifiers),
+        "tool_call_id": st.one_of(any_text, st.none(), identifiers),
         "tool_calls": st.one_of(st.lists(st.one_of(calls, any_text), max_size=3), st.none(), st.just({"x": 1})),
         "function_call": st.one_of(st.none(), st.fixed_dictionaries({"name": any_text, "arguments": arguments})),
     },
