@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Final
 
@@ -135,8 +135,16 @@ class StateSettings(BaseModel):
         :param headers: The request headers (any mapping; names are matched case-insensitively).
         """
         lowered = {name.lower(): value for name, value in headers.items()}
-        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in TENANT_HEADERS)
-        return _keyed_hash(self.tenant_key.get_secret_value(), material)
+        return tenant_id(self.tenant_key.get_secret_value(), [lowered.get(name, "") for name in TENANT_HEADERS])
+
+
+def tenant_id(tenant_key: str, credentials: Sequence[str]) -> str:
+    """The tenant id (see `StateSettings.tenant_of`) of a caller sending `credentials` under `tenant_key`.
+
+    :param credentials: The values of its `TENANT_HEADERS`, in their order; "" for a header it does not send.
+    """
+    material = "\n".join(f"{name}:{value}" for name, value in zip(TENANT_HEADERS, credentials, strict=True))
+    return _keyed_hash(tenant_key, material)
 
 
 @lru_cache(maxsize=4_096)

@@ -127,8 +127,11 @@ class WindowDiscovery:
         if not self.probes or not model or len(model) > MAX_MODEL_NAME or (known and known.source not in _WEAKER):
             return known
         wait = known is None or known.source is WindowSource.DEFAULT
-        discovered = await self._discovered(model, tenant, headers, wait=wait)
-        return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
+        discovered, waited = await self._discovered(model, tenant, headers, wait=wait)
+        if waited:  # what is known may have changed while the run was awaited (an overflow taught a window)
+            return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
+        # `known` is the table's, the default or None here: a discovered window beats each, as `resolve_window` ranks.
+        return Window(discovered, WindowSource.DISCOVERED) if discovered else known
 
     def running(self) -> list[asyncio.Task[None]]:
         """The probe runs in flight (for tests and shutdown)."""
@@ -139,29 +142,36 @@ class WindowDiscovery:
         await cancel(self.running())
         await self.client.aclose()
 
-    async def _discovered(self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool) -> int | None:
-        """The window found for the model, starting a run when none was ever made or one is due.
+    async def _discovered(
+        self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool
+    ) -> tuple[int | None, bool]:
+        """The window found for the model, starting a run when none was ever made or one is due; whether it waited.
 
         :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
             never awaited again.
         """
-        credentials = credentials_of(headers)
-        key, known = self._lookup(model, tenant, credentials)
+        key, known = self._lookup(model, tenant, headers)
         if known is None:
+            credentials = credentials_of(headers)
             started = key not in self._running
             task = self._start(key, model, tenant, credentials)
             if wait and started and task is not None and self.timeout > 0:
                 await asyncio.wait({task}, timeout=self.timeout)
-                key, known = self._lookup(model, tenant, credentials)
+                key, known = self._lookup(model, tenant, headers)
+                return (known.tokens if known is not None else None), True
         elif known.due <= time.monotonic():
-            self._start(key, model, tenant, credentials)
-        return known.tokens if known is not None else None
+            self._start(key, model, tenant, credentials_of(headers))
+        return (known.tokens if known is not None else None), False
 
-    def _lookup(self, model: str, tenant: bytes, credentials: Mapping[str, str]) -> tuple[bytes, _Known | None]:
-        """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed)."""
+    def _lookup(self, model: str, tenant: bytes, headers: Mapping[str, str]) -> tuple[bytes, _Known | None]:
+        """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed).
+
+        :param headers: The caller's headers (lower-cased names): the answer is the tenant's own when the upstream
+            wanted credentials and the caller sends some.
+        """
         key = name_key(model)
         known = self._known.get(key)
-        if known is not None and known.locked and credentials:
+        if known is not None and known.locked and credentials_of(headers):
             key = tenant + key
             known = self._known.get(key)
         return key, known

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
+from proxy.config.state import TENANT_HEADERS, tenant_id
 from proxy.pipeline.reports import requested_window
 from proxy.pipeline.wire import WireFormat
 
 CONTEXT_WINDOW_HEADER: Final = "x-context-window"
+
+MAX_CALLERS: Final = 4096
+"""Callers remembered (see `Caller.of`); one not among them is made again (correct, only slower)."""
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,25 @@ class Caller:
 
     @classmethod
     def of(cls, headers: Mapping[str, str], settings: Settings, format_scope: str | None = None) -> Caller:
-        """The caller of a request with these headers (lower-cased names), in a format of this `format_scope`."""
-        tenant = bytes.fromhex(settings.tenant_of(headers))
-        requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        return cls(tenant, requested, warning, state_scope(tenant, requested, format_scope))
+        """The caller of a request with these headers (lower-cased names), in a format of this `format_scope`.
+
+        A caller sends the same headers on every request: it is made once for them (`_caller`), not per request.
+        """
+        credentials = tuple([headers.get(name, "") for name in TENANT_HEADERS])
+        key = settings.tenant_key.get_secret_value()
+        return _caller(key, credentials, headers.get(CONTEXT_WINDOW_HEADER), format_scope)
+
+
+@lru_cache(maxsize=MAX_CALLERS)
+def _caller(tenant_key: str, credentials: tuple[str, ...], window: str | None, format_scope: str | None) -> Caller:
+    """The caller sending `credentials` (its `TENANT_HEADERS`) and `window` (`X-Context-Window`) under `tenant_key`.
+
+    Remembered for the callers seen most recently, keyed by everything it is made of, compared in full (as
+    `proxy.config.state` remembers tenant ids): an entry answers only the exact headers under the exact tenant key.
+    """
+    tenant = bytes.fromhex(tenant_id(tenant_key, credentials))
+    requested, warning = requested_window(window)
+    return Caller(tenant, requested, warning, state_scope(tenant, requested, format_scope))
 
 
 def state_scope(tenant: bytes, requested_window: int | None, format_scope: str | None = None) -> bytes:

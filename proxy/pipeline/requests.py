@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import orjson
@@ -208,9 +207,9 @@ class MappedMessages:
         """`messages[-1]`, or None."""
         return self.messages[-1] if self.messages else None
 
-    @cached_property
+    @property
     def text_only(self) -> bool:
-        """See `text_only`."""
+        """See `text_only` (read once per request: not worth caching)."""
         return text_only(self.messages)
 
 
