@@ -74,13 +74,17 @@ def state_scope(tenant: bytes, requested_window: int | None, format_scope: str |
     return scope
 
 
-def conversation_of(headers: Mapping[str, str], settings: Settings, wire: WireFormat | None) -> str | None:
+def conversation_of(
+    headers: Mapping[str, str], settings: Settings, wire: WireFormat | None, *, lowered: bool = False
+) -> str | None:
     """The conversation a request names (metrics, logs): the configured header, else one of its format's.
 
     Its format's are the headers its clients send (`WireFormat.conversation_headers`).
 
     :param headers: The request headers, any case.
+    :param lowered: The names in `headers` are lower-cased already (the pipeline's): they are looked up as they are.
     """
     names = (settings.conversation_header, *(wire.conversation_headers if wire is not None else ()))
-    lowered = {name.lower(): value for name, value in headers.items()}
-    return next((lowered[name.lower()] for name in names if name.lower() in lowered), None)
+    if not lowered:
+        headers = {name.lower(): value for name, value in headers.items()}
+    return next((headers[name.lower()] for name in names if name.lower() in headers), None)

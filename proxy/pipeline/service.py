@@ -198,11 +198,15 @@ class CompactionPipeline:
         return "state_store_unreachable" if ping is not None and not await ping() else None
 
     async def prepare(self, incoming: IncomingRequest) -> ForwardPlan | Refusal:
-        """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
+        """What to forward for this request (the original bytes on any problem of ours), or why it is refused.
+
+        Every plan says the conversation the request names (`ForwardPlan.conversation`), read here once.
+        """
         headers = {key.lower(): value for key, value in incoming.headers.items()}
+        conversation = conversation_of(headers, self.settings, incoming.wire, lowered=True)
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.decided(incoming.wire.name, "skipped")
-            return ForwardPlan(body=incoming.body, response_headers={"X-Compaction": "skipped"})
+            return ForwardPlan(incoming.body, {"X-Compaction": "skipped"}, conversation=conversation)
         caller = Caller.of(headers, self.settings, incoming.wire.scope)
         recognized = await self.splicing.recognize(incoming, caller.scope)
         extension = recognized.extension
@@ -211,21 +215,26 @@ class CompactionPipeline:
         except InvalidRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.decided(incoming.wire.name, invalid.outcome)
-            return ForwardPlan(body=incoming.body)
+            return ForwardPlan(body=incoming.body, conversation=conversation)
         except RequestOverLimit as over:
             self.metrics.decided(incoming.wire.name, "refused")
             return Refusal(400, str(over), over.code, param=incoming.wire.entries)
         try:
             if self.histories.continues(incoming.wire, request):
                 plan = await self.histories.prepare(incoming, request, headers, caller)
+                plan.conversation = conversation
                 open_entry(self.ledger, plan, incoming, self.settings, caller)
                 return plan
             plan = await self._prepare(incoming, request, headers, caller, extension)
+            plan.conversation = conversation
             open_entry(self.ledger, plan, incoming, self.settings, caller)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
-            return ForwardPlan(incoming.body, {"X-Compaction": "error"}, request.stream, failed_open="compact")
+            error_headers = {"X-Compaction": "error"}
+            return ForwardPlan(
+                incoming.body, error_headers, request.stream, failed_open="compact", conversation=conversation
+            )
         self.failures.answered()
         await self.splicing.remember(incoming, plan, caller.scope, recognized)
         return plan
@@ -367,7 +376,7 @@ class CompactionPipeline:
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": shown(conversation_of(headers, self.settings, incoming.wire)),
+                "conversation": shown(conversation_of(headers, self.settings, incoming.wire, lowered=True)),
                 "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
