@@ -90,6 +90,15 @@ def probes_for(settings: Settings, field: str = "window_probes") -> list[str]:
     return list(getattr(settings, field))
 
 
+def above_weaker(known: Window | None, discovered: int | None) -> Window | None:
+    """The window `resolve_window` gives with `discovered`, when without it it gave `known`, weaker or None.
+
+    A discovered window ranks above the table's and the default (`_WEAKER`), and nothing else ranks below it: the
+    tables need not be walked again.
+    """
+    return Window(discovered, WindowSource.DISCOVERED) if discovered else known
+
+
 class WindowDiscovery:
     """Adds what the upstream says about a model's window to `ContextWindows`.
 
@@ -130,8 +139,7 @@ class WindowDiscovery:
         discovered, waited = await self._discovered(model, tenant, headers, wait=wait)
         if waited:  # what is known may have changed while the run was awaited (an overflow taught a window)
             return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
-        # `known` is the table's, the default or None here: a discovered window beats each, as `resolve_window` ranks.
-        return Window(discovered, WindowSource.DISCOVERED) if discovered else known
+        return above_weaker(known, discovered)
 
     def running(self) -> list[asyncio.Task[None]]:
         """The probe runs in flight (for tests and shutdown)."""

@@ -429,7 +429,8 @@ class CompactionPipeline:
         exchange.headers.update(estimate_headers(decided, thresholds, bound, bounded=True))
         exchange.estimate = Estimate(bound, bound=True)
         self.metrics.decided(exchange.wire.name, decided)
-        return ForwardPlan(incoming.body, dict(exchange.headers), request.stream, context=exchange, model=shown(exchange.model))
+        headers, model = dict(exchange.headers), shown(exchange.model)
+        return ForwardPlan(incoming.body, headers, request.stream, context=exchange, model=model)
 
     async def prepare_count(self, incoming: IncomingRequest) -> ForwardPlan | None:
         """What to send for a request to the format's prompt-counting endpoint (`PromptCounts`); None: as it came."""

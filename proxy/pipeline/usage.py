@@ -50,29 +50,32 @@ class Estimate:
 
 
 class Sent(Protocol):
-    """What was forwarded for one request, as the usage report of its answer needs it (a `Prepared` is one).
-
-    :param scope: The state scope (tenant, and the per-request window override if any).
-    :param tenant: The caller's tenant.
-    :param model: The model asked for.
-    :param chain: The hash chain of the messages sent upstream.
-    :param estimate: The proxy's estimate of what was sent, or None when it made none.
-    """
+    """What was forwarded for one request, as the usage report of its answer needs it (a `Prepared` is one)."""
 
     @property
-    def scope(self) -> bytes: ...
+    def scope(self) -> bytes:
+        """The state scope (tenant, and the per-request window override if any)."""
+        ...
 
     @property
-    def tenant(self) -> bytes: ...
+    def tenant(self) -> bytes:
+        """The caller's tenant."""
+        ...
 
     @property
-    def model(self) -> str | None: ...
+    def model(self) -> str | None:
+        """The model asked for."""
+        ...
 
     @property
-    def chain(self) -> list[bytes]: ...
+    def chain(self) -> list[bytes]:
+        """The hash chain of the messages sent upstream (empty for a request sized by its bytes)."""
+        ...
 
     @property
-    def estimate(self) -> Estimate | None: ...
+    def estimate(self) -> Estimate | None:
+        """The proxy's estimate of what was sent, or None when it made none."""
+        ...
 
 
 class UsageReports:

@@ -28,7 +28,8 @@ from proxy.pipeline.requests import (
 )
 from tests.support.examples import examples
 
-leaves = st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(allow_nan=False, allow_infinity=False)
+numbers = st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+leaves = st.none() | st.booleans() | numbers | st.text(max_size=8)
 values = st.recursive(
     leaves,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
@@ -46,7 +47,7 @@ def nested(draw: st.DrawFn) -> Any:
     return value
 
 
-def verdict(raw: bytes) -> str:
+def verdict(raw: bytes | str) -> str:
     """What `json_object` makes of `raw`: `deep`, `ok`, or `invalid`."""
     try:
         json_object(raw)
@@ -117,7 +118,9 @@ entries = st.lists(
 
 @settings(max_examples=examples(300))
 @given(entries, st.none() | st.builds(RequestLimits, st.integers(0, 8), st.integers(0, 12)))
-def test_the_checks_of_the_entries_decide_as_their_definition(messages: list[Any], limits: RequestLimits | None) -> None:
+def test_the_checks_of_the_entries_decide_as_their_definition(
+    messages: list[Any], limits: RequestLimits | None
+) -> None:
     assert checked(messages, limits) == reference(messages, limits)
 
 
