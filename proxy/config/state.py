@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Final
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -141,19 +140,10 @@ class StateSettings(BaseModel):
 def tenant_id(tenant_key: str, credentials: Sequence[str]) -> str:
     """The tenant id (see `StateSettings.tenant_of`) of a caller sending `credentials` under `tenant_key`.
 
+    The compaction side remembers it per caller (`proxy.pipeline.caller.Caller.of`), so it is computed once per
+    caller, not per request.
+
     :param credentials: The values of its `TENANT_HEADERS`, in their order; "" for a header it does not send.
     """
     material = "\n".join(f"{name}:{value}" for name, value in zip(TENANT_HEADERS, credentials, strict=True))
-    return _keyed_hash(tenant_key, material)
-
-
-@lru_cache(maxsize=4_096)
-def _keyed_hash(key: str, material: str) -> str:
-    """The tenant id of `material` under `key`, remembered for the callers seen most recently.
-
-    A caller sends the same credentials on every request, so its HMAC is computed once, not per request. The cache
-    is keyed by the whole key and the whole material (compared in full, not by a digest), so an entry answers only
-    the exact credentials under the exact tenant key it was computed for: no caller can be given another's tenant.
-    It lives in this process's memory only, as the credentials of the requests in flight do.
-    """
-    return hmac.new(key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+    return hmac.new(tenant_key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

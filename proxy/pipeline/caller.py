@@ -42,16 +42,20 @@ class Caller:
         A caller sends the same headers on every request: it is made once for them (`_caller`), not per request.
         """
         credentials = tuple([headers.get(name, "") for name in TENANT_HEADERS])
-        key = settings.tenant_key.get_secret_value()
-        return _caller(key, credentials, headers.get(CONTEXT_WINDOW_HEADER), format_scope)
+        window = headers.get(CONTEXT_WINDOW_HEADER)
+        if window is not None:
+            window = window.strip()[:13]  # all `requested_window` reads of it: a longer value is as invalid
+        return _caller(settings.tenant_key.get_secret_value(), credentials, window, format_scope)
 
 
 @lru_cache(maxsize=MAX_CALLERS)
 def _caller(tenant_key: str, credentials: tuple[str, ...], window: str | None, format_scope: str | None) -> Caller:
     """The caller sending `credentials` (its `TENANT_HEADERS`) and `window` (`X-Context-Window`) under `tenant_key`.
 
-    Remembered for the callers seen most recently, keyed by everything it is made of, compared in full (as
-    `proxy.config.state` remembers tenant ids): an entry answers only the exact headers under the exact tenant key.
+    A caller sends the same headers on every request, so its tenant's HMAC is computed once, not per request. The
+    cache is keyed by the whole key and the whole credentials (compared in full, not by a digest), so an entry
+    answers only the exact credentials under the exact tenant key it was made for: no caller can be given another's
+    tenant. It lives in this process's memory only, as the credentials of the requests in flight do.
     """
     tenant = bytes.fromhex(tenant_id(tenant_key, credentials))
     requested, warning = requested_window(window)

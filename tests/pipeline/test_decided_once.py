@@ -64,7 +64,8 @@ def test_a_discovered_window_is_ranked_as_resolving_again_ranks_it(
     assert above_weaker(known, discovered) == again
 
 
-HEADER_VALUES = st.sampled_from(["", "Bearer sk-alice", "Bearer sk-bob", "k", " 8000 ", "8000", "-1", "x" * 20])
+WINDOWS = ["8000", " 8000 ", " " * 20 + "8000", "8000" + " " * 20, "1" * 12, "1" * 13, "1" * 14, "-1", "x" * 20]
+HEADER_VALUES = st.sampled_from(["", "Bearer sk-alice", "Bearer sk-bob", "k", *WINDOWS])
 CALLER_HEADERS = st.dictionaries(st.sampled_from([*TENANT_HEADERS, CONTEXT_WINDOW_HEADER, "other"]), HEADER_VALUES)
 KEYS = ["k" * 32, "j" * 32]
 
