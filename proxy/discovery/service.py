@@ -135,11 +135,18 @@ class WindowDiscovery:
         known = self.windows.resolve_window(model, requested, tenant, shipped=shipped)
         if not self.probes or not model or len(model) > MAX_MODEL_NAME or (known and known.source not in _WEAKER):
             return known
+        key, answer = self._lookup(model, tenant, headers)
+        if answer is not None:  # asked before: what was found, asked again in the background once due
+            if answer.due <= time.monotonic():
+                self._start(key, model, tenant, credentials_of(headers))
+            return above_weaker(known, answer.tokens)
         wait = known is None or known.source is WindowSource.DEFAULT
-        discovered, waited = await self._discovered(model, tenant, headers, wait=wait)
-        if waited:  # what is known may have changed while the run was awaited (an overflow taught a window)
+        if await self._first_run(key, model, tenant, headers, wait=wait):
+            # What is known may have changed while the run was awaited (an overflow taught a window).
+            answer = self._lookup(model, tenant, headers)[1]
+            discovered = answer.tokens if answer is not None else None
             return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
-        return above_weaker(known, discovered)
+        return known
 
     def running(self) -> list[asyncio.Task[None]]:
         """The probe runs in flight (for tests and shutdown)."""
@@ -150,26 +157,20 @@ class WindowDiscovery:
         await cancel(self.running())
         await self.client.aclose()
 
-    async def _discovered(
-        self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool
-    ) -> tuple[int | None, bool]:
-        """The window found for the model, starting a run when none was ever made or one is due; whether it waited.
+    async def _first_run(
+        self, key: bytes, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool
+    ) -> bool:
+        """Start the run for a model never asked about (or one in flight); whether this request waited for it.
 
         :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
             never awaited again.
         """
-        key, known = self._lookup(model, tenant, headers)
-        if known is None:
-            credentials = credentials_of(headers)
-            started = key not in self._running
-            task = self._start(key, model, tenant, credentials)
-            if wait and started and task is not None and self.timeout > 0:
-                await asyncio.wait({task}, timeout=self.timeout)
-                key, known = self._lookup(model, tenant, headers)
-                return (known.tokens if known is not None else None), True
-        elif known.due <= time.monotonic():
-            self._start(key, model, tenant, credentials_of(headers))
-        return (known.tokens if known is not None else None), False
+        started = key not in self._running
+        task = self._start(key, model, tenant, credentials_of(headers))
+        if wait and started and task is not None and self.timeout > 0:
+            await asyncio.wait({task}, timeout=self.timeout)
+            return True
+        return False
 
     def _lookup(self, model: str, tenant: bytes, headers: Mapping[str, str]) -> tuple[bytes, _Known | None]:
         """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed).
