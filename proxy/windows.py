@@ -127,10 +127,11 @@ class ContextWindows:
         self, configured: Mapping[str, int] | None = None, default: int | None = None, max_learned: int = MAX_LEARNED
     ) -> None:
         self.configured = dict(configured or {})
-        self.default = default
         self._learned: BoundedCache[bytes, int] = BoundedCache(max_learned)
         self._fits: BoundedCache[bytes, int] = BoundedCache(max_learned)
-        self._tables: BoundedCache[str, tuple[int | None, int | None]] = BoundedCache(max_learned)
+        self._tables: BoundedCache[str, tuple[Window | None, Window | None]] = BoundedCache(max_learned)
+        self._default = Window(default, WindowSource.DEFAULT) if default else None
+        """The window of a model nobody knows: made once, as the table's are (a `Window` is never changed)."""
 
     def resolve_window(
         self,
@@ -149,30 +150,39 @@ class ContextWindows:
         """
         if requested is not None and requested > 0:
             return Window(requested, WindowSource.REQUEST)
-        learned = self._learned.get(_key(tenant, model)) if model else None
+        # Most processes never learn a window: an empty table is not looked up (nor the model's key hashed).
+        learned = self._learned.get(_key(tenant, model)) if model and len(self._learned) else None
         if learned is not None:
             return Window(learned, WindowSource.LEARNED)
         configured, table = self._in_tables(model)
-        candidates = (
-            (configured, WindowSource.CONFIGURED),
-            (discovered, WindowSource.DISCOVERED),
-            (shipped or table, WindowSource.TABLE),
-            (self.default, WindowSource.DEFAULT),
-        )
-        return next((Window(tokens, source) for tokens, source in candidates if tokens), None)
+        if configured is not None:
+            return configured
+        if discovered:
+            return Window(discovered, WindowSource.DISCOVERED)
+        if shipped:
+            return Window(shipped, WindowSource.TABLE)
+        return table if table is not None else self._default
 
-    def _in_tables(self, model: str | None) -> tuple[int | None, int | None]:
+    def _in_tables(self, model: str | None) -> tuple[Window | None, Window | None]:
         """The configured and the shipped window of `model`: each table is walked once per model name, not per request.
 
         Only names up to `MAX_CACHED_NAME` characters are remembered, so a client's huge model names cost no memory.
         """
         if not model or len(model) > MAX_CACHED_NAME:
-            return table_window(model, self.configured), table_window(model)
+            return self._table_windows(model)
         found = self._tables.get(model)
         if found is None:
-            found = (table_window(model, self.configured), table_window(model))
+            found = self._table_windows(model)
             self._tables.put(model, found)
         return found
+
+    def _table_windows(self, model: str | None) -> tuple[Window | None, Window | None]:
+        """The configured and the shipped window of `model`, walking the tables."""
+        configured, table = table_window(model, self.configured), table_window(model)
+        return (
+            Window(configured, WindowSource.CONFIGURED) if configured else None,
+            Window(table, WindowSource.TABLE) if table else None,
+        )
 
     def learn(self, model: str | None, window: int, tenant: bytes = b"") -> bool:
         """Remember a window an overflow error stated, for this tenant only.

@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Mapping
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -135,17 +134,16 @@ class StateSettings(BaseModel):
         :param headers: The request headers (any mapping; names are matched case-insensitively).
         """
         lowered = {name.lower(): value for name, value in headers.items()}
-        material = "\n".join(f"{name}:{lowered.get(name, '')}" for name in TENANT_HEADERS)
-        return _keyed_hash(self.tenant_key.get_secret_value(), material)
+        return tenant_id(self.tenant_key.get_secret_value(), [lowered.get(name, "") for name in TENANT_HEADERS])
 
 
-@lru_cache(maxsize=4_096)
-def _keyed_hash(key: str, material: str) -> str:
-    """The tenant id of `material` under `key`, remembered for the callers seen most recently.
+def tenant_id(tenant_key: str, credentials: Sequence[str]) -> str:
+    """The tenant id (see `StateSettings.tenant_of`) of a caller sending `credentials` under `tenant_key`.
 
-    A caller sends the same credentials on every request, so its HMAC is computed once, not per request. The cache
-    is keyed by the whole key and the whole material (compared in full, not by a digest), so an entry answers only
-    the exact credentials under the exact tenant key it was computed for: no caller can be given another's tenant.
-    It lives in this process's memory only, as the credentials of the requests in flight do.
+    The compaction side remembers it per caller (`proxy.pipeline.caller.Caller.of`), so it is computed once per
+    caller, not per request.
+
+    :param credentials: The values of its `TENANT_HEADERS`, in their order; "" for a header it does not send.
     """
-    return hmac.new(key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+    material = "\n".join(f"{name}:{value}" for name, value in zip(TENANT_HEADERS, credentials, strict=True))
+    return hmac.new(tenant_key.encode(), material.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

@@ -90,6 +90,15 @@ def probes_for(settings: Settings, field: str = "window_probes") -> list[str]:
     return list(getattr(settings, field))
 
 
+def above_weaker(known: Window | None, discovered: int | None) -> Window | None:
+    """The window `resolve_window` gives with `discovered`, when without it it gave `known`, weaker or None.
+
+    A discovered window ranks above the table's and the default (`_WEAKER`), and nothing else ranks below it: the
+    tables need not be walked again.
+    """
+    return Window(discovered, WindowSource.DISCOVERED) if discovered else known
+
+
 class WindowDiscovery:
     """Adds what the upstream says about a model's window to `ContextWindows`.
 
@@ -126,9 +135,18 @@ class WindowDiscovery:
         known = self.windows.resolve_window(model, requested, tenant, shipped=shipped)
         if not self.probes or not model or len(model) > MAX_MODEL_NAME or (known and known.source not in _WEAKER):
             return known
+        key, answer = self._lookup(model, tenant, headers)
+        if answer is not None:  # asked before: what was found, asked again in the background once due
+            if answer.due <= time.monotonic():
+                self._start(key, model, tenant, credentials_of(headers))
+            return above_weaker(known, answer.tokens)
         wait = known is None or known.source is WindowSource.DEFAULT
-        discovered = await self._discovered(model, tenant, headers, wait=wait)
-        return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
+        if await self._first_run(key, model, tenant, headers, wait=wait):
+            # What is known may have changed while the run was awaited (an overflow taught a window).
+            answer = self._lookup(model, tenant, headers)[1]
+            discovered = answer.tokens if answer is not None else None
+            return self.windows.resolve_window(model, requested, tenant, discovered, shipped=shipped)
+        return known
 
     def running(self) -> list[asyncio.Task[None]]:
         """The probe runs in flight (for tests and shutdown)."""
@@ -139,29 +157,30 @@ class WindowDiscovery:
         await cancel(self.running())
         await self.client.aclose()
 
-    async def _discovered(self, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool) -> int | None:
-        """The window found for the model, starting a run when none was ever made or one is due.
+    async def _first_run(
+        self, key: bytes, model: str, tenant: bytes, headers: Mapping[str, str], *, wait: bool
+    ) -> bool:
+        """Start the run for a model never asked about (or one in flight); whether this request waited for it.
 
         :param wait: Await a run this request starts, within `discovery_timeout`; a run already in flight is
             never awaited again.
         """
-        credentials = credentials_of(headers)
-        key, known = self._lookup(model, tenant, credentials)
-        if known is None:
-            started = key not in self._running
-            task = self._start(key, model, tenant, credentials)
-            if wait and started and task is not None and self.timeout > 0:
-                await asyncio.wait({task}, timeout=self.timeout)
-                key, known = self._lookup(model, tenant, credentials)
-        elif known.due <= time.monotonic():
-            self._start(key, model, tenant, credentials)
-        return known.tokens if known is not None else None
+        started = key not in self._running
+        task = self._start(key, model, tenant, credentials_of(headers))
+        if wait and started and task is not None and self.timeout > 0:
+            await asyncio.wait({task}, timeout=self.timeout)
+            return True
+        return False
 
-    def _lookup(self, model: str, tenant: bytes, credentials: Mapping[str, str]) -> tuple[bytes, _Known | None]:
-        """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed)."""
+    def _lookup(self, model: str, tenant: bytes, headers: Mapping[str, str]) -> tuple[bytes, _Known | None]:
+        """Where this caller finds the model's answer, and the answer (the tenant's own once credentials are needed).
+
+        :param headers: The caller's headers (lower-cased names): the answer is the tenant's own when the upstream
+            wanted credentials and the caller sends some.
+        """
         key = name_key(model)
         known = self._known.get(key)
-        if known is not None and known.locked and credentials:
+        if known is not None and known.locked and credentials_of(headers):
             key = tenant + key
             known = self._known.get(key)
         return key, known

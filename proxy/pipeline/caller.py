@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 from xxhash import xxh3_128_digest
 
 from proxy.config import Settings
+from proxy.config.state import TENANT_HEADERS, tenant_id
 from proxy.pipeline.reports import requested_window
 from proxy.pipeline.wire import WireFormat
 
 CONTEXT_WINDOW_HEADER: Final = "x-context-window"
+
+MAX_CALLERS: Final = 4096
+"""Callers remembered (see `Caller.of`); one not among them is made again (correct, only slower)."""
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,29 @@ class Caller:
 
     @classmethod
     def of(cls, headers: Mapping[str, str], settings: Settings, format_scope: str | None = None) -> Caller:
-        """The caller of a request with these headers (lower-cased names), in a format of this `format_scope`."""
-        tenant = bytes.fromhex(settings.tenant_of(headers))
-        requested, warning = requested_window(headers.get(CONTEXT_WINDOW_HEADER))
-        return cls(tenant, requested, warning, state_scope(tenant, requested, format_scope))
+        """The caller of a request with these headers (lower-cased names), in a format of this `format_scope`.
+
+        A caller sends the same headers on every request: it is made once for them (`_caller`), not per request.
+        """
+        credentials = tuple([headers.get(name, "") for name in TENANT_HEADERS])
+        window = headers.get(CONTEXT_WINDOW_HEADER)
+        if window is not None:
+            window = window.strip()[:13]  # all `requested_window` reads of it: a longer value is as invalid
+        return _caller(settings.tenant_key.get_secret_value(), credentials, window, format_scope)
+
+
+@lru_cache(maxsize=MAX_CALLERS)
+def _caller(tenant_key: str, credentials: tuple[str, ...], window: str | None, format_scope: str | None) -> Caller:
+    """The caller sending `credentials` (its `TENANT_HEADERS`) and `window` (`X-Context-Window`) under `tenant_key`.
+
+    A caller sends the same headers on every request, so its tenant's HMAC is computed once, not per request. The
+    cache is keyed by the whole key and the whole credentials (compared in full, not by a digest), so an entry
+    answers only the exact credentials under the exact tenant key it was made for: no caller can be given another's
+    tenant. It lives in this process's memory only, as the credentials of the requests in flight do.
+    """
+    tenant = bytes.fromhex(tenant_id(tenant_key, credentials))
+    requested, warning = requested_window(window)
+    return Caller(tenant, requested, warning, state_scope(tenant, requested, format_scope))
 
 
 def state_scope(tenant: bytes, requested_window: int | None, format_scope: str | None = None) -> bytes:
@@ -54,13 +78,17 @@ def state_scope(tenant: bytes, requested_window: int | None, format_scope: str |
     return scope
 
 
-def conversation_of(headers: Mapping[str, str], settings: Settings, wire: WireFormat | None) -> str | None:
+def conversation_of(
+    headers: Mapping[str, str], settings: Settings, wire: WireFormat | None, *, lowered: bool = False
+) -> str | None:
     """The conversation a request names (metrics, logs): the configured header, else one of its format's.
 
     Its format's are the headers its clients send (`WireFormat.conversation_headers`).
 
     :param headers: The request headers, any case.
+    :param lowered: The names in `headers` are lower-cased already (the pipeline's): they are looked up as they are.
     """
     names = (settings.conversation_header, *(wire.conversation_headers if wire is not None else ()))
-    lowered = {name.lower(): value for name, value in headers.items()}
-    return next((lowered[name.lower()] for name in names if name.lower() in lowered), None)
+    if not lowered:
+        headers = {name.lower(): value for name, value in headers.items()}
+    return next((headers[name.lower()] for name in names if name.lower() in headers), None)

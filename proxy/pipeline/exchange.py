@@ -60,6 +60,8 @@ class ForwardPlan:
         outcome is reported to.
     :param cache_misses: Set by `complete` once the answer's usage is known: its uncached prompt tokens by cause
         (see `proxy.pipeline.cache_misses`), for the access log and the trace. None when the request was not recorded.
+    :param conversation: The conversation the request names (`proxy.pipeline.caller.conversation_of`, as sent), set
+        on every plan `prepare` returns: read once per request, for the ledger and the server's record alike.
     """
 
     body: bytes
@@ -73,6 +75,7 @@ class ForwardPlan:
     header_values: dict[str, str] = field(default_factory=dict)
     route: str = DEFAULT_ROUTE
     cache_misses: Misses | None = None
+    conversation: str | None = None
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,13 @@ class OffLoop:
         self.threshold = threshold
         self._pool: ThreadPoolExecutor | None = None
 
+    def inline(self, size: int) -> bool:
+        """Whether the work of a request of `size` bytes runs on the event loop (`run` calls it right there)."""
+        return size < self.threshold
+
     async def run(self, size: int, work: Callable[[], T]) -> T:
         """`work()`, on a worker thread when `size` (the request body's bytes) reaches the threshold."""
-        if size < self.threshold:
+        if self.inline(size):
             return work()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="compaction-work")

@@ -8,7 +8,7 @@ from typing import Final
 from proxy.pipeline.ledger import Opening
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.turn import Turn
-from proxy.pipeline.usage import Estimate, Sent
+from proxy.pipeline.usage import Estimate
 from proxy.pipeline.wire import WireFormat, WireRequest
 
 RELEASE_FROM_BYTES: Final = OFF_LOOP_BYTES
@@ -76,8 +76,3 @@ class Prepared:
         needs them again: it parses `raw` anew, and takes the full path from there.
         """
         self.raw, self.parsed, self.turn = raw, None, Turn()
-
-    @property
-    def sent(self) -> Sent:
-        """What was forwarded, as the usage report needs it."""
-        return Sent(self.scope, self.tenant, self.model, self.chain, self.estimate)

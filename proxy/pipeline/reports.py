@@ -45,13 +45,8 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
     """
     decision = outcome.decision
     compacted = "would-compact" if observed else "compacted"
-    headers = {
-        "X-Compaction": compacted if outcome.result else left_as_sent(thresholds),
-        "X-Compaction-Context-Window": str(thresholds.context_window),
-        "X-Compaction-Tokens-Before": str(decision.estimated_tokens),
-    }
-    if decision.bounded:
-        headers["X-Compaction-Tokens-Before-Bound"] = "true"
+    decided = compacted if outcome.result else left_as_sent(thresholds)
+    headers = estimate_headers(decided, thresholds, decision.estimated_tokens, bounded=decision.bounded)
     if outcome.room is not None:
         headers[INSTRUCTIONS_HEADER] = outcome.room.value
     if outcome.result:
@@ -59,6 +54,22 @@ def report_headers(outcome: Outcome, thresholds: Thresholds, *, observed: bool =
         headers["X-Compaction-Strategies"] = ",".join(outcome.result.strategies)
         if thresholds.reservation_decides:
             headers["X-Compaction-Reserved"] = str(thresholds.reserved_tokens)
+    return headers
+
+
+def estimate_headers(decided: str, thresholds: Thresholds, tokens: int, *, bounded: bool) -> dict[str, str]:
+    """The headers every decided request answers (see `report_headers`): what was decided, the window, the estimate.
+
+    :param decided: The `X-Compaction` value.
+    :param tokens: The estimate before compacting; an upper bound when `bounded`.
+    """
+    headers = {
+        "X-Compaction": decided,
+        "X-Compaction-Context-Window": str(thresholds.context_window),
+        "X-Compaction-Tokens-Before": str(tokens),
+    }
+    if bounded:
+        headers["X-Compaction-Tokens-Before-Bound"] = "true"
     return headers
 
 

@@ -34,6 +34,8 @@ class RequestWork:
 
     async def parse(self, raw: bytes, wire: WireFormat) -> WireRequest:
         """`raw` parsed as a request of `wire` (see `WireFormat.parse` for what it raises)."""
+        if self.off_loop.inline(len(raw)):  # most requests: parsed right here, without making the work a function
+            return wire.parse(raw, self.limits)
         return await self.off_loop.run(len(raw), lambda: wire.parse(raw, self.limits))
 
     async def run(self, exchange: Prepared, work: Callable[[], T], *, whole: bool = False) -> T:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Final, Literal
 
 from proxy.config import Mode, Settings
@@ -35,7 +35,6 @@ from proxy.discovery.service import WindowDiscovery
 from proxy.engine import (
     Anchor,
     CompactionChain,
-    Decision,
     Outcome,
     Room,
     Summarization,
@@ -67,7 +66,7 @@ from proxy.pipeline.prepared import Prepared
 from proxy.pipeline.previous_forwards import PreviousForwards
 from proxy.pipeline.prompt_counts import PromptCounts
 from proxy.pipeline.provider_edits import forwarded_view, provider_headers, with_provider_edits
-from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, left_as_sent, report_headers
+from proxy.pipeline.reports import WINDOW_SOURCE_HEADER, estimate_headers, left_as_sent, report_headers
 from proxy.pipeline.request_work import RequestWork
 from proxy.pipeline.requests import InvalidRequest, RequestLimits, RequestOverLimit
 from proxy.pipeline.rewrites import RewriteMemory, View
@@ -81,6 +80,9 @@ from proxy.state.base import StoreEvents
 from proxy.windows import ContextWindows, UnknownModels
 
 logger = logging.getLogger("compaction_proxy.compaction")
+
+thresholds_of = lru_cache(maxsize=1024)(Thresholds)
+"""`Thresholds(...)` made once for the values of many requests (a window, the settings' fractions, a reservation)."""
 
 COMPACTION_HEADER: Final = "x-compaction"
 
@@ -196,11 +198,15 @@ class CompactionPipeline:
         return "state_store_unreachable" if ping is not None and not await ping() else None
 
     async def prepare(self, incoming: IncomingRequest) -> ForwardPlan | Refusal:
-        """What to forward for this request (the original bytes on any problem of ours), or why it is refused."""
+        """What to forward for this request (the original bytes on any problem of ours), or why it is refused.
+
+        Every plan says the conversation the request names (`ForwardPlan.conversation`), read here once.
+        """
         headers = {key.lower(): value for key, value in incoming.headers.items()}
+        conversation = conversation_of(headers, self.settings, incoming.wire, lowered=True)
         if headers.get(COMPACTION_HEADER, "").strip().lower() == "off":
             self.metrics.decided(incoming.wire.name, "skipped")
-            return ForwardPlan(body=incoming.body, response_headers={"X-Compaction": "skipped"})
+            return ForwardPlan(incoming.body, {"X-Compaction": "skipped"}, conversation=conversation)
         caller = Caller.of(headers, self.settings, incoming.wire.scope)
         recognized = await self.splicing.recognize(incoming, caller.scope)
         extension = recognized.extension
@@ -209,21 +215,26 @@ class CompactionPipeline:
         except InvalidRequest as invalid:
             # Not ours to judge: the provider answers it with its own error.
             self.metrics.decided(incoming.wire.name, invalid.outcome)
-            return ForwardPlan(body=incoming.body)
+            return ForwardPlan(body=incoming.body, conversation=conversation)
         except RequestOverLimit as over:
             self.metrics.decided(incoming.wire.name, "refused")
             return Refusal(400, str(over), over.code, param=incoming.wire.entries)
         try:
             if self.histories.continues(incoming.wire, request):
                 plan = await self.histories.prepare(incoming, request, headers, caller)
+                plan.conversation = conversation
                 open_entry(self.ledger, plan, incoming, self.settings, caller)
                 return plan
             plan = await self._prepare(incoming, request, headers, caller, extension)
+            plan.conversation = conversation
             open_entry(self.ledger, plan, incoming, self.settings, caller)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
-            return ForwardPlan(incoming.body, {"X-Compaction": "error"}, request.stream, failed_open="compact")
+            error_headers = {"X-Compaction": "error"}
+            return ForwardPlan(
+                incoming.body, error_headers, request.stream, failed_open="compact", conversation=conversation
+            )
         self.failures.answered()
         await self.splicing.remember(incoming, plan, caller.scope, recognized)
         return plan
@@ -239,8 +250,7 @@ class CompactionPipeline:
         """Decide a request: its window and thresholds, its size, the replayed view, the measure, the compaction."""
         exchange = await self._exchange(incoming, request, headers, caller, extension)
         thresholds = self._thresholds(exchange, headers)
-        calibration = self.usage.calibration(caller.tenant, exchange.model)
-        sized = self._sized_by_bytes(incoming, exchange, thresholds, calibration)
+        sized = self._sized_by_bytes(incoming, exchange, thresholds)
         if sized is not None:
             return sized
         view = exchange.turn.view = await self.work.view(exchange)
@@ -250,6 +260,7 @@ class CompactionPipeline:
             exchange.headers["X-Compaction"] = "unknown-window"
             self.metrics.decided(incoming.wire.name, "unknown_window")
             return await self._replayed(incoming, exchange, view)
+        calibration = self.usage.calibration(caller.tenant, exchange.model)
         measured, anchor = await self._measured(exchange, view, thresholds, calibration, headers)
         covered = anchor.covered if anchor else None
         context = SummaryContext(
@@ -365,7 +376,7 @@ class CompactionPipeline:
                 "tokens_before": outcome.decision.estimated_tokens,
                 "tokens_after": outcome.tokens_after,
                 "strategies": ",".join(result.strategies),
-                "conversation": shown(conversation_of(headers, self.settings, incoming.wire)),
+                "conversation": shown(conversation_of(headers, self.settings, incoming.wire, lowered=True)),
                 "deferred_to": exchange.headers.get(DEFERRED_HEADER),
             },
         )
@@ -380,20 +391,20 @@ class CompactionPipeline:
 
         See `proxy.pipeline.client_compaction`: a deferral is said in the response headers and counted.
         """
-        request, settings = exchange.request, self.settings
-        reserved = request.reserved_tokens
-        window, fractions = exchange.window, (settings.compact_at, settings.compact_to)
-        trigger = Thresholds(window, *fractions, reserved).trigger_tokens if window else None
+        request, settings, window = exchange.request, self.settings, exchange.window
+        thresholds = None
+        if window is not None:
+            thresholds = thresholds_of(window, settings.compact_at, settings.compact_to, request.reserved_tokens)
+        trigger = thresholds.trigger_tokens if thresholds is not None else None
         deferred, warning = deferral(settings.client_compaction, headers, request, trigger)
         if warning:
             earlier = exchange.headers.get("X-Compaction-Warning")
             exchange.headers["X-Compaction-Warning"] = f"{earlier}; {warning}" if earlier else warning
-        if exchange.window is None:
-            return None
-        if deferred is not None:
-            exchange.headers.update(deferred.headers)
-            self.metrics.client_compaction.labels(deferred.signal).inc()
-        return Thresholds(exchange.window, settings.compact_at, settings.compact_to, reserved, deferred is not None)
+        if thresholds is None or deferred is None:
+            return thresholds
+        exchange.headers.update(deferred.headers)
+        self.metrics.client_compaction.labels(deferred.signal).inc()
+        return thresholds_of(window, settings.compact_at, settings.compact_to, request.reserved_tokens, True)
 
     def _report(self, exchange: Prepared, outcome: Outcome, thresholds: Thresholds) -> None:
         """Tell the client (headers), the metrics and the log what was decided for this request."""
@@ -402,23 +413,24 @@ class CompactionPipeline:
         report_room(outcome.room, self.metrics, exchange.model, thresholds.context_window)
 
     def _sized_by_bytes(
-        self, incoming: IncomingRequest, exchange: Prepared, thresholds: Thresholds | None, calibration: Calibration
+        self, incoming: IncomingRequest, exchange: Prepared, thresholds: Thresholds | None
     ) -> ForwardPlan | None:
         """The request as it came, when its bytes show it under the trigger (see `proxy.pipeline.byte_bound`)."""
-        small = incoming.wire.sized_by_bytes and exchange.size < SIZED_BELOW_BYTES
+        if thresholds is None or not incoming.wire.sized_by_bytes or exchange.size >= SIZED_BELOW_BYTES:
+            return None
         request = exchange.request
-        if thresholds is None or not small or self.exact.may_ask(incoming.wire, exchange.tenant):
+        if self.exact.may_ask(incoming.wire, exchange.tenant) or not request.text_only:
             return None
-        if not request.text_only:
-            return None
-        bound = bytes_bound(incoming.body, calibration.ratio, request.added_prompt_tokens)
+        ratio = self.usage.calibration(exchange.tenant, exchange.model).ratio
+        bound = bytes_bound(incoming.body, ratio, request.added_prompt_tokens)
         if bound >= thresholds.trigger_tokens:
             return None
-        exchange.headers.update(report_headers(Outcome(Decision(bound, compact=False, bounded=True)), thresholds))
+        decided = left_as_sent(thresholds)
+        exchange.headers.update(estimate_headers(decided, thresholds, bound, bounded=True))
         exchange.estimate = Estimate(bound, bound=True)
-        self.metrics.decided(exchange.wire.name, left_as_sent(thresholds))
-        stream, model = exchange.request.stream, shown(exchange.model)
-        return ForwardPlan(incoming.body, dict(exchange.headers), stream, context=exchange, model=model)
+        self.metrics.decided(exchange.wire.name, decided)
+        headers, model = dict(exchange.headers), shown(exchange.model)
+        return ForwardPlan(incoming.body, headers, request.stream, context=exchange, model=model)
 
     async def prepare_count(self, incoming: IncomingRequest) -> ForwardPlan | None:
         """What to send for a request to the format's prompt-counting endpoint (`PromptCounts`); None: as it came."""
@@ -435,8 +447,7 @@ class CompactionPipeline:
                 close_entry(self.ledger, self.metrics, plan, outcome.usage)
                 if exchange.provider_state or exchange.provider_edited:
                     return None
-                counter = counter_for_model(exchange.model)
-                await self.usage.learn(exchange.sent, outcome.usage, outcome.reply, counter)
+                await self.usage.learn(exchange, outcome.usage, outcome.reply)
                 return None
             retry = await self.retry.after(exchange, outcome)
             retried_entry(self.ledger, retry, exchange)

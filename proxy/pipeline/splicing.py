@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from proxy.pipeline.capabilities import SpliceMemory
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
@@ -32,6 +32,10 @@ class Recognized:
     memory: SpliceMemory | None = None
     extension: Continuation | None = None
     openings: Any = None
+
+
+NOT_LOOKED_UP: Final = Recognized()
+"""What splicing made of a request it did not look for (a `Recognized` is never changed: one serves them all)."""
 
 
 class Splicing:
@@ -63,11 +67,11 @@ class Splicing:
         """The request as a remembered one plus new messages, when its format splices and its bytes say so."""
         splicing = incoming.wire.splicing
         if splicing is None or self.splice_from is None:
-            return Recognized()
+            return NOT_LOOKED_UP
         start = splicing.from_bytes if self.splice_from == "format" else self.splice_from
         memory = self.memories.of(incoming.wire) if len(incoming.body) >= start else None
         if memory is None:
-            return Recognized()
+            return NOT_LOOKED_UP
         extension, openings = await memory.recognize(scope, incoming.body, self.off_loop)
         return Recognized(memory, extension, openings)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from proxy.engine import Anchor, Calibration
 from proxy.engine.bounded import BoundedCache
 from proxy.engine.calibration import RATIO_BOUNDS
-from proxy.engine.counting import TokenCounter
+from proxy.engine.counting import counter_for_model
 from proxy.engine.messages import chain_keys, message_key
 from proxy.names import name_key
 from proxy.pipeline.metrics import CompactionMetrics
@@ -49,22 +49,33 @@ class Estimate:
         return self.bound or reported >= low * expected - PLAUSIBILITY_SLACK
 
 
-@dataclass(frozen=True)
-class Sent:
-    """What was forwarded for one request, as the usage report of its answer needs it.
+class Sent(Protocol):
+    """What was forwarded for one request, as the usage report of its answer needs it (a `Prepared` is one)."""
 
-    :param scope: The state scope (tenant, and the per-request window override if any).
-    :param tenant: The caller's tenant.
-    :param model: The model asked for.
-    :param chain: The hash chain of the messages sent upstream.
-    :param estimate: The proxy's estimate of what was sent, or None when it made none.
-    """
+    @property
+    def scope(self) -> bytes:
+        """The state scope (tenant, and the per-request window override if any)."""
+        ...
 
-    scope: bytes
-    tenant: bytes
-    model: str | None
-    chain: list[bytes]
-    estimate: Estimate | None
+    @property
+    def tenant(self) -> bytes:
+        """The caller's tenant."""
+        ...
+
+    @property
+    def model(self) -> str | None:
+        """The model asked for."""
+        ...
+
+    @property
+    def chain(self) -> list[bytes]:
+        """The hash chain of the messages sent upstream (empty for a request sized by its bytes)."""
+        ...
+
+    @property
+    def estimate(self) -> Estimate | None:
+        """The proxy's estimate of what was sent, or None when it made none."""
+        ...
 
 
 class UsageReports:
@@ -100,9 +111,7 @@ class UsageReports:
             self._calibrations.put(key, calibration)
         return calibration
 
-    async def learn(
-        self, sent: Sent, usage: Mapping[str, Any] | None, reply: Mapping[str, Any] | None, counter: TokenCounter
-    ) -> None:
+    async def learn(self, sent: Sent, usage: Mapping[str, Any] | None, reply: Mapping[str, Any] | None) -> None:
         """Anchor a plausible report on what was sent (and, with the reply, on the conversation through it)."""
         prompt = _tokens(usage.get("prompt_tokens")) if usage else None
         if not usage or not prompt:
@@ -119,6 +128,7 @@ class UsageReports:
         through_reply = _through_reply(usage, prompt)
         if reply is not None and through_reply is not None:
             reply_tokens = through_reply - prompt
+            counter = counter_for_model(sent.model)
             if reply_tokens <= RATIO_BOUNDS[1] * counter.message_tokens(reply) + PLAUSIBILITY_SLACK:
                 reply_chain = chain_keys([message_key(reply)], start=sent.chain[-1])[-1]
                 await self.store.save_anchor(sent.scope, reply_chain, through_reply)

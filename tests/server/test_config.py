@@ -130,8 +130,8 @@ _CREDENTIAL_NAMES = st.sampled_from(["authorization", "Authorization", "x-api-ke
 def test_a_remembered_tenant_id_is_always_the_keyed_hash_of_the_callers_own_credentials(
     calls: list[tuple[str, dict[str, str]]],
 ) -> None:
-    # The ids are remembered per credentials (`_keyed_hash`): repeated and interleaved callers under two tenant keys
-    # each get exactly the HMAC of their own credential headers under their own key, as if computed afresh.
+    # Repeated and interleaved callers under two tenant keys each get exactly the HMAC of their own credential
+    # headers under their own key (the pipeline remembers them per caller: tests/pipeline/test_decided_once.py).
     tenant_settings = {key: Settings(tenant_key=key) for key in ("k" * 32, "j" * 32)}
     for key, headers in calls:
         lowered = {name.lower(): value for name, value in headers.items()}
