@@ -18,7 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final, Literal
 
 import aiohttp
@@ -170,8 +170,7 @@ class Upstream:
             encoded=True,
         )
 
-    @asynccontextmanager
-    async def request(
+    def request(
         self,
         method: str,
         url: URL,
@@ -179,14 +178,20 @@ class Upstream:
         data: Any = None,
         *,
         record: RequestRecord | None = None,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send one request and yield the response once its headers arrived; the response is closed on exit.
+    ) -> Exchange:
+        """Send one request; `async with` it for the response once its headers arrived, closed on exit.
 
         :param record: The client request's record: the upstream's latency to the answer's headers and its status are
             written on it (the one place they are taken, a retry's overwriting the first exchange's).
         :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
         :raises UpstreamTimeout: Connecting or the response headers took too long.
         """
+        return Exchange(self, method, url, headers, data, record)
+
+    async def _send(
+        self, method: str, url: URL, headers: CIMultiDict[str], data: Any, record: RequestRecord | None
+    ) -> aiohttp.ClientResponse:
+        """The response to one request, once its headers arrived, watched for pauses in its body from then on."""
         if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
             data = _in_pieces(data)
         sent = time.perf_counter()
@@ -208,18 +213,18 @@ class Upstream:
         if record is not None:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = response.status
-        self._watches[response] = watch = IdleWatch(response.content, self.idle_timeout)
-        try:
-            yield response
-        finally:
-            watch.close()
-            del self._watches[response]
-            # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
-            # stops the upstream's generation instead of the proxy draining it.
-            if response.content.at_eof():
-                response.release()
-            else:
-                response.close()
+        self._watches[response] = IdleWatch(response.content, self.idle_timeout)
+        return response
+
+    def _done(self, response: aiohttp.ClientResponse) -> None:
+        """Stop watching the response and let its connection go."""
+        self._watches.pop(response).close()
+        # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
+        # stops the upstream's generation instead of the proxy draining it.
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()
 
     @asynccontextmanager
     async def websocket(
@@ -292,6 +297,43 @@ class Upstream:
         if now - self._turn_started >= LOOP_SLICE_SECONDS:
             await asyncio.sleep(0)
             self._turn_started = time.monotonic()
+
+
+class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
+    """One upstream exchange (`Upstream.request`): the response on entry, closed on exit.
+
+    A class rather than a generator-based context manager: it is entered once per request, and a generator and its
+    wrapper cost more than these two calls.
+    """
+
+    __slots__ = ("_upstream", "_method", "_url", "_headers", "_data", "_record", "_response")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        data: Any,
+        record: RequestRecord | None,
+    ) -> None:
+        self._upstream = upstream
+        self._method = method
+        self._url = url
+        self._headers = headers
+        self._data = data
+        self._record = record
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        """Send the request; the response once its headers arrived."""
+        self._response = await self._upstream._send(self._method, self._url, self._headers, self._data, self._record)
+        return self._response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the response (see `Upstream._done`)."""
+        if self._response is not None:
+            self._upstream._done(self._response)
 
 
 async def _in_pieces(body: bytes) -> AsyncIterator[memoryview]:
