@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings
+from proxy.server.deadlines import Deadlines
 from proxy.server.idle_watch import IdleTimedOut, IdleWatch
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.record import RequestRecord
@@ -145,6 +146,8 @@ class Upstream:
         self.base = URL(settings.upstream)
         self.session = session
         self.first_byte_timeout = settings.first_byte_timeout
+        self.first_byte = Deadlines(settings.first_byte_timeout)
+        """The limit on each request's wait for its answer's headers."""
         self.idle_timeout = settings.idle_timeout
         self._turn_started = time.monotonic()
         self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
@@ -188,33 +191,19 @@ class Upstream:
         """
         return Exchange(self, method, url, headers, data, record)
 
-    async def _send(
-        self, method: str, url: URL, headers: CIMultiDict[str], data: Any, record: RequestRecord | None
-    ) -> aiohttp.ClientResponse:
-        """The response to one request, once its headers arrived, watched for pauses in its body from then on."""
-        if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
-            data = _in_pieces(data)
-        sent = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.first_byte_timeout):
-                response = await self.session.request(
-                    method, url, headers=headers, data=data, allow_redirects=False, compress=None
-                )
-        except aiohttp.ServerTimeoutError as exc:  # the session's only socket timeout is `sock_connect`
-            raise UpstreamTimeout("timed out connecting") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            error = _unreachable(exc)
-            if isinstance(exc, aiohttp.ClientConnectorError):
-                self.unreachable = str(error)
-            raise error from exc
-        self.unreachable = None
-        if record is not None:
-            record.upstream_latency = time.perf_counter() - sent
-            record.upstream_status = response.status
-        self._watches[response] = IdleWatch(response.content, self.idle_timeout)
-        return response
+    def failure(self, exc: BaseException) -> UpstreamError | None:
+        """The `UpstreamError` a transport failure of a request is raised as (noted when connecting failed); None for
+        anything else (a cancellation, a bug), which is raised as it is."""
+        if isinstance(exc, aiohttp.ServerTimeoutError):  # the session's only socket timeout is `sock_connect`
+            return UpstreamTimeout("timed out connecting")
+        if isinstance(exc, TimeoutError):
+            return UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds")
+        if not isinstance(exc, aiohttp.ClientError | OSError | ValueError):
+            return None
+        error = _unreachable(exc)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            self.unreachable = str(error)
+        return error
 
     def _done(self, response: aiohttp.ClientResponse) -> None:
         """Stop watching the response and let its connection go."""
@@ -326,9 +315,31 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
         self._response: aiohttp.ClientResponse | None = None
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
-        """Send the request; the response once its headers arrived."""
-        self._response = await self._upstream._send(self._method, self._url, self._headers, self._data, self._record)
-        return self._response
+        """Send the request; the response once its headers arrived, watched for pauses in its body from then on."""
+        upstream, data, record = self._upstream, self._data, self._record
+        if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
+            data = _in_pieces(data)
+        sent = time.perf_counter()
+        task = upstream.first_byte.begin()
+        try:
+            response = await upstream.session.request(
+                self._method, self._url, headers=self._headers, data=data, allow_redirects=False, compress=None
+            )
+        except BaseException as exc:
+            if upstream.first_byte.end(task, cancelled=isinstance(exc, asyncio.CancelledError)):
+                raise UpstreamTimeout(f"no response within {upstream.first_byte_timeout:g} seconds") from None
+            failure = upstream.failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        upstream.first_byte.end(task, cancelled=False)
+        upstream.unreachable = None
+        if record is not None:
+            record.upstream_latency = time.perf_counter() - sent
+            record.upstream_status = response.status
+        upstream._watches[response] = IdleWatch(response.content, upstream.idle_timeout)
+        self._response = response
+        return response
 
     async def __aexit__(self, *exc_info: object) -> None:
         """Close the response (see `Upstream._done`)."""
