@@ -12,7 +12,7 @@ import asyncio
 import logging
 import sys
 import types
-from collections.abc import Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Coroutine, Generator, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -86,10 +86,13 @@ async def prepare_count(request: web.Request, body: bytes, wire: WireFormat) -> 
         return None
 
 
-async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
-    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
+def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> Awaitable[ForwardPlan | None]:
+    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported.
+
+    The usage is counted at once; the report is made when the result is awaited.
+    """
     count_usage(request, outcome.usage)
-    return await shielded(_report(request, plan, outcome))
+    return shielded(_report(request, plan, outcome))
 
 
 async def _report(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
