@@ -18,7 +18,7 @@ from proxy.formats import format_of
 from proxy.pipeline.caller import conversation_of
 from proxy.server.errors import internal_error, shape_of
 from proxy.server.keys import METRICS, RECORD, SETTINGS
-from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
+from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER, log_fields
 from proxy.server.record import RequestRecord
 from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind
@@ -113,5 +113,4 @@ def _account(request: web.Request, record: RequestRecord) -> None:
     request.app[METRICS].answered(record, elapsed)
     level = logging.DEBUG if record.route == INTERNAL else logging.INFO
     if access_log.isEnabledFor(level):
-        fields = record.access_fields(request.rel_url.raw_path, elapsed)
-        access_log.log(level, "request", extra={"fields": fields})
+        log_fields(access_log, level, "request", record.access_fields(request.rel_url.raw_path, elapsed))

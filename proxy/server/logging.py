@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import filterfalse
 from types import TracebackType
@@ -221,7 +222,13 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
-        self._pending: list[logging.LogRecord] = []
+        self._pending: list[logging.LogRecord | _Line] = []
+
+    def keep(self, line: logging.LogRecord | _Line, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep a line for the end of the loop's turn: a record, or a line whose record is made then (`log_fields`)."""
+        self._pending.append(line)
+        if len(self._pending) == 1:
+            loop.call_soon(self.flush, context=contextvars.Context())  # formatted outside any request's context
 
     def emit(self, record: logging.LogRecord) -> None:
         """Keep the record for the end of the loop's turn (write it now when not on a loop)."""
@@ -234,9 +241,7 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
         request_id = REQUEST_ID.get()
         if request_id is not None and not hasattr(record, "request_id"):
             record.request_id = request_id
-        self._pending.append(record)
-        if len(self._pending) == 1:
-            loop.call_soon(self.flush, context=contextvars.Context())  # formatted outside any request's context
+        self.keep(record, loop)
 
     def flush(self) -> None:
         """Write the lines waiting, in one write."""
@@ -251,10 +256,79 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
         pending, self._pending = self._pending, []
         if not pending:
             return
+        records = [item if isinstance(item, logging.LogRecord) else item.record(self) for item in pending]
+        kept = [record for record in records if record is not None]
+        if not kept:
+            return
         try:
-            self.stream.write("".join(self.format(record) + self.terminator for record in pending))
+            self.stream.write("".join(self.format(record) + self.terminator for record in kept))
         except Exception:
-            self.handleError(pending[0])
+            self.handleError(kept[0])
+
+
+@dataclass(slots=True)
+class _Line:
+    """A line logged with `log_fields`, kept as it was logged until it is written."""
+
+    logger: str
+    level: int
+    message: str
+    fields: dict[str, Any]
+    time_ns: int
+    request_id: str | None
+
+    def record(self, handler: logging.Handler) -> logging.LogRecord | None:
+        """The record the line would have had, had it been logged with `Logger.log` to `handler`; None when the
+        handler's filters drop it."""
+        record = logging.LogRecord(self.logger, self.level, "(unknown file)", 0, self.message, None, None)
+        record.created = self.time_ns / 1e9
+        record.msecs = (self.time_ns % 1_000_000_000) // 1_000_000 + 0.0
+        record.fields = self.fields
+        if not handler.filter(record):
+            return None
+        if self.request_id is not None:  # after the filters, as `_Batched.emit` adds it
+            record.request_id = self.request_id
+        return record
+
+
+def log_fields(logger: logging.Logger, level: int, message: str, fields: dict[str, Any]) -> None:
+    """`logger.log(level, message, extra={"fields": fields})`, for lines logged once per request (the access line).
+
+    In a serving process the line's only way out is the handler that writes after the loop's turn (`_Batched`):
+    then no record is made and no handler called now; the line is kept as it is and its record made when it is
+    written, as `Logger.log` would have made it. Anywhere else (another handler or filter on the way: a test's
+    capture, an operator's set-up) the line is logged as usual.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    sink = _only_sink(logger, level)
+    if sink is None:
+        logger.log(level, message, extra={"fields": fields})
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        logger.log(level, message, extra={"fields": fields})
+        return
+    sink.keep(_Line(logger.name, level, message, fields, time.time_ns(), REQUEST_ID.get()), loop)
+
+
+def _only_sink(logger: logging.Logger, level: int) -> _Batched | None:
+    """The deferred handler, when it is the one handler a line of `level` from `logger` reaches and no logger's
+    filter stands in the way (the handler's own filters are applied when the line is written)."""
+    if logger.filters or logger.disabled:
+        return None
+    found: _Batched | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if found is not None or not isinstance(handler, _Batched):
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found if found is not None and level >= found.level else None
 
 
 def flush_logging() -> None:
