@@ -77,12 +77,14 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 the access line and, say, "Compacted a conversation." can be matched."""
 
 
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = getattr(record, "fields", None)
+def _fields(record: logging.LogRecord, extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` with the line's fields added: the request's id, the record's extra attributes, its `fields`."""
     request_id = REQUEST_ID.get()
-    extra = {"request_id": request_id} if request_id is not None else {}
+    if request_id is not None:
+        extra["request_id"] = request_id
     found = record.__dict__
     extra.update((key, found[key]) for key in filterfalse(_RESERVED.__contains__, found))  # the filter runs in C
+    fields = found.get("fields")
     if isinstance(fields, dict):
         extra.update(fields)
     return extra
@@ -119,7 +121,7 @@ class JsonFormatter(_RedactingFormatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        line.update(_fields(record))
+        _fields(record, line)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
@@ -158,7 +160,7 @@ class TextFormatter(_RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         """Render the record as one human-readable line (plus a traceback when there is one)."""
         stamp = f"{_local_second(int(record.created))}.{int(record.msecs):03d}"
-        pairs = " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record).items() if value is not None)
+        pairs = " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record, {}).items() if value is not None)
         message = logfmt_value(record.getMessage(), spaces=True)
         line = f"{stamp} {record.levelname.lower():<7} {record.name} {message}" + (f" {pairs}" if pairs else "")
         if record.exc_info:
