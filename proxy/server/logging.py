@@ -160,7 +160,9 @@ class TextFormatter(_RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         """Render the record as one human-readable line (plus a traceback when there is one)."""
         stamp = f"{_local_second(int(record.created))}.{int(record.msecs):03d}"
-        pairs = " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record, {}).items() if value is not None)
+        pairs = " ".join(
+            f"{key}={logfmt_value(value)}" for key, value in _fields(record, {}).items() if value is not None
+        )
         message = logfmt_value(record.getMessage(), spaces=True)
         line = f"{stamp} {record.levelname.lower():<7} {record.name} {message}" + (f" {pairs}" if pairs else "")
         if record.exc_info:
@@ -280,8 +282,10 @@ class _Line:
     request_id: str | None
 
     def record(self, handler: logging.Handler) -> logging.LogRecord | None:
-        """The record the line would have had, had it been logged with `Logger.log` to `handler`; None when the
-        handler's filters drop it."""
+        """The record the line would have had, had it been logged with `Logger.log` to `handler`.
+
+        None when the handler's filters drop it.
+        """
         record = logging.LogRecord(self.logger, self.level, "(unknown file)", 0, self.message, None, None)
         record.created = self.time_ns / 1e9
         record.msecs = (self.time_ns % 1_000_000_000) // 1_000_000 + 0.0
@@ -316,8 +320,10 @@ def log_fields(logger: logging.Logger, level: int, message: str, fields: dict[st
 
 
 def _only_sink(logger: logging.Logger, level: int) -> _Batched | None:
-    """The deferred handler, when it is the one handler a line of `level` from `logger` reaches and no logger's
-    filter stands in the way (the handler's own filters are applied when the line is written)."""
+    """The deferred handler, when it is the one handler a line of `level` from `logger` reaches; else None.
+
+    None too when the logger has filters of its own; the handler's filters are applied when the line is written.
+    """
     if logger.filters or logger.disabled:
         return None
     found: _Batched | None = None

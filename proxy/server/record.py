@@ -130,7 +130,14 @@ class RequestRecord:
         return fields
 
 
-_KNOWN_WHEN_SET: Final = ("conversation_id", "model", "compaction", "tokens_before", "tokens_after", "conversation_hash")
+_KNOWN_WHEN_SET: Final = (
+    "conversation_id",
+    "model",
+    "compaction",
+    "tokens_before",
+    "tokens_after",
+    "conversation_hash",
+)
 """Access line fields shown as they are, when not None (in this order, after the byte counts)."""
 _FLAGS: Final = ("retried", "stripped_usage")
 """Access line flags shown (as true) when set, after the cache misses."""

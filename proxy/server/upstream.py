@@ -189,11 +189,13 @@ class Upstream:
         :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
         :raises UpstreamTimeout: Connecting or the response headers took too long.
         """
-        return Exchange(self, method, url, headers, data, record)
+        return Exchange(self, method, url, headers, data, record=record)
 
     def failure(self, exc: BaseException) -> UpstreamError | None:
-        """The `UpstreamError` a transport failure of a request is raised as (noted when connecting failed); None for
-        anything else (a cancellation, a bug), which is raised as it is."""
+        """The `UpstreamError` a transport failure of a request is raised as (noted when connecting failed).
+
+        None for anything else (a cancellation, a bug), which is raised as it is.
+        """
         if isinstance(exc, aiohttp.ServerTimeoutError):  # the session's only socket timeout is `sock_connect`
             return UpstreamTimeout("timed out connecting")
         if isinstance(exc, TimeoutError):
@@ -295,7 +297,7 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
     wrapper cost more than these two calls.
     """
 
-    __slots__ = ("_upstream", "_method", "_url", "_headers", "_data", "_record", "_response")
+    __slots__ = ("_data", "_headers", "_method", "_record", "_response", "_upstream", "_url")
 
     def __init__(
         self,
@@ -304,6 +306,7 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
         url: URL,
         headers: CIMultiDict[str],
         data: Any,
+        *,
         record: RequestRecord | None,
     ) -> None:
         self._upstream = upstream

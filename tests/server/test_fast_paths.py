@@ -127,9 +127,7 @@ def general_upstream_headers(headers: CIMultiDict[str], drop: tuple[str, ...]) -
     st.lists(st.tuples(header_names, header_values), max_size=12),
     st.lists(st.sampled_from(["Content-Encoding", "x-custom", "CONTENT-TYPE"]), max_size=2),
 )
-def test_request_headers_are_filtered_as_the_rule_says(
-    pairs: list[tuple[str, str]], drop: list[str]
-) -> None:
+def test_request_headers_are_filtered_as_the_rule_says(pairs: list[tuple[str, str]], drop: list[str]) -> None:
     headers = CIMultiDict(pairs)
     fast = upstream_request_headers(headers, drop=drop)
     assert list(fast.items()) == list(general_upstream_headers(headers, tuple(drop)).items())
