@@ -96,7 +96,8 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
                 await finish(request, out)
             return out
     except UpstreamError as exc:
-        return _body_refused(request, limit) or upstream_error_response(request, exc)
+        refused = _body_refused(request, limit)
+        return refused if refused is not None else upstream_error_response(request, exc)
 
 
 def _body_refused(request: web.Request, limit: int) -> web.Response | None:
