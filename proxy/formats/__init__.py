@@ -55,6 +55,12 @@ def counting_format(method: str, path: str) -> WireFormat | None:
     """The wire format whose prompt-counting endpoint a request is for (a POST there: `WireFormat.prompt_counting`)."""
     if method != "POST":
         return None
+    return _counting_at(path)
+
+
+@lru_cache(maxsize=PATHS_REMEMBERED)
+def _counting_at(path: str) -> WireFormat | None:
+    """The format whose prompt-counting endpoint serves POSTs to `path` (asked of every request not compacted)."""
     return next((wire for wire in FORMATS if wire.prompt_counting and wire.prompt_counting.serves(path)), None)
 
 

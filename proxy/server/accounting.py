@@ -16,10 +16,9 @@ from aiohttp.typedefs import Handler
 from proxy.config import Settings
 from proxy.formats import format_of
 from proxy.pipeline.caller import conversation_of
-from proxy.pipeline.labelled import labelled
 from proxy.server.errors import internal_error, shape_of
 from proxy.server.keys import METRICS, RECORD, SETTINGS
-from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER
+from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER, log_fields
 from proxy.server.record import RequestRecord
 from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind
@@ -27,6 +26,9 @@ from proxy.server.tracing import trace_request
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 server_log = logging.getLogger(SERVER_LOGGER)
+
+INTERNAL = RouteKind.INTERNAL.value
+"""The route kind of the proxy's own endpoints, whose access lines are DEBUG (probes every few seconds)."""
 
 MAX_CONVERSATION_ID = 200
 """Longest conversation id logged (characters); the rest is cut."""
@@ -37,7 +39,12 @@ CLIENT_CLOSED = 499
 
 def _conversation_id(request: web.Request, settings: Settings) -> str | None:
     """The conversation the request names (`conversation_of`), cut to `MAX_CONVERSATION_ID` printable characters."""
-    value = conversation_of(request.headers, settings, format_of(request.method, request.path))
+    headers = request.headers
+    wire = format_of(request.method, request.path)
+    named = wire.conversation_headers if wire is not None else ()
+    if settings.conversation_header not in headers and not any(name in headers for name in named):
+        return None  # most requests name none: no need to look through every header for one
+    value = conversation_of(headers, settings, wire)
     if value is None:
         return None
     return "".join(char for char in value[:MAX_CONVERSATION_ID] if char.isprintable())
@@ -101,47 +108,9 @@ def _unsent_body_bytes(response: web.StreamResponse) -> int:
 
 
 def _account(request: web.Request, record: RequestRecord) -> None:
-    metrics = request.app[METRICS]
+    """Count the finished request in the metrics and write its access line (when that level is logged at all)."""
     elapsed = record.elapsed()
-    route = record.route
-    labelled(metrics.requests, route, str(record.status)).inc()
-    labelled(metrics.request_duration, route).observe(elapsed)
-    if record.upstream_latency is not None:
-        labelled(metrics.upstream_latency, route).observe(record.upstream_latency)
-    if record.upstream is not None:
-        status = str(record.upstream_status) if record.upstream_status is not None else "none"
-        labelled(metrics.routed, record.upstream, route, status).inc()
-    if record.compaction is not None:
-        labelled(metrics.decisions, route, record.compaction).inc()
-    if record.window_source is not None:
-        labelled(metrics.window_sources, record.window_source).inc()
-    if record.error in ("unreachable", "timeout", "broken_stream"):
-        labelled(metrics.upstream_errors, record.error).inc()
-    fields = {
-        "method": record.method,
-        "path": request.rel_url.raw_path,
-        "route": route,
-        "upstream": record.upstream,
-        "status": record.status,
-        "upstream_status": record.upstream_status,
-        "latency_ms": round(elapsed * 1000, 1),
-        "upstream_latency_ms": None if record.upstream_latency is None else round(record.upstream_latency * 1000, 1),
-        "bytes_in": record.bytes_in,
-        "bytes_out": record.bytes_out,
-        "conversation_id": record.conversation_id,
-        "model": record.model,
-        "compaction": record.compaction,
-        "tokens_before": record.tokens_before,
-        "tokens_after": record.tokens_after,
-        "conversation_hash": record.conversation_hash,
-        "cache_misses": None if record.cache_misses is None else record.cache_misses.shown() or "none",
-        "retried": record.retried or None,
-        "stripped_usage": record.stripped_usage or None,
-        "fail_open": ",".join(record.fail_open) or None,
-        "client_disconnected": record.client_disconnected or None,
-        "error": record.error,
-    }
-    level = logging.DEBUG if record.route == RouteKind.INTERNAL else logging.INFO
-    access_log.log(
-        level, "request", extra={"fields": {key: value for key, value in fields.items() if value is not None}}
-    )
+    request.app[METRICS].answered(record, elapsed)
+    level = logging.DEBUG if record.route == INTERNAL else logging.INFO
+    if access_log.isEnabledFor(level):
+        log_fields(access_log, level, "request", record.access_fields(request.rel_url.raw_path, elapsed))

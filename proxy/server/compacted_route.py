@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from functools import partial
 
 import aiohttp
@@ -60,6 +60,9 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     """
     if request.content_length is not None and request.content_length > limit:
         return None
+    if request.content.is_eof():  # the whole body arrived with the head
+        whole = await request.content.read()
+        return whole if len(whole) <= limit else None
     chunks: list[bytes] = []
     size = 0
     async for chunk in client_chunks(request, pause_limit):
@@ -221,12 +224,14 @@ async def _forward_planned(
         return await _relay_answer(request, target, response, retry, held=held, reply=reply)
 
 
-async def _hold(request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, reply: ClientReply) -> Held:
+def _hold(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, reply: ClientReply
+) -> Awaitable[Held]:
     """The answer to `plan`, held until it is decided (see `proxy.server.held_stream`)."""
-    return await hold_response(request, response, plan, reply, wire=reply.wire, reads=plan.reads is not None)
+    return hold_response(request, response, plan, reply, wire=reply.wire, reads=plan.reads is not None)
 
 
-async def _relay_answer(
+def _relay_answer(
     request: web.Request,
     target: URL,
     response: aiohttp.ClientResponse,
@@ -234,13 +239,13 @@ async def _relay_answer(
     *,
     held: Held,
     reply: ClientReply,
-) -> web.StreamResponse:
+) -> Awaitable[web.StreamResponse]:
     """Relay the answer to `plan`; when the proxy offered its read tool, the model's reads are answered first."""
     if plan.reads is None:
-        return await _relay_as_it_arrives(request, response, plan, held, reply)
+        return _relay_as_it_arrives(request, response, plan, held, reply)
     send = partial(_send, request, target, plain=True, header_values=plan.header_values)
     relay = _relay_as_it_arrives
-    return await answer_reads(request, response, plan, held, reply, send=send, relay=relay, complete=complete)
+    return answer_reads(request, response, plan, held, reply, send=send, relay=relay, complete=complete)
 
 
 async def _relay_buffered(

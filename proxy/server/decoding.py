@@ -49,6 +49,8 @@ def decoded(body: bytes, encoding: str) -> bytes | None:
     None too when the body would inflate past `inflation_allowance` or `DECOMPRESSED_LIMIT`, or holds more than
     `MAX_MEMBERS` gzip members.
     """
+    if encoding == "identity":
+        return body  # nothing to undo (`inflate` would return it as it is)
     try:
         return inflate(body, encoding, min(inflation_allowance(len(body)), DECOMPRESSED_LIMIT), MAX_MEMBERS)
     except ContentCodingError:

@@ -66,33 +66,50 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
 
 
 async def forward(request: web.Request, target: URL) -> web.StreamResponse:
-    """Forward the request unchanged to `target` and relay the answer unchanged."""
+    """Forward the request unchanged to `target` and relay the answer unchanged.
+
+    A body that arrived whole with the request's head is sent as it is; one still arriving is streamed through.
+    """
     settings = request.app[SETTINGS]
-    upstream = request[ROUTE].upstream
     record = request[RECORD]
     limit = settings.max_body_bytes
-    shape = errors.shape_of(request)
     if request.content_length is not None and request.content_length > limit:
-        record.error = "too_large"
-        return errors.too_large(limit, shape)
-    body = _client_body(request, limit, settings.client_body_timeout, record) if request.body_exists else None
+        return _too_large(request, limit)
+    body: bytes | AsyncIterator[bytes] | None = None
+    if request.body_exists:
+        body = await request.content.read() if request.content.is_eof() else None
+        if body:
+            record.bytes_in = len(body)
+            if record.bytes_in > limit:
+                return _too_large(request, limit)
+        else:
+            body = _client_body(request, limit, settings.client_body_timeout, record)
     try:
-        async with upstream.request(
+        async with request[ROUTE].upstream.request(
             request.method, target, upstream_request_headers(request.headers), body, record=record
         ) as response:
-            if record.error == CLIENT_TIMEOUT:
-                return errors.client_timeout(settings.client_body_timeout, shape)
-            if record.bytes_in > limit:
-                record.error = "too_large"
-                return errors.too_large(limit, shape)
+            refused = _body_refused(request, limit)
+            if refused is not None:
+                return refused
             out = await start_response(request, response)
             if await pump(request, out, response):
                 await finish(request, out)
             return out
     except UpstreamError as exc:
-        if record.error == CLIENT_TIMEOUT:
-            return errors.client_timeout(settings.client_body_timeout, shape)
-        if record.bytes_in > limit:
-            record.error = "too_large"
-            return errors.too_large(limit, shape)
-        return upstream_error_response(request, exc)
+        refused = _body_refused(request, limit)
+        return refused if refused is not None else upstream_error_response(request, exc)
+
+
+def _body_refused(request: web.Request, limit: int) -> web.Response | None:
+    """The answer to a streamed body that stalled or outgrew `limit` while it was sent; None when it did neither."""
+    if request[RECORD].error == CLIENT_TIMEOUT:
+        return errors.client_timeout(request.app[SETTINGS].client_body_timeout, errors.shape_of(request))
+    if request[RECORD].bytes_in > limit:
+        return _too_large(request, limit)
+    return None
+
+
+def _too_large(request: web.Request, limit: int) -> web.Response:
+    """Record and answer a body over `limit` bytes."""
+    request[RECORD].error = "too_large"
+    return errors.too_large(limit, errors.shape_of(request))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import Final
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -50,17 +51,23 @@ def _end_to_end(headers: Headers, drop: frozenset[str]) -> CIMultiDict[str]:
     """`headers` without `Proxy-*`, what `Connection` lists and the names in `drop` (lower case, hop-by-hop too)."""
     if "Connection" in headers:
         drop = drop | connection_listed(headers)
-    return CIMultiDict(
-        (name, value)
-        for name, value in headers.items()
-        if (lower := name.lower()) not in drop and not lower.startswith("proxy-")
-    )
+    kept: CIMultiDict[str] = CIMultiDict()
+    add = kept.add
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower not in drop and not lower.startswith("proxy-"):
+            add(name, value)
+    return kept
+
+
+DROPPED_UPSTREAM: Final = HOP_BY_HOP | REQUEST_ONLY_DROPS
+"""Every request header name (lower case) never sent upstream."""
 
 
 @lru_cache(maxsize=16)
-def _dropped_upstream(also_drop: frozenset[str]) -> frozenset[str]:
-    """Every request header name (lower case) not sent upstream, `also_drop` included."""
-    return HOP_BY_HOP | REQUEST_ONLY_DROPS | also_drop
+def _dropped_upstream(also_drop: tuple[str, ...]) -> frozenset[str]:
+    """`DROPPED_UPSTREAM` and the names in `also_drop` (any case)."""
+    return DROPPED_UPSTREAM | {name.lower() for name in also_drop}
 
 
 def upstream_request_headers(
@@ -73,7 +80,7 @@ def upstream_request_headers(
         client's Content-Length. None keeps the client's framing header as it was.
     :param drop: More header names (lower case) that no longer describe the body sent, e.g. `content-encoding`.
     """
-    kept = _end_to_end(headers, _dropped_upstream(frozenset(name.lower() for name in drop)))
+    kept = _end_to_end(headers, _dropped_upstream(tuple(drop)) if drop else DROPPED_UPSTREAM)
     if body_length is not None:
         kept.popall("Content-Length", None)
         kept["Content-Length"] = str(body_length)

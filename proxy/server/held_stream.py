@@ -167,14 +167,17 @@ async def hold_response(
     :param wire: The answer's wire format.
     :param reads: The answer may be a read round.
     """
-    if not 200 <= response.status < 300 or content_encoding(response.headers) != "identity":
+    streamed = response.content_type == "text/event-stream"
+    if not (streamed or plan.reads is not None) or not 200 <= response.status < 300:
+        return Held(b"")  # `hold` holds nothing of it
+    if content_encoding(response.headers) != "identity":
         return Held(b"")
     early = {name: value for name, value in plan.response_headers.items() if name not in READ_COUNT_HEADERS}
     upstream = request[ROUTE].upstream
     return await hold(
         lambda: upstream.read_chunk(response),
         wire,
-        streamed=response.content_type == "text/event-stream",
+        streamed=streamed,
         offered=plan.reads is not None,
         reads=plan.reads.limits.per_answer if reads and plan.reads is not None else None,
         limit=request.app[SETTINGS].max_body_bytes,

@@ -20,6 +20,9 @@ import time
 import traceback
 from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import filterfalse
 from types import TracebackType
 from typing import Any, Final
 
@@ -74,14 +77,29 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 the access line and, say, "Compacted a conversation." can be matched."""
 
 
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = getattr(record, "fields", None)
+def _fields(record: logging.LogRecord, extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` with the line's fields added: the request's id, the record's extra attributes, its `fields`."""
     request_id = REQUEST_ID.get()
-    extra = {"request_id": request_id} if request_id is not None else {}
-    extra.update((key, value) for key, value in record.__dict__.items() if key not in _RESERVED)
+    if request_id is not None:
+        extra["request_id"] = request_id
+    found = record.__dict__
+    extra.update((key, found[key]) for key in filterfalse(_RESERVED.__contains__, found))  # the filter runs in C
+    fields = found.get("fields")
     if isinstance(fields, dict):
         extra.update(fields)
     return extra
+
+
+@lru_cache(maxsize=4)
+def _utc_second(second: int) -> str:
+    """A second since the epoch as UTC `YYYY-MM-DDTHH:MM:SS`; remembered, since a second's lines all ask for it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+@lru_cache(maxsize=4)
+def _local_second(second: int) -> str:
+    """A second since the epoch as local `HH:MM:SS`; remembered, since a second's lines all ask for it."""
+    return time.strftime("%H:%M:%S", time.localtime(second))
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -98,12 +116,12 @@ class JsonFormatter(_RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         """Render the record as one line of JSON."""
         line: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": f"{_utc_second(int(record.created))}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
-        line.update(_fields(record))
+        _fields(record, line)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(line, default=str).decode()
@@ -141,8 +159,10 @@ class TextFormatter(_RedactingFormatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """Render the record as one human-readable line (plus a traceback when there is one)."""
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
-        pairs = " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record).items() if value is not None)
+        stamp = f"{_local_second(int(record.created))}.{int(record.msecs):03d}"
+        pairs = " ".join(
+            f"{key}={logfmt_value(value)}" for key, value in _fields(record, {}).items() if value is not None
+        )
         message = logfmt_value(record.getMessage(), spaces=True)
         line = f"{stamp} {record.levelname.lower():<7} {record.name} {message}" + (f" {pairs}" if pairs else "")
         if record.exc_info:
@@ -197,8 +217,9 @@ class _WorkerField(logging.Filter):
 class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
     """Lines logged on the event loop are formatted and written after the loop's turn, all of a turn's in one write.
 
-    A request's access line then costs its handler a list append; the formatting and the write happen after the
-    handler returned, once per turn of the loop for every line logged in it. What a line takes from the moment it is
+    A request's access line then costs its handler a list append (logged with `log_fields`, not even a record: that
+    is made when the line is written); the formatting and the write happen after the handler returned, once per turn
+    of the loop for every line logged in it. What a line takes from the moment it is
     logged is taken then: its time (the record's) and the request it names (`REQUEST_ID`). A line logged off the
     loop (a worker thread, startup, shutdown) is written at once, after the lines waiting before it, so the order of
     the lines is the order they were logged in.
@@ -206,7 +227,13 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
-        self._pending: list[logging.LogRecord] = []
+        self._pending: list[logging.LogRecord | _Line] = []
+
+    def keep(self, line: logging.LogRecord | _Line, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep a line for the end of the loop's turn: a record, or a line whose record is made then (`log_fields`)."""
+        self._pending.append(line)
+        if len(self._pending) == 1:
+            loop.call_soon(self.flush, context=contextvars.Context())  # formatted outside any request's context
 
     def emit(self, record: logging.LogRecord) -> None:
         """Keep the record for the end of the loop's turn (write it now when not on a loop)."""
@@ -219,9 +246,7 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
         request_id = REQUEST_ID.get()
         if request_id is not None and not hasattr(record, "request_id"):
             record.request_id = request_id
-        self._pending.append(record)
-        if len(self._pending) == 1:
-            loop.call_soon(self.flush, context=contextvars.Context())  # formatted outside any request's context
+        self.keep(record, loop)
 
     def flush(self) -> None:
         """Write the lines waiting, in one write."""
@@ -236,10 +261,83 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
         pending, self._pending = self._pending, []
         if not pending:
             return
+        records = [item if isinstance(item, logging.LogRecord) else item.record(self) for item in pending]
+        kept = [record for record in records if record is not None]
+        if not kept:
+            return
         try:
-            self.stream.write("".join(self.format(record) + self.terminator for record in pending))
+            self.stream.write("".join(self.format(record) + self.terminator for record in kept))
         except Exception:
-            self.handleError(pending[0])
+            self.handleError(kept[0])
+
+
+@dataclass(slots=True)
+class _Line:
+    """A line logged with `log_fields`, kept as it was logged until it is written."""
+
+    logger: str
+    level: int
+    message: str
+    fields: dict[str, Any]
+    time_ns: int
+    request_id: str | None
+
+    def record(self, handler: logging.Handler) -> logging.LogRecord | None:
+        """The record the line would have had, had it been logged with `Logger.log` to `handler`.
+
+        None when the handler's filters drop it.
+        """
+        record = logging.LogRecord(self.logger, self.level, "(unknown file)", 0, self.message, None, None)
+        record.created = self.time_ns / 1e9
+        record.msecs = (self.time_ns % 1_000_000_000) // 1_000_000 + 0.0
+        record.fields = self.fields
+        if not handler.filter(record):
+            return None
+        if self.request_id is not None:  # after the filters, as `_Batched.emit` adds it
+            record.request_id = self.request_id
+        return record
+
+
+def log_fields(logger: logging.Logger, level: int, message: str, fields: dict[str, Any]) -> None:
+    """`logger.log(level, message, extra={"fields": fields})`, for lines logged once per request (the access line).
+
+    In a serving process the line's only way out is the handler that writes after the loop's turn (`_Batched`):
+    then no record is made and no handler called now; the line is kept as it is and its record made when it is
+    written, as `Logger.log` would have made it. Anywhere else (another handler or filter on the way: a test's
+    capture, an operator's set-up) the line is logged as usual.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    sink = _only_sink(logger, level)
+    if sink is None:
+        logger.log(level, message, extra={"fields": fields})
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        logger.log(level, message, extra={"fields": fields})
+        return
+    sink.keep(_Line(logger.name, level, message, fields, time.time_ns(), REQUEST_ID.get()), loop)
+
+
+def _only_sink(logger: logging.Logger, level: int) -> _Batched | None:
+    """The deferred handler, when it is the one handler a line of `level` from `logger` reaches; else None.
+
+    None too when the logger has filters of its own; the handler's filters are applied when the line is written.
+    """
+    if logger.filters or logger.disabled:
+        return None
+    found: _Batched | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if found is not None or not isinstance(handler, _Batched):
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    return found if found is not None and level >= found.level else None
 
 
 def flush_logging() -> None:

@@ -14,7 +14,9 @@ from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from proxy.pipeline.labelled import labelled
 from proxy.server.pod_metrics import render_pod
+from proxy.server.record import RequestRecord
 
 LATENCY_BUCKETS: Final = (
     0.005,
@@ -35,6 +37,9 @@ LATENCY_BUCKETS: Final = (
     600.0,
 )
 """Seconds; LLM calls range from milliseconds (models list) to minutes (long non-streamed generations)."""
+
+UPSTREAM_ERRORS: Final = frozenset({"unreachable", "timeout", "broken_stream"})
+"""The `RequestRecord.error` kinds that are the upstream's transport failing (`compaction_proxy_upstream_errors`)."""
 
 
 class ProxyMetrics:
@@ -140,6 +145,26 @@ class ProxyMetrics:
             multiprocess_mode="livesum",
             registry=self.registry,
         )
+
+    def answered(self, record: RequestRecord, elapsed: float) -> None:
+        """Count a finished request: its status and duration, its upstream exchange, the decision and window seen.
+
+        :param elapsed: Seconds the request took.
+        """
+        route = record.route
+        labelled(self.requests, route, str(record.status)).inc()
+        labelled(self.request_duration, route).observe(elapsed)
+        if record.upstream_latency is not None:
+            labelled(self.upstream_latency, route).observe(record.upstream_latency)
+        if record.upstream is not None:
+            status = str(record.upstream_status) if record.upstream_status is not None else "none"
+            labelled(self.routed, record.upstream, route, status).inc()
+        if record.compaction is not None:
+            labelled(self.decisions, route, record.compaction).inc()
+        if record.window_source is not None:
+            labelled(self.window_sources, record.window_source).inc()
+        if record.error in UPSTREAM_ERRORS:
+            labelled(self.upstream_errors, record.error).inc()
 
     def count_usage(self, usage: Mapping[str, Any] | None) -> None:
         """Count the prompt tokens of an upstream usage report (chat field names), and how many were cached."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+import sys
+import types
+from collections.abc import Awaitable, Coroutine, Generator, Mapping
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,6 +24,8 @@ from proxy.server.keys import COMPACTION, METRICS, RECORD, ROUTE
 from proxy.server.logging import SERVER_LOGGER
 
 log = logging.getLogger(SERVER_LOGGER)
+
+Result = TypeVar("Result")
 
 
 def _fail_open(request: web.Request, stage: str, exc: BaseException) -> None:
@@ -82,21 +86,65 @@ async def prepare_count(request: web.Request, body: bytes, wire: WireFormat) -> 
         return None
 
 
-async def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
-    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported."""
+def complete(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> Awaitable[ForwardPlan | None]:
+    """Report the outcome; shielded, so a client leaving at that moment does not lose what the upstream reported.
+
+    The usage is counted at once; the report is made when the result is awaited.
+    """
     count_usage(request, outcome.usage)
+    return shielded(_report(request, plan, outcome))
 
-    async def report() -> ForwardPlan | None:
-        try:
-            retry = _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
-            if plan.cache_misses is not None:
-                request[RECORD].cache_misses = plan.cache_misses
-            return retry
-        except Exception as exc:
-            _fail_open(request, "complete", exc)
-            return None
 
-    return await asyncio.shield(report())
+async def _report(request: web.Request, plan: ForwardPlan, outcome: UpstreamOutcome) -> ForwardPlan | None:
+    """The compaction side's `complete`: its retry plan, if any; None (counted, logged) when it failed."""
+    try:
+        retry = _plan_or_none(await request.app[COMPACTION].complete(plan, outcome), "complete")
+        if plan.cache_misses is not None:
+            request[RECORD].cache_misses = plan.cache_misses
+        return retry
+    except Exception as exc:
+        _fail_open(request, "complete", exc)
+        return None
+
+
+async def shielded(work: Coroutine[Any, Any, Result]) -> Result:
+    """`await asyncio.shield(work)`, with a task only if `work` suspends: cancelling the caller never cancels it.
+
+    Its first step runs at once; most reports end there, and then no task is scheduled nor a loop turn waited for.
+    One that suspends goes on in a task, shielded as `asyncio.shield` would have from the start. On Python 3.12 and
+    later that is an eagerly started task; on 3.11 the first step runs within the caller's task (`_resumed` hands the
+    rest to a new one), so `work` must not arm `asyncio.timeout` before it first suspends (nothing the pipeline does).
+    """
+    if sys.version_info >= (3, 12):
+        task = asyncio.Task(work, loop=asyncio.get_running_loop(), eager_start=True)
+        return task.result() if task.done() else await asyncio.shield(task)
+    try:
+        first = work.send(None)
+    except StopIteration as done:
+        result: Result = done.value
+        return result
+    return await asyncio.shield(asyncio.ensure_future(_resumed(work, first)))
+
+
+@types.coroutine
+def _resumed(work: Coroutine[Any, Any, Result], first: Any) -> Generator[Any, None, Result]:
+    """Go on with `work`, whose first step yielded `first` (what it waits on), as the task running it would have."""
+    try:
+        yield first
+    except BaseException as exc:  # thrown in by the task (it was cancelled): `work` is told, as it would have been
+        return (yield from _thrown(work, exc))
+    return (yield from work.__await__())
+
+
+@types.coroutine
+def _thrown(work: Coroutine[Any, Any, Result], exc: BaseException) -> Generator[Any, None, Result]:
+    """Throw `exc` into the suspended `work` and go on with it from there."""
+    try:
+        step = work.throw(exc)
+    except StopIteration as done:
+        result: Result = done.value
+        return result
+    return (yield from _resumed(work, step))
 
 
 def count_usage(request: web.Request, usage: Mapping[str, Any] | None) -> None:

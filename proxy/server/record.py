@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from os import urandom
+from typing import Any, Final
 
 from proxy.pipeline.cache_misses import Misses
 from proxy.pipeline.ledger import CONVERSATION_HEADER
@@ -28,7 +28,7 @@ class RequestRecord:
     method: str
     route: str
     conversation_id: str | None = None
-    request_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    request_id: str = field(default_factory=lambda: urandom(8).hex())
     upstream: str | None = None
     """The name of the route the request took, once it was chosen (`proxy.server.routing`)."""
     model: str | None = None
@@ -93,6 +93,54 @@ class RequestRecord:
     def elapsed(self) -> float:
         """Seconds since the request arrived."""
         return time.perf_counter() - self.started
+
+    def access_fields(self, path: str, elapsed: float) -> dict[str, Any]:
+        """The access line's fields, in their order, each only when known (a false flag, an empty list: unknown).
+
+        :param path: The raw path the client asked for.
+        :param elapsed: Seconds the request took.
+        """
+        fields: dict[str, Any] = {"method": self.method, "path": path, "route": self.route}
+        if self.upstream is not None:
+            fields["upstream"] = self.upstream
+        if self.status is not None:
+            fields["status"] = self.status
+        if self.upstream_status is not None:
+            fields["upstream_status"] = self.upstream_status
+        fields["latency_ms"] = round(elapsed * 1000, 1)
+        if self.upstream_latency is not None:
+            fields["upstream_latency_ms"] = round(self.upstream_latency * 1000, 1)
+        fields["bytes_in"] = self.bytes_in
+        fields["bytes_out"] = self.bytes_out
+        for name in _KNOWN_WHEN_SET:
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        if self.cache_misses is not None:
+            fields["cache_misses"] = self.cache_misses.shown() or "none"
+        for name in _FLAGS:
+            if getattr(self, name):
+                fields[name] = True
+        if self.fail_open:
+            fields["fail_open"] = ",".join(self.fail_open)
+        if self.client_disconnected:
+            fields["client_disconnected"] = True
+        if self.error is not None:
+            fields["error"] = self.error
+        return fields
+
+
+_KNOWN_WHEN_SET: Final = (
+    "conversation_id",
+    "model",
+    "compaction",
+    "tokens_before",
+    "tokens_after",
+    "conversation_hash",
+)
+"""Access line fields shown as they are, when not None (in this order, after the byte counts)."""
+_FLAGS: Final = ("retried", "stripped_usage")
+"""Access line flags shown (as true) when set, after the cache misses."""
 
 
 def _count(header: str | None) -> int | None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import lru_cache
 from typing import Final
 from urllib.parse import unquote
 
-from proxy.formats import format_of
+from proxy.formats import PATHS_REMEMBERED, format_of
 from proxy.pipeline.wire import WireFormat
 
 INTERNAL_PATHS: Final = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -54,8 +55,13 @@ def socket_format(path: str) -> WireFormat | None:
     return wire if wire is not None and wire.socket is not None else None
 
 
+@lru_cache(maxsize=PATHS_REMEMBERED)
 def route_kind(method: str, path: str) -> str:
-    """Classify a request by its (decoded) path: the name of the wire format that compacts it, or a `RouteKind`."""
+    """Classify a request by its (decoded) path: the name of the wire format that compacts it, or a `RouteKind`.
+
+    Remembered for the last `PATHS_REMEMBERED` paths asked about (a client's paths are few; others are classified
+    again, correctly, only slower).
+    """
     if path in INTERNAL_PATHS or is_dashboard(path):
         return RouteKind.INTERNAL.value
     wire = format_of(method, path)

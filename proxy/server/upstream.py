@@ -18,7 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final, Literal
 
 import aiohttp
@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import Settings
+from proxy.server.deadlines import Deadlines
 from proxy.server.idle_watch import IdleTimedOut, IdleWatch
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.record import RequestRecord
@@ -145,6 +146,8 @@ class Upstream:
         self.base = URL(settings.upstream)
         self.session = session
         self.first_byte_timeout = settings.first_byte_timeout
+        self.first_byte = Deadlines(settings.first_byte_timeout)
+        """The limit on each request's wait for its answer's headers."""
         self.idle_timeout = settings.idle_timeout
         self._turn_started = time.monotonic()
         self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
@@ -170,8 +173,7 @@ class Upstream:
             encoded=True,
         )
 
-    @asynccontextmanager
-    async def request(
+    def request(
         self,
         method: str,
         url: URL,
@@ -179,47 +181,41 @@ class Upstream:
         data: Any = None,
         *,
         record: RequestRecord | None = None,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Send one request and yield the response once its headers arrived; the response is closed on exit.
+    ) -> Exchange:
+        """Send one request; `async with` it for the response once its headers arrived, closed on exit.
 
         :param record: The client request's record: the upstream's latency to the answer's headers and its status are
             written on it (the one place they are taken, a retry's overwriting the first exchange's).
         :raises UpstreamUnreachable: The upstream could not be connected to or broke off before answering.
         :raises UpstreamTimeout: Connecting or the response headers took too long.
         """
-        if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
-            data = _in_pieces(data)
-        sent = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.first_byte_timeout):
-                response = await self.session.request(
-                    method, url, headers=headers, data=data, allow_redirects=False, compress=None
-                )
-        except aiohttp.ServerTimeoutError as exc:  # the session's only socket timeout is `sock_connect`
-            raise UpstreamTimeout("timed out connecting") from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            error = _unreachable(exc)
-            if isinstance(exc, aiohttp.ClientConnectorError):
-                self.unreachable = str(error)
-            raise error from exc
-        self.unreachable = None
-        if record is not None:
-            record.upstream_latency = time.perf_counter() - sent
-            record.upstream_status = response.status
-        self._watches[response] = watch = IdleWatch(response.content, self.idle_timeout)
-        try:
-            yield response
-        finally:
-            watch.close()
-            del self._watches[response]
-            # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
-            # stops the upstream's generation instead of the proxy draining it.
-            if response.content.at_eof():
-                response.release()
-            else:
-                response.close()
+        return Exchange(self, method, url, headers, data, record=record)
+
+    def failure(self, exc: BaseException) -> UpstreamError | None:
+        """The `UpstreamError` a transport failure of a request is raised as (noted when connecting failed).
+
+        None for anything else (a cancellation, a bug), which is raised as it is.
+        """
+        if isinstance(exc, aiohttp.ServerTimeoutError):  # the session's only socket timeout is `sock_connect`
+            return UpstreamTimeout("timed out connecting")
+        if isinstance(exc, TimeoutError):
+            return UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds")
+        if not isinstance(exc, aiohttp.ClientError | OSError | ValueError):
+            return None
+        error = _unreachable(exc)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            self.unreachable = str(error)
+        return error
+
+    def _done(self, response: aiohttp.ClientResponse) -> None:
+        """Stop watching the response and let its connection go."""
+        self._watches.pop(response).close()
+        # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
+        # stops the upstream's generation instead of the proxy draining it.
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()
 
     @asynccontextmanager
     async def websocket(
@@ -292,6 +288,66 @@ class Upstream:
         if now - self._turn_started >= LOOP_SLICE_SECONDS:
             await asyncio.sleep(0)
             self._turn_started = time.monotonic()
+
+
+class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
+    """One upstream exchange (`Upstream.request`): the response on entry, closed on exit.
+
+    A class rather than a generator-based context manager: it is entered once per request, and a generator and its
+    wrapper cost more than these two calls.
+    """
+
+    __slots__ = ("_data", "_headers", "_method", "_record", "_response", "_upstream", "_url")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        data: Any,
+        *,
+        record: RequestRecord | None,
+    ) -> None:
+        self._upstream = upstream
+        self._method = method
+        self._url = url
+        self._headers = headers
+        self._data = data
+        self._record = record
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        """Send the request; the response once its headers arrived, watched for pauses in its body from then on."""
+        upstream, data, record = self._upstream, self._data, self._record
+        if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
+            data = _in_pieces(data)
+        sent = time.perf_counter()
+        task = upstream.first_byte.begin()
+        try:
+            response = await upstream.session.request(
+                self._method, self._url, headers=self._headers, data=data, allow_redirects=False, compress=None
+            )
+        except BaseException as exc:
+            if upstream.first_byte.end(task, cancelled=isinstance(exc, asyncio.CancelledError)):
+                raise UpstreamTimeout(f"no response within {upstream.first_byte_timeout:g} seconds") from None
+            failure = upstream.failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        upstream.first_byte.end(task, cancelled=False)
+        upstream.unreachable = None
+        if record is not None:
+            record.upstream_latency = time.perf_counter() - sent
+            record.upstream_status = response.status
+        upstream._watches[response] = IdleWatch(response.content, upstream.idle_timeout)
+        self._response = response
+        return response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the response (see `Upstream._done`)."""
+        if self._response is not None:
+            self._upstream._done(self._response)
 
 
 async def _in_pieces(body: bytes) -> AsyncIterator[memoryview]:
