@@ -27,17 +27,24 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan
 KEYS = st.sampled_from(["id", "model", "usage", "choices", "index", "delta", "type", "text", "role", "obfuscation"])
 
 
+def rarely(draw: st.DrawFn) -> bool:
+    return draw(st.integers(0, 3)) == 0
+
+
 def chat_chunk(draw: st.DrawFn, text: str) -> dict[str, Any]:
-    delta: dict[str, Any] = {"content": text}
-    if draw(st.booleans()):
-        delta = {"role": draw(st.sampled_from(["assistant", 5])), **delta}
-    choice: dict[str, Any] = {"index": draw(st.sampled_from([0, 0, 0, 1, False])), "delta": delta}
-    choice.update(draw(st.dictionaries(st.sampled_from(["finish_reason", "logprobs", "index"]), SCALARS, max_size=2)))
+    delta: dict[str, Any] = {"role": draw(st.sampled_from(["assistant", 5])), "content": text}
+    if not rarely(draw):
+        del delta["role"]
+    choice: dict[str, Any] = {"index": 0 if not rarely(draw) else draw(st.sampled_from([1, False])), "delta": delta}
+    choice.update({"logprobs": None, "finish_reason": None})
+    if rarely(draw):
+        choice.update(draw(st.dictionaries(st.sampled_from(["finish_reason", "logprobs", "index"]), SCALARS)))
     chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    chunk["choices"] = draw(st.sampled_from([[choice], [choice], [choice, choice], []]))
-    if draw(st.booleans()):
+    chunk["choices"] = [choice] if not rarely(draw) else draw(st.sampled_from([[choice, choice], []]))
+    if rarely(draw):
         chunk["usage"] = draw(st.sampled_from([None, {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}]))
-    chunk.update(draw(st.dictionaries(KEYS, SCALARS, max_size=2)))
+    if rarely(draw):
+        chunk.update(draw(st.dictionaries(KEYS, SCALARS, max_size=2)))
     return chunk
 
 
@@ -78,7 +85,7 @@ MAKERS = {CHAT_COMPLETIONS.name: chat_chunk, MESSAGES.name: messages_event, RESP
 def event_data(draw: st.DrawFn, wire: WireFormat) -> bytes:
     """One event's data: a common event of `wire`, written compact or spaced, ASCII or not, perhaps mangled."""
     event = MAKERS[wire.name](draw, draw(TEXTS))
-    compact = draw(st.booleans())
+    compact = not rarely(draw)
     data = json.dumps(
         event, separators=(",", ":") if compact else (", ", ": "), ensure_ascii=draw(st.booleans())
     ).encode()
