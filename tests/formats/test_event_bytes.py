@@ -100,8 +100,10 @@ def event_data(draw: st.DrawFn, wire: WireFormat) -> bytes:
     return data
 
 
-DUPLICATES = [b',"index":1', b',"choices":[]', b',"delta":{}', b',"role":"user"', b',"usage":null', b',"text":"z"',
-              b',"us\\u0061ge":{"prompt_tokens":1}', b',"content":"q"', b',"x":"\xff"', b',"n":1e5', b',"type":"ping"']
+DUPLICATES = [
+    *(b',"index":1', b',"choices":[]', b',"delta":{}', b',"role":"user"', b',"usage":null', b',"text":"z"'),
+    *(b',"us\\u0061ge":{"prompt_tokens":1}', b',"content":"q"', b',"x":"\xff"', b',"n":1e5', b',"type":"ping"'),
+]
 
 
 @st.composite

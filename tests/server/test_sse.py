@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
-from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data, data_lines
+from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, data_lines, event_data
 from tests.support.examples import examples
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'

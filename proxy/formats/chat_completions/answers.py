@@ -15,8 +15,8 @@ from typing import Any, Final
 import orjson
 
 from proxy.engine.messages import Message
-from proxy.formats.event_bytes import STRING, TEXT, TextEvents, members_but
 from proxy.formats.chat_completions.reply import ReplyBuilder
+from proxy.formats.event_bytes import STRING, TEXT, TextEvents, members_but
 from proxy.pipeline.wire import StreamReport
 
 
