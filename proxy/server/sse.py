@@ -227,7 +227,8 @@ class StreamObserver:
         relayed: list[bytes] = []
         try:
             for line in lines:
-                relayed.append(self._process(line + b"\n\n", line[6:] if line[5:6] == b" " else line[5:]))
+                event = chunk if len(lines) == 1 else line + b"\n\n"
+                relayed.append(self._process(event, line[6:] if line[5:6] == b" " else line[5:]))
         except Exception as exc:
             self._fail(exc)
             relayed.extend(line + b"\n\n" for line in lines[len(relayed) :])
