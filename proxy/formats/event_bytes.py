@@ -16,14 +16,18 @@ from typing import Final
 
 import orjson
 
-STRING: Final = rb'"[^"\\\x00-\x1f]*"'
+STRING: Final = rb'"[^"\\\x00-\x1f]*+"'
 """A JSON string without escapes (any character but a quote, a backslash or a control character)."""
 
-TEXT_BODY: Final = rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*'
-"""What a JSON string holds between its quotes, escapes allowed."""
+TEXT_BODY: Final = rb'(?:[^"\\\x00-\x1f]++|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*+'
+"""What a JSON string holds between its quotes, escapes allowed (possessive: one linear scan, however long)."""
 
 TEXT: Final = rb'"(' + TEXT_BODY + rb')"'
 """A JSON string: its group is its body as written (`text_of` reads it)."""
+
+LONGEST: Final = 16 * 1024
+"""Events longer than this are left to the parse, linear and fast at any length: a token's event is far shorter,
+and a pattern stepping through a long text full of escapes costs many times what parsing it does."""
 
 _PLAIN: Final = re.compile(rb'[^"\\\x00-\x1f]*')
 _BODY: Final = re.compile(TEXT_BODY)
@@ -81,7 +85,12 @@ class TextEvents:
         self._head = self._tail = b""
 
     def read(self, data: bytes) -> tuple[str, re.Match[bytes]] | None:
-        """The text of an event the pattern matches, and the match (its other groups); None for any other event."""
+        """The text of an event the pattern matches, and the match (its other groups); None for any other event.
+
+        Always None past `LONGEST` bytes.
+        """
+        if len(data) > LONGEST:
+            return None
         found = self._found
         head, tail = self._head, self._tail
         if found is not None and len(data) >= len(head) + len(tail) and data.startswith(head) and data.endswith(tail):
