@@ -84,7 +84,8 @@ def read_event(event: Mapping[str, Any], report: StreamReport) -> None:
 
 
 _READ_NAMES: Final = (b"\\u", b"usage", *(name.encode() for name in FINAL_EVENTS))
-"""What an event `read_event` reads holds in its bytes: a final event's type, unless escaped (`\\u`) where it stands."""
+"""Bytes an event `read_event` reads holds: its final type's name, or a `\\u` escape where the name hides; and `usage`,
+which no skimmed event may have (`WireFormat.skim_event`)."""
 
 
 def skim_event(data: bytes, report: StreamReport) -> bool:
