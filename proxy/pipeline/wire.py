@@ -159,6 +159,7 @@ class StreamReport:
     :param reply: The assistant's reply so far (`reply_of` builds it), in the format's own terms.
     :param response_id: The id of the answer, when a later request may continue from it.
     :param final: The answer as the format's final event carried it whole, if it carries one.
+    :param skim: What the format keeps to read the stream's events from their bytes (`WireFormat.skim_event`).
     """
 
     usage: dict[str, Any] | None = None
@@ -166,6 +167,7 @@ class StreamReport:
     reply: Any = None
     response_id: str | None = None
     final: Mapping[str, Any] | None = None
+    skim: Any = None
 
 
 class SocketMode(Protocol):
@@ -279,6 +281,14 @@ class WireFormat(Protocol):
 
     def read_event(self, event: Mapping[str, Any], report: StreamReport) -> None:
         """Fold one stream event into what the stream reported."""
+        ...
+
+    def skim_event(self, data: bytes, report: StreamReport) -> bool:
+        """Fold in an event from its bytes (its `data`) when it needs no parse: as `read_event` would; else False.
+
+        For the common events only, a text delta or one `read_event` ignores (`proxy.formats.event_bytes`); never
+        for an event with a top-level `usage` member.
+        """
         ...
 
     def reply_of(self, report: StreamReport) -> Message | None:

@@ -116,15 +116,20 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(values) if values else None
 
 
-def lone_data(chunk: bytes) -> bytes | None:
-    """The data of a chunk that is exactly one event of one `data` line ended by LF LF, else None.
+def data_lines(chunk: bytes) -> list[bytes] | None:
+    """The events of a chunk of whole events of one `data` line each, ended by LF LF, as those lines; else None.
 
-    That is how servers write a token's event (and how it usually arrives, one read each): it is taken in two
-    scans, without the splitter's and `event_data`'s regular expressions, which cut any other chunk as the spec says.
+    That is how servers write a stream (an event or a few per read, as the client's reads catch up): such a chunk
+    is cut by `bytes.split`, without the splitter's and `event_data`'s regular expressions, which cut any other
+    chunk as the spec says.
     """
-    if not chunk.startswith(b"data:") or not chunk.endswith(b"\n\n") or chunk.count(b"\n") != 2 or b"\r" in chunk:
+    if b"\r" in chunk or not chunk.endswith(b"\n\n"):
         return None
-    return chunk[6:-2] if chunk[5:6] == b" " else chunk[5:-2]
+    lines = chunk[:-2].split(b"\n\n")
+    for line in lines:
+        if not line.startswith(b"data:") or b"\n" in line:
+            return None
+    return lines
 
 
 def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
@@ -172,11 +177,14 @@ class StreamObserver:
     :param wire: The stream's wire format: what its events report.
     :param strip_usage: Drop the usage-only chunk and the `"usage": null` members the proxy caused by injecting
         `stream_options.include_usage`.
+    :param skim: Read the format's common events (text deltas) from their bytes (`WireFormat.skim_event`), parsing
+        only the others; False parses every event, the reading that skimming is checked against.
     """
 
-    def __init__(self, wire: WireFormat, *, strip_usage: bool) -> None:
+    def __init__(self, wire: WireFormat, *, strip_usage: bool, skim: bool = True) -> None:
         self.wire = wire
         self.strip_usage = strip_usage
+        self.skim = skim
         self.report = StreamReport()
         self.stripped_chunks = 0
         self.stopped: StopReason | None = None
@@ -198,8 +206,8 @@ class StreamObserver:
         """Take bytes from the upstream; return the bytes to relay now (fewer when holding back a partial event)."""
         if self.stopped is not None:
             return chunk
-        if not self._splitter.pending and (data := lone_data(chunk)) is not None:
-            return self._lone(chunk, data)
+        if not self._splitter.pending and (lines := data_lines(chunk)) is not None:
+            return self._lines(chunk, lines)
         events = self._splitter.feed(chunk)
         relayed: list[bytes] = []
         try:
@@ -214,14 +222,17 @@ class StreamObserver:
             relayed.append(self._splitter.flush())
         return b"".join(relayed) if self.strip_usage else chunk
 
-    def _lone(self, event: bytes, data: bytes) -> bytes:
-        """`feed` for a chunk that is one whole event with `data` (`lone_data`): nothing is held back."""
+    def _lines(self, chunk: bytes, lines: list[bytes]) -> bytes:
+        """`feed` for a chunk of whole one-line `data` events (`data_lines`): nothing is held back."""
+        relayed: list[bytes] = []
         try:
-            relayed = self._process(event, data)
+            for line in lines:
+                event = chunk if len(lines) == 1 else line + b"\n\n"
+                relayed.append(self._process(event, line[6:] if line[5:6] == b" " else line[5:]))
         except Exception as exc:
             self._fail(exc)
-            relayed = event
-        return relayed if self.strip_usage else event
+            relayed.extend(line + b"\n\n" for line in lines[len(relayed) :])
+        return b"".join(relayed) if self.strip_usage else chunk
 
     def stop(self, reason: StopReason) -> bytes:
         """Stop inspecting; return the held-back bytes, which a stripping caller must relay before anything else."""
@@ -233,7 +244,7 @@ class StreamObserver:
         rest = self._splitter.flush()
         if rest and self.stopped is None:
             try:
-                self._inspect(rest)
+                self._read(event_data(rest))
             except Exception as exc:
                 self._fail(exc)
         return rest if self.strip_usage else b""
@@ -242,8 +253,8 @@ class StreamObserver:
         self.stopped = StopReason.ERROR
         self.error = type(exc).__name__
 
-    def _inspect(self, event: bytes, data: bytes | None = None) -> dict[str, Any] | None:
-        data = event_data(event) if data is None else data
+    def _read(self, data: bytes | None) -> dict[str, Any] | None:
+        """Parse an event's data and fold it in; its JSON object (None when it has none)."""
         if data is None or data.strip() == b"[DONE]":
             return None
         try:
@@ -260,14 +271,16 @@ class StreamObserver:
 
         When stripping, that is without what the proxy caused (the usage chunk, `"usage": null`).
         """
-        chunk = self._inspect(event, data)
+        data = event_data(event) if data is None else data
+        if data is not None and self.skim and self.wire.skim_event(data, self.report):
+            return event
+        chunk = self._read(data)
         if not self.strip_usage or chunk is None or "usage" not in chunk:
             return event
         if chunk.get("choices") == [] and isinstance(chunk["usage"], dict):
             self.stripped_chunks += 1
             return b""
         if chunk["usage"] is None:
-            data = event_data(event) if data is None else data
-            assert data is not None  # _inspect parsed it
+            assert data is not None  # _read parsed it
             return rewrite_event(event, _without_usage_null(data, chunk))
         return event

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
-from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, event_data, lone_data
+from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, data_lines, event_data
 from tests.support.examples import examples
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
@@ -284,13 +284,15 @@ def test_splitting_loses_nothing_and_finds_the_same_events_however_chunked(data:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(chunk=st.one_of(SSE_LIKE, FIELD_LINE.map(lambda line: line + b"\n\n")))
-def test_a_lone_events_data_is_what_the_splitter_and_event_data_find(chunk: bytes) -> None:
-    data = lone_data(chunk)
-    if data is not None:
+@given(chunk=st.one_of(SSE_LIKE, st.lists(FIELD_LINE.map(lambda line: line + b"\n\n"), min_size=1).map(b"".join)))
+def test_a_chunk_of_data_lines_is_cut_as_the_splitter_and_event_data_cut_it(chunk: bytes) -> None:
+    lines = data_lines(chunk)
+    if lines is not None:
         splitter = EventSplitter()
-        assert splitter.feed(chunk) == [chunk]
-        assert event_data(chunk) == data
+        assert splitter.feed(chunk) == [line + b"\n\n" for line in lines]
+        assert [event_data(line + b"\n\n") for line in lines] == [
+            line[6:] if line[5:6] == b" " else line[5:] for line in lines
+        ]
 
 
 @settings(max_examples=examples(300), deadline=None)

@@ -24,6 +24,8 @@ import orjson
 
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import model_message
+from proxy.formats.event_bytes import TEXT, TextEvents
+from proxy.pipeline.wire import StreamReport
 
 USAGE_FIELDS: Final = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
 
@@ -75,6 +77,27 @@ def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+_TEXT_DELTA: Final = re.compile(
+    rb'\{"type":"content_block_delta","index":(0|[1-9][0-9]{0,8}),"delta":\{"type":"(text|thinking)_delta",'
+    rb'"\2":' + TEXT + rb"\}\}"
+)
+"""A `content_block_delta` of text or thinking, in the compact form the API writes it (`proxy.formats.event_bytes`)."""
+
+
+def skim_event(data: bytes, report: StreamReport) -> bool:
+    """Fold in a text or thinking delta (`_TEXT_DELTA`) from its bytes, as `StreamAnswer.feed` would; else False."""
+    if report.skim is None:
+        report.skim = TextEvents(_TEXT_DELTA, 3)
+    read = report.skim.read(data)
+    if read is None:
+        return False
+    text, found = read
+    if not isinstance(report.reply, StreamAnswer):
+        report.reply = StreamAnswer()
+    report.reply.add_text(int(found.group(1)), found.group(2).decode(), text)
+    return True
+
+
 @dataclass
 class StreamAnswer:
     """A streamed message read event by event (`feed` each parsed `data:` object): its usage and its content."""
@@ -97,8 +120,13 @@ class StreamAnswer:
         elif kind == "content_block_stop":
             self._finish(_index(event))
 
-    def _apply(self, index: int, delta: Mapping[str, Any]) -> None:
+    def add_text(self, index: int, name: str, text: str) -> None:
+        """Fold in a `text_delta` (`name` "text") or `thinking_delta` (`name` "thinking"): what `feed` does, faster."""
         block = self.blocks.setdefault(index, {})
+        block[name] = str(block.get(name, "")) + text
+
+    def _apply(self, index: int, delta: Mapping[str, Any]) -> None:
+        self.blocks.setdefault(index, {})
         kind = delta.get("type")
         for delta_kind, name in (
             ("text_delta", "text"),
@@ -106,7 +134,7 @@ class StreamAnswer:
             ("signature_delta", "signature"),
         ):
             if kind == delta_kind and isinstance(delta.get(name), str):
-                block[name] = str(block.get(name, "")) + delta[name]
+                self.add_text(index, name, delta[name])
         if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
             self._json.setdefault(index, []).append(delta["partial_json"])
 

@@ -107,6 +107,10 @@ class Messages:
             report.usage = answers.chat_usage(stream.usage)
             report.native_usage = dict(stream.usage)
 
+    def skim_event(self, data: bytes, report: StreamReport) -> bool:
+        """A text or thinking delta, read from its bytes (`answers.skim_event`)."""
+        return answers.skim_event(data, report)
+
     def reply_of(self, report: StreamReport) -> Message | None:
         """The assistant message the stream's blocks amount to so far."""
         return report.reply.answer().reply if isinstance(report.reply, answers.StreamAnswer) else None

@@ -8,13 +8,15 @@ sends is trusted: members of unexpected types are skipped, never raised on.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from proxy.engine.messages import Message
 from proxy.formats.chat_completions.reply import ReplyBuilder
+from proxy.formats.event_bytes import STRING, TEXT, TextEvents, members_but
 from proxy.pipeline.wire import StreamReport
 
 
@@ -49,6 +51,29 @@ def read_event(chunk: Mapping[str, Any], report: StreamReport) -> None:
             if report.reply is None:
                 report.reply = ReplyBuilder()
             report.reply.add(choice["delta"])
+
+
+_TEXT_CHUNK: Final = re.compile(
+    rb"\{(?:" + members_but("choices", "usage") + rb",)*"
+    rb'"choices":\[\{"index":0,"delta":\{(?:"role":(' + STRING + rb"),)?" + rb'"content":' + TEXT + rb"\}"
+    rb"(?:," + members_but("index", "delta") + rb")*\}\]"
+    rb"(?:," + members_but("choices", "usage") + rb")*\}"
+)
+"""A chunk whose only delta is text (and perhaps its role) for the first choice, and which reports no usage."""
+
+
+def skim_event(data: bytes, report: StreamReport) -> bool:
+    """Fold in a text chunk (`_TEXT_CHUNK`) from its bytes, as `read_event` would; False for any other chunk."""
+    if report.skim is None:
+        report.skim = TextEvents(_TEXT_CHUNK, 2)
+    read = report.skim.read(data)
+    if read is None:
+        return False
+    text, found = read
+    if report.reply is None:
+        report.reply = ReplyBuilder()
+    report.reply.add_text(text, found.group(1)[1:-1].decode() if found.group(1) is not None else None)
+    return True
 
 
 def reply_of(report: StreamReport) -> Message | None:

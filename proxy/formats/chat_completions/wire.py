@@ -42,6 +42,7 @@ class ChatCompletions:
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
+    skim_event = staticmethod(answers.skim_event)
     reply_of = staticmethod(answers.reply_of)
     refusal = staticmethod(answers.refusal)
     error_event = staticmethod(answers.error_event)

@@ -43,6 +43,7 @@ class Responses:
 
     answer = staticmethod(answers.answer)
     read_event = staticmethod(answers.read_event)
+    skim_event = staticmethod(answers.skim_event)
     reply_of = staticmethod(answers.reply_of)
     opening = staticmethod(answers.opening)
     refusal = staticmethod(answers.refusal)
