@@ -15,12 +15,11 @@ from typing import Any, Final
 from xxhash import xxh3_128_digest
 
 from proxy.billing.bill import tokens
-from proxy.config import Settings
 from proxy.engine.messages import Message, MessageKey, chain_keys, message_key
 from proxy.names import shown
 from proxy.pipeline.byte_bound import SIZED_BELOW_BYTES
 from proxy.pipeline.cache_misses import Reported, lifetime
-from proxy.pipeline.caller import Caller, conversation_of
+from proxy.pipeline.caller import Caller
 from proxy.pipeline.exchange import ForwardPlan, IncomingRequest
 from proxy.pipeline.ledger import CONVERSATION_HEADER, CompactionNote, Forwarded, Ledger
 from proxy.pipeline.metrics import CompactionMetrics
@@ -37,9 +36,7 @@ BESIDE_MESSAGES: Final = ("system", "instructions")
 opening."""
 
 
-def open_entry(
-    ledger: Ledger, plan: ForwardPlan, incoming: IncomingRequest, settings: Settings, caller: Caller
-) -> None:
+def open_entry(ledger: Ledger, plan: ForwardPlan, incoming: IncomingRequest, caller: Caller) -> None:
     """Open the planned request in the ledger and say its conversation and expected causes in its headers.
 
     A request continuing a history its provider keeps is opened only when the client names its conversation: it
@@ -48,7 +45,7 @@ def open_entry(
     exchange = plan.context
     if not isinstance(exchange, Prepared) or exchange.parsed is None:
         return
-    named = conversation_of(incoming.headers, settings, incoming.wire)
+    named = plan.conversation
     if exchange.provider_state and not named:
         return
     messages = exchange.request.messages

@@ -223,11 +223,11 @@ class CompactionPipeline:
             if self.histories.continues(incoming.wire, request):
                 plan = await self.histories.prepare(incoming, request, headers, caller)
                 plan.conversation = conversation
-                open_entry(self.ledger, plan, incoming, self.settings, caller)
+                open_entry(self.ledger, plan, incoming, caller)
                 return plan
             plan = await self._prepare(incoming, request, headers, caller, extension)
             plan.conversation = conversation
-            open_entry(self.ledger, plan, incoming, self.settings, caller)
+            open_entry(self.ledger, plan, incoming, caller)
         except Exception as error:
             self.failures.failed("Compaction failed; forwarding the request unchanged.", error)
             self.metrics.errors.inc()
