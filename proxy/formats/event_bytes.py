@@ -16,6 +16,8 @@ from typing import Final
 
 import orjson
 
+from proxy.pipeline.wire import StreamReport
+
 STRING: Final = rb'"[^"\\\x00-\x1f]*+"'
 """A JSON string without escapes (any character but a quote, a backslash or a control character)."""
 
@@ -104,3 +106,13 @@ class TextEvents:
             return None
         self._found, self._head, self._tail = found, data[: found.start(self.group)], data[found.end(self.group) :]
         return text, found
+
+
+def read_text(
+    report: StreamReport, pattern: re.Pattern[bytes], group: int, data: bytes
+) -> tuple[str, re.Match[bytes]] | None:
+    """`TextEvents.read` of `data` with the stream's own `TextEvents`, kept on its report from its first event."""
+    if report.skim is None:
+        report.skim = TextEvents(pattern, group)
+    read: tuple[str, re.Match[bytes]] | None = report.skim.read(data)
+    return read

@@ -199,13 +199,17 @@ class Upstream:
         if isinstance(exc, aiohttp.ServerTimeoutError):  # the session's only socket timeout is `sock_connect`
             return UpstreamTimeout("timed out connecting")
         if isinstance(exc, TimeoutError):
-            return UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds")
+            return self.no_response()
         if not isinstance(exc, aiohttp.ClientError | OSError | ValueError):
             return None
         error = _unreachable(exc)
         if isinstance(exc, aiohttp.ClientConnectorError):
             self.unreachable = str(error)
         return error
+
+    def no_response(self) -> UpstreamTimeout:
+        """The error of a request whose answer's headers did not come within `first_byte_timeout`."""
+        return UpstreamTimeout(f"no response within {self.first_byte_timeout:g} seconds")
 
     def _done(self, response: aiohttp.ClientResponse) -> None:
         """Stop watching the response and let its connection go."""
@@ -329,7 +333,7 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
             )
         except BaseException as exc:
             if upstream.first_byte.end(task, cancelled=isinstance(exc, asyncio.CancelledError)):
-                raise UpstreamTimeout(f"no response within {upstream.first_byte_timeout:g} seconds") from None
+                raise upstream.no_response() from None
             failure = upstream.failure(exc)
             if failure is None:
                 raise

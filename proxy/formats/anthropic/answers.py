@@ -24,7 +24,7 @@ import orjson
 
 from proxy.engine.messages import Message
 from proxy.formats.anthropic.blocks import model_message
-from proxy.formats.event_bytes import TEXT, TextEvents
+from proxy.formats.event_bytes import TEXT, read_text
 from proxy.pipeline.wire import StreamReport
 
 USAGE_FIELDS: Final = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
@@ -86,9 +86,7 @@ _TEXT_DELTA: Final = re.compile(
 
 def skim_event(data: bytes, report: StreamReport) -> bool:
     """Fold in a text or thinking delta (`_TEXT_DELTA`) from its bytes, as `StreamAnswer.feed` would; else False."""
-    if report.skim is None:
-        report.skim = TextEvents(_TEXT_DELTA, 3)
-    read = report.skim.read(data)
+    read = read_text(report, _TEXT_DELTA, 3, data)
     if read is None:
         return False
     text, found = read

@@ -16,7 +16,7 @@ import orjson
 
 from proxy.engine.messages import Message
 from proxy.formats.chat_completions.reply import ReplyBuilder
-from proxy.formats.event_bytes import STRING, TEXT, TextEvents, members_but
+from proxy.formats.event_bytes import STRING, TEXT, members_but, read_text
 from proxy.pipeline.wire import StreamReport
 
 
@@ -64,9 +64,7 @@ _TEXT_CHUNK: Final = re.compile(
 
 def skim_event(data: bytes, report: StreamReport) -> bool:
     """Fold in a text chunk (`_TEXT_CHUNK`) from its bytes, as `read_event` would; False for any other chunk."""
-    if report.skim is None:
-        report.skim = TextEvents(_TEXT_CHUNK, 2)
-    read = report.skim.read(data)
+    read = read_text(report, _TEXT_CHUNK, 2, data)
     if read is None:
         return False
     text, found = read
