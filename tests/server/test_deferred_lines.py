@@ -21,7 +21,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import LogFormat, Settings
-from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, configure_logging, flush_logging, log_fields
+from proxy.server.logging import (
+    ACCESS_LOGGER,
+    REQUEST_ID,
+    JsonFormatter,
+    _Batched,
+    _Line,
+    _WorkerField,
+    configure_logging,
+    flush_logging,
+    log_fields,
+)
 from tests.support.examples import examples
 
 field_values = st.none() | st.booleans() | st.integers(-(10**9), 10**9) | st.text(max_size=10)
@@ -103,3 +113,42 @@ def test_a_line_below_the_level_is_not_written() -> None:
     with serving_logs(LogFormat.JSON, worker=None) as stream:
         asyncio.run(log_debug())
     assert stream.getvalue() == ""
+
+
+class _KeepAll(logging.Filter):
+    """A filter of the operator's: the handler then renders each line from its record (the general path)."""
+
+
+ids = st.none() | st.text("0123456789abcdef", min_size=16, max_size=16)
+lines = st.builds(
+    _Line,
+    logger=st.just(ACCESS_LOGGER),
+    level=st.sampled_from([logging.DEBUG, logging.INFO, logging.WARNING, 25]),
+    message=st.text(max_size=20),
+    fields=st.dictionaries(st.text(max_size=8), field_values | st.floats(allow_nan=False)),
+    time_ns=st.integers(0, 4 * 10**18),
+    request_id=ids,
+)
+
+
+@settings(max_examples=examples(200))
+@given(line=lines, ambient=ids, workers=st.lists(st.integers(0, 64), max_size=2))
+def test_a_line_rendered_straight_to_json_is_the_formatted_record(
+    line: _Line, ambient: str | None, workers: list[int]
+) -> None:
+    handler = _Batched(io.StringIO())
+    handler.setFormatter(JsonFormatter())
+    for worker in workers:
+        handler.addFilter(_WorkerField(worker))
+    named = REQUEST_ID.set(ambient)
+    try:
+        only_workers = handler._workers_only()
+        assert only_workers is not None
+        straight = line.json(only_workers)
+        record = line.record(handler)
+        assert record is not None
+        assert straight == handler.format(record)
+        handler.addFilter(_KeepAll())
+        assert handler._workers_only() is None  # another filter: the record is made, as `Logger.log` would
+    finally:
+        REQUEST_ID.reset(named)
