@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy.billing.bill import KINDS, Tokens
 from proxy.pipeline.cache_misses import PROXY_CAUSES, Misses
-from proxy.pipeline.labelled import labelled
+from proxy.pipeline.tallies import counter
 
 _TOKEN_BUCKETS = (1_000, 4_000, 16_000, 32_000, 64_000, 128_000, 200_000, 400_000, 1_000_000)
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -20,7 +20,7 @@ class CompactionMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry if registry is not None else CollectorRegistry()
-        self.requests = Counter(
+        self.requests = counter(
             "compaction_proxy_outcomes",
             "Requests of the wire formats the proxy compacts, each once, by format (api) and by what the pipeline first"
             " decided: compacted, unchanged, deferred (to a client that compacts itself), observed, skipped,"
@@ -174,7 +174,7 @@ class CompactionMetrics:
             " again.",
             registry=registry,
         )
-        self.cache_miss_tokens = Counter(
+        self.cache_miss_tokens = counter(
             "compaction_proxy_cache_miss_tokens",
             "Prompt tokens the upstream reported as not served from its prompt cache, by format (api) and cause: new"
             " (the request's new messages), first (a conversation's first request), expiry (longer than the"
@@ -183,13 +183,13 @@ class CompactionMetrics:
             ["api", "cause"],
             registry=registry,
         )
-        self.proxy_cache_miss_tokens = Counter(
+        self.proxy_cache_miss_tokens = counter(
             "compaction_proxy_proxy_cache_miss_tokens",
             "Of compaction_proxy_cache_miss_tokens_total, the tokens the proxy caused (cause compaction): the one"
             " figure to alert on.",
             registry=registry,
         )
-        self.bill_tokens = Counter(
+        self.bill_tokens = counter(
             "compaction_proxy_bill_tokens",
             "Tokens the provider bills, by format (api), way (proxy: what it reported for each forwarded request;"
             " direct: the estimate of the same client requests sent as the client sent them, those that fit the"
@@ -205,15 +205,15 @@ class CompactionMetrics:
 
     def decided(self, api: str, outcome: str) -> None:
         """Count one request of the wire format `api` by what compaction decided for it."""
-        labelled(self.requests, api, outcome).inc()
+        self.requests.add((api, outcome))
 
     def count_misses(self, api: str, misses: Misses) -> None:
         """Count a request's uncached prompt tokens by cause, and those the proxy caused."""
         for cause, tokens in misses.as_dict().items():
             if tokens:
-                labelled(self.cache_miss_tokens, api, cause).inc(tokens)
+                self.cache_miss_tokens.add((api, cause), tokens)
                 if cause in PROXY_CAUSES:
-                    self.proxy_cache_miss_tokens.inc(tokens)
+                    self.proxy_cache_miss_tokens.add((), tokens)
 
     def count_bill(self, api: str, proxy: Tokens, direct: Tokens | None) -> None:
         """Count a request's billed tokens by kind, through the proxy and as estimated going direct (None: not)."""
@@ -221,7 +221,7 @@ class CompactionMetrics:
         for way, billed in ways:
             for kind, tokens in zip(KINDS, billed, strict=True):
                 if tokens:
-                    labelled(self.bill_tokens, api, way, kind).inc(tokens)
+                    self.bill_tokens.add((api, way, kind), tokens)
 
     def record_compaction(self, strategies: tuple[str, ...], tokens_before: int, tokens_after: int) -> None:
         """Count one compaction by strategy and tokens (a request's outcome is counted by `decided`)."""

@@ -62,7 +62,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
     )
     request[RECORD] = record
     named = REQUEST_ID.set(record.request_id)
-    metrics.in_flight.inc()
+    metrics.in_flight.add((), 1)
     try:
         response = await handler(request)
         record.status = response.status
@@ -91,7 +91,7 @@ async def accounting(request: web.Request, handler: Handler) -> web.StreamRespon
         record.bytes_out += _unsent_body_bytes(response)
         return response
     finally:
-        metrics.in_flight.dec()
+        metrics.in_flight.add((), -1)
         _account(request, record)
         trace_request(request, record)
         REQUEST_ID.reset(named)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from proxy.pipeline.labelled import labelled
+from proxy.pipeline.tallies import counter, gauge, histogram
 from proxy.server.pod_metrics import render_pod
 from proxy.server.record import RequestRecord
 
@@ -54,34 +54,34 @@ class ProxyMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         """The registry this process's metrics live on; register further collectors here."""
         self.pod_directory = pod_directory
-        self.requests = Counter(
+        self.requests = counter(
             "compaction_proxy_requests",
             "Requests answered, by route kind and HTTP status (499: client went away first).",
             ["route", "status"],
             registry=self.registry,
         )
-        self.request_duration = Histogram(
+        self.request_duration = histogram(
             "compaction_proxy_request_duration_seconds",
             "Time from request arrival to the end of the response (whole stream included), by route kind.",
             ["route"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = histogram(
             "compaction_proxy_upstream_latency_seconds",
             "Time from sending a request upstream to the upstream's response headers, by route kind.",
             ["route"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.routed = Counter(
+        self.routed = counter(
             "compaction_proxy_upstream_requests",
             "Requests sent on each route, by the route's name (`upstream`: default, anthropic or an operator's route),"
             " route kind and the upstream's status (`none`: no answer, the transport failed or the client left).",
             ["upstream", "route", "status"],
             registry=self.registry,
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = counter(
             "compaction_proxy_upstream_errors",
             "Upstream exchanges that failed in transport, by kind (unreachable, timeout, broken_stream).",
             ["kind"],
@@ -114,35 +114,34 @@ class ProxyMetrics:
             "Usage-only stream chunks the proxy asked for and removed before the client saw them.",
             registry=self.registry,
         )
-        self.decisions = Counter(
+        self.decisions = counter(
             "compaction_proxy_decisions",
             "Requests the compaction side saw, by route kind (the API) and what it did: the `X-Compaction` value"
             " sent back (compacted, unchanged, would-compact, deferred, skipped, unknown-window, error, ...).",
             ["route", "decision"],
             registry=self.registry,
         )
-        self.window_sources = Counter(
+        self.window_sources = counter(
             "compaction_proxy_window_sources",
             "Requests the compaction side saw with a known context window, by where it came from: request, learned"
             " (from an overflow error), configured, discovered (asked of the upstream), table, default.",
             ["source"],
             registry=self.registry,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
             "compaction_proxy_prompt_tokens",
             "Prompt tokens the upstream reported in the usage of the answers the compaction side saw.",
             registry=self.registry,
         )
-        self.cached_prompt_tokens = Counter(
+        self.cached_prompt_tokens = counter(
             "compaction_proxy_cached_prompt_tokens",
             "Of compaction_proxy_prompt_tokens, those the upstream reported served from its prompt cache"
             " (`prompt_tokens_details.cached_tokens`, the Responses API's `input_tokens_details.cached_tokens`).",
             registry=self.registry,
         )
-        self.in_flight = Gauge(
+        self.in_flight = gauge(
             "compaction_proxy_in_flight_requests",
             "Requests being handled right now, streams included.",
-            multiprocess_mode="livesum",
             registry=self.registry,
         )
 
@@ -152,30 +151,30 @@ class ProxyMetrics:
         :param elapsed: Seconds the request took.
         """
         route = record.route
-        labelled(self.requests, route, str(record.status)).inc()
-        labelled(self.request_duration, route).observe(elapsed)
+        self.requests.add((route, str(record.status)))
+        self.request_duration.observe((route,), elapsed)
         if record.upstream_latency is not None:
-            labelled(self.upstream_latency, route).observe(record.upstream_latency)
+            self.upstream_latency.observe((route,), record.upstream_latency)
         if record.upstream is not None:
             status = str(record.upstream_status) if record.upstream_status is not None else "none"
-            labelled(self.routed, record.upstream, route, status).inc()
+            self.routed.add((record.upstream, route, status))
         if record.compaction is not None:
-            labelled(self.decisions, route, record.compaction).inc()
+            self.decisions.add((route, record.compaction))
         if record.window_source is not None:
-            labelled(self.window_sources, record.window_source).inc()
+            self.window_sources.add((record.window_source,))
         if record.error in UPSTREAM_ERRORS:
-            labelled(self.upstream_errors, record.error).inc()
+            self.upstream_errors.add((record.error,))
 
     def count_usage(self, usage: Mapping[str, Any] | None) -> None:
         """Count the prompt tokens of an upstream usage report (chat field names), and how many were cached."""
         prompt = _tokens(usage.get("prompt_tokens")) if usage else None
         if usage is None or prompt is None:
             return
-        self.prompt_tokens.inc(prompt)
+        self.prompt_tokens.add((), prompt)
         details = usage.get("prompt_tokens_details")
         cached = _tokens(details.get("cached_tokens")) if isinstance(details, Mapping) else None
         if cached:
-            self.cached_prompt_tokens.inc(min(cached, prompt))
+            self.cached_prompt_tokens.add((), min(cached, prompt))
 
     def render(self) -> tuple[bytes, str]:
         """Return the exposition text (the pod's, under several workers) and its content type."""
