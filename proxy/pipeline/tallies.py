@@ -137,10 +137,16 @@ class Tally(_Series):
     def add(self, labels: Labels, amount: float = 1.0) -> None:
         """Add `amount` to the series of `labels`."""
         if get_ident() == self._owner:
-            _added(self._own, labels, amount, self)
+            try:
+                self._own[labels] += amount
+            except KeyError:
+                self._new(labels)
+                self._own[labels] = 0.0 + amount
             return
         with self._lock:
-            _added(self._others, labels, amount, self)
+            if labels not in self._others:
+                self._new(labels)
+            self._others[labels] = self._others.get(labels, 0.0) + amount
 
     def collect(self) -> Iterable[Metric]:
         """The metric with one sample per series (and its `_created`, for a counter), as the library renders it."""
@@ -155,15 +161,6 @@ class Tally(_Series):
             if stamped:
                 metric.add_sample(self.name + "_created", named, created)
         return [metric]
-
-
-def _added(counts: dict[Labels, float], labels: Labels, amount: float, tally: Tally) -> None:
-    """`counts[labels] += amount`, noting the series in `tally` when it is new."""
-    value = counts.get(labels)
-    if value is None:
-        tally._new(labels)
-        value = 0.0
-    counts[labels] = value + amount
 
 
 class TallyHistogram(_Series):
@@ -199,8 +196,9 @@ class TallyHistogram(_Series):
             self._counted(self._others, labels, value)
 
     def _counted(self, series: dict[Labels, list[float]], labels: Labels, value: float) -> None:
-        counts = series.get(labels)
-        if counts is None:
+        try:
+            counts = series[labels]
+        except KeyError:
             self._new(labels)
             counts = series[labels] = [0.0] * (len(self.bounds) + 1)
         counts[0] += value
