@@ -5,6 +5,9 @@ whole pod instead: every worker's values, summed (see `proxy.server.pod_metrics`
 metrics (compactions by strategy, tokens before/after, estimate error) to the same registry, so `/metrics` serves
 both: either it receives `registry` (see `ProxyMetrics.registry`) or the `Compaction` object offers
 `register_metrics(registry)`, which `create_app` calls once.
+
+The series counted on every request are tallies (`proxy.pipeline.tallies`): plain numbers added on the request's
+path, rendered as prometheus_client renders its own metrics only when `/metrics` is scraped.
 """
 
 from __future__ import annotations
