@@ -268,10 +268,9 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
             return
         workers = self._workers_only()
         try:
-            lines = [self._rendered(item, workers) for item in pending]
-            text = "".join(line + self.terminator for line in lines if line is not None)
-            if text:
-                self.stream.write(text)
+            lines = [line for line in (self._rendered(item, workers) for item in pending) if line is not None]
+            if lines:
+                self.stream.write(self.terminator.join(lines) + self.terminator)
         except Exception:
             first = pending[0]
             self.handleError(first if isinstance(first, logging.LogRecord) else first.log_record())
