@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from random import getrandbits
+from random import Random
 from typing import Any, Final
 
 from proxy.pipeline.cache_misses import Misses
 from proxy.pipeline.ledger import CONVERSATION_HEADER
 from proxy.pipeline.reports import WINDOW_SOURCE_HEADER
 
+_IDS = Random()
+"""Where request ids come from: a generator of the proxy's own, seeded by the system at start and again in each forked
+worker, so that a process seeding the `random` module (a test framework does, per example) repeats no ids."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_IDS.seed)
+
 
 def _new_request_id() -> str:
-    """16 random hex digits, from the process's generator (reseeded in each forked worker), not the system's.
+    """16 random hex digits, from `_IDS`.
 
     The id only tells one request's lines from another's: it guards nothing, and `os.urandom` is a system call per
     request.
     """
-    return f"{getrandbits(64):016x}"
+    return f"{_IDS.getrandbits(64):016x}"
 
 
 @dataclass(slots=True)
