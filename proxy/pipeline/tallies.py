@@ -130,12 +130,16 @@ class Tally(_Series):
         self, kind: str, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
     ) -> None:
         self.kind = kind
+        self._least = 0.0 if kind == "counter" else -INF
+        """The least amount `add` takes: a counter never goes down."""
         self._own: dict[Labels, float] = {}
         self._others: dict[Labels, float] = {}
         super().__init__(name, documentation, labelnames, registry)
 
     def add(self, labels: Labels, amount: float = 1.0) -> None:
-        """Add `amount` to the series of `labels`."""
+        """Add `amount` to the series of `labels`; a ValueError for a negative one to a counter, as the library's."""
+        if amount < self._least:
+            raise ValueError(f"{self.name} is a counter: it cannot go down by {amount}")
         if get_ident() == self._owner:
             try:
                 self._own[labels] += amount

@@ -131,3 +131,18 @@ def test_a_series_with_the_wrong_labels_is_refused() -> None:
             assert "requests takes 2 label values" in str(refused)
         else:
             raise AssertionError(f"{wrong!r} was counted")
+
+
+def test_a_counter_refuses_to_go_down_and_a_gauge_does() -> None:
+    registry = CollectorRegistry()
+    tally = counter("tokens", "Tokens.", registry=registry)
+    in_flight = Tally("gauge", "in_flight", "Requests being handled.", (), registry)
+    in_flight.add((), -1)
+    try:
+        tally.add((), -1)
+    except ValueError as refused:
+        assert "cannot go down" in str(refused)
+    else:
+        raise AssertionError("a counter went down")
+    assert registry.get_sample_value("tokens_total") == 0
+    assert registry.get_sample_value("in_flight") == -1
