@@ -223,7 +223,8 @@ class _Batched(logging.StreamHandler):  # type: ignore[type-arg]
     """Lines logged on the event loop are formatted and written after the loop's turn, all of a turn's in one write.
 
     A request's access line then costs its handler a list append (logged with `log_fields`, not even a record: that
-    is made when the line is written); the formatting and the write happen after the handler returned, once per turn
+    is made when the line is written, and only if it must be: a JSON line is rendered straight from the kept line,
+    `_Line.json`); the formatting and the write happen after the handler returned, once per turn
     of the loop for every line logged in it. What a line takes from the moment it is
     logged is taken then: its time (the record's) and the request it names (`REQUEST_ID`). A line logged off the
     loop (a worker thread, startup, shutdown) is written at once, after the lines waiting before it, so the order of
