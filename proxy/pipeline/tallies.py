@@ -80,6 +80,11 @@ def histogram(
     return TallyHistogram(name, documentation, labelnames, buckets, registry)
 
 
+def _created_shown() -> bool:
+    """Whether the library renders `_created` samples (see `prometheus_client.disable_created_metrics`)."""
+    return bool(getattr(library, "_use_created", True))
+
+
 def _shared_through_files() -> bool:
     """Whether a library metric made now keeps its values in the pod's files (`PodMetrics` switched the class)."""
     return bool(getattr(values.ValueClass, "_multiprocess", False))
@@ -158,7 +163,7 @@ class Tally(_Series):
         own = self._own.copy()
         with self._lock:
             others = self._others.copy()
-        stamped = self.kind == "counter" and library._use_created
+        stamped = self.kind == "counter" and _created_shown()
         for labels, created in self._created.copy().items():
             named = self._labelled(labels)
             metric.add_sample(self.name + SUFFIXES[self.kind], named, own.get(labels, 0.0) + others.get(labels, 0.0))
@@ -225,7 +230,7 @@ class TallyHistogram(_Series):
             metric.add_sample(self.name + "_count", named, total)
             if self.bounds[0] >= 0:
                 metric.add_sample(self.name + "_sum", named, counts[0])
-            if library._use_created:
+            if _created_shown():
                 metric.add_sample(self.name + "_created", named, created)
         return [metric]
 
