@@ -55,19 +55,29 @@ Served = tuple[RequestRecord, float, dict[str, Any] | None, Misses, Tokens, Toke
 
 
 @contextmanager
+def value_class(kind: Any) -> Iterator[None]:
+    """prometheus_client's metrics made meanwhile keep their values in `kind` (the class `PodMetrics` switches)."""
+    before = values.ValueClass
+    values.ValueClass = kind
+    try:
+        yield
+    finally:
+        values.ValueClass = before
+
+
+@contextmanager
 def library_values() -> Iterator[None]:
     """prometheus_client's multiprocess values (what a pod's workers use) for the metrics made meanwhile.
 
     Their files go to a directory of their own, removed afterwards, so no count outlives the example.
     """
-    before, named = values.ValueClass, os.environ.get(DIRECTORY)
+    named = os.environ.get(DIRECTORY)
     with tempfile.TemporaryDirectory() as directory:
         os.environ[DIRECTORY] = directory
-        values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
         try:
-            yield
+            with value_class(values.MultiProcessValue()):  # type: ignore[no-untyped-call]
+                yield
         finally:
-            values.ValueClass = before
             values.close_all_multiprocess_files()  # type: ignore[no-untyped-call]
             if named is None:
                 del os.environ[DIRECTORY]
@@ -98,7 +108,8 @@ def metric_sets(registry: CollectorRegistry) -> tuple[ProxyMetrics, CompactionMe
 @settings(max_examples=examples(50))
 @given(served=st.lists(requests, max_size=12))
 def test_tallies_expose_what_the_librarys_metrics_exposed(served: list[Served]) -> None:
-    tallied = metric_sets(CollectorRegistry())
+    with value_class(values.MutexValue):  # a single process's (whatever the environment)
+        tallied = metric_sets(CollectorRegistry())
     assert isinstance(tallied[0].requests, Tally)
     with library_values():
         theirs = metric_sets(CollectorRegistry())
