@@ -59,14 +59,13 @@ class MessagesRequest(BodyFields):
 
     @property
     def last_message(self) -> Message | None:
-        """The last message mapped alone (`Conversation.of`), without mapping the rest.
+        """The last of the engine's messages (`messages`): the system's when the request has no message.
 
-        Its role and content are what they are in the whole conversation's mapping (its `UNIT_KEY` and
-        `CONTINUES_STEP` are not).
+        Mapped with the whole conversation, which every request that reaches a decision maps anyway (the ledger keys a
+        small one's messages, the full path views a large one's).
         """
-        messages = self.body["messages"]
-        last = Conversation.of(None if messages else self.body.get("system"), messages[-1:]).engine
-        return last[-1] if last else None
+        engine = self.messages
+        return engine[-1] if engine else None
 
     @cached_property
     def text_only(self) -> bool:

@@ -6,7 +6,7 @@ results as text or text blocks, system as text or blocks, tools forced or not) t
 proxy counts for the request nor what the strict fake upstream counts; a conversation with any block that is not
 text or a tool call (thinking, images, documents, server tools, unknown blocks) is never bounded by its bytes. What
 a small request reads from its blocks without mapping them onto the engine's messages (`text_only`, its compaction
-blocks, its last message) is what the mapping says.
+blocks) is what the mapping says, and its last message is the mapping's last.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import counter_for_model
-from proxy.engine.messages import CONTINUES_STEP, is_checkpoint
-from proxy.formats.anthropic.blocks import UNIT_KEY
+from proxy.engine.messages import is_checkpoint
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.byte_bound import bytes_bound
 from proxy.pipeline.requests import text_only
@@ -28,8 +27,6 @@ from tests.support.anthropic_conversations import TOOLS, Built, conversations
 from tests.support.examples import examples
 
 SIGNER = Signer(b"k" * 32)
-STANDING = (UNIT_KEY, CONTINUES_STEP)
-"""Engine-message fields that say where a message stands in its conversation."""
 MODEL = "claude-sonnet-4-5"
 
 texts = st.text(max_size=120)
@@ -136,11 +133,4 @@ def test_what_is_read_without_mapping_is_what_the_mapping_says(system: Any, mess
     request = MessagesRequest.parse(orjson.dumps(body))
     assert request.text_only == text_only(request.messages)
     assert (request.compaction_signal == "compaction-items") == any(is_checkpoint(m) for m in request.messages)
-    # The last message mapped alone is the whole mapping's last, but for where it stands.
-    last = request.last_message
-    whole = request.messages[-1] if request.messages else None
-    assert (last is None) == (whole is None)
-    if last is not None and whole is not None:
-        assert {k: v for k, v in last.items() if k not in STANDING} == {
-            k: v for k, v in whole.items() if k not in STANDING
-        }
+    assert request.last_message is (request.messages[-1] if request.messages else None)
