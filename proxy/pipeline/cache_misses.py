@@ -108,7 +108,7 @@ class Reported:
         if usage is None or prompt is None:
             return None
         details = usage.get("prompt_tokens_details")
-        # A dict is checked first: it is what every format hands over, and `isinstance(x, Mapping)` costs an ABC's check.
+        # A dict is checked first: what every format hands over; `isinstance(x, Mapping)` costs an ABC's check.
         details = details if isinstance(details, (dict, Mapping)) else {}
         cached = min(prompt, _tokens(details.get("cached_tokens")) or 0)
         written = min(prompt - cached, _tokens(details.get("cache_write_tokens")) or 0)

@@ -215,10 +215,10 @@ class _Conversation:
         self.compactions += record.compaction is not None
         self.last_seen = record.at
         totals, misses = self.totals, self.misses
-        for name, value in zip(TOTALS, _totalled(record)):
+        for name, value in zip(TOTALS, _totalled(record), strict=True):
             if value:
                 totals[name] += value
-        for cause, tokens in zip(CAUSES, _missed(record.misses)):
+        for cause, tokens in zip(CAUSES, _missed(record.misses), strict=True):
             if tokens:
                 misses[cause] += tokens
         self.previous = sighting
