@@ -134,7 +134,7 @@ class Conversation:
                 for index, kind in enumerate(kinds):
                     if kind == "tool_result":
                         add(_tool_message(blocks[index]), Source(position, (index,)))
-                rest = tuple(index for index, kind in enumerate(kinds) if kind != "tool_result")
+                rest = tuple([index for index, kind in enumerate(kinds) if kind != "tool_result"])
                 if rest:
                     parts = [_engine_part(blocks[index]) for index in rest]
                     add({"role": "user", "content": parts}, Source(position, rest))
