@@ -56,6 +56,8 @@ class Trials:
         """The method that answered, or else every method whose back-off for this tenant has passed, in order."""
         if self.answered is not None:
             return [self.answered]
+        if not self.names:
+            return []
         waiting, now = self._waiting.get(tenant) or {}, time.monotonic()
         return [name for name in self.names if name not in waiting or waiting[name].due <= now]
 

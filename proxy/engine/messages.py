@@ -186,23 +186,25 @@ def message_key(message: Message) -> MessageKey:
     get = message.get
     role = get("role")
     content = get("content")
-    if not isinstance(content, str):
+    if type(content) is not str:
         content = "" if content is None else _single_text(content)
     name = get("name") or ""
     call_id = get("tool_call_id") or ""
     calls = get("tool_calls")
+    # Exact types (what parsed JSON holds) are checked for the shortcut; any other goes the general way.
     if (
-        isinstance(role, str)
-        and isinstance(content, str)
-        and isinstance(name, str)
-        and isinstance(call_id, str)
-        and (not calls or isinstance(calls, list))
+        type(role) is str
+        and type(content) is str
+        and type(name) is str
+        and type(call_id) is str
+        and (not calls or type(calls) is list)
         and not get("function_call")
     ):
         # The common shapes (text, or an assistant's calls), hashed with fewer steps: the general path's bytes.
-        if content.isascii() and role.isascii() and name.isascii() and call_id.isascii():
+        text = f"{len(role)}:{role}{len(content)}:{content}{len(name)}:{name}{len(call_id)}:{call_id}"
+        if text.isascii():
             # ASCII text has as many bytes as characters: the lengths are the bytes' and one encoding does.
-            head = f"{len(role)}:{role}{len(content)}:{content}{len(name)}:{name}{len(call_id)}:{call_id}".encode()
+            head = text.encode()
         else:
             r, c = role.encode("utf-8", "surrogatepass"), content.encode("utf-8", "surrogatepass")
             n, t = name.encode("utf-8", "surrogatepass"), call_id.encode("utf-8", "surrogatepass")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from proxy.engine.transcript import Transcript
 
@@ -53,18 +54,18 @@ class Thresholds:
                 f"every step."
             )
 
-    @property
+    @cached_property
     def room(self) -> int:
         """What the prompt may fill: the window, less the reply's reservation when that leaves anything."""
         reserved = self.reserved_tokens if 0 < self.reserved_tokens < self.context_window else 0
         return self.context_window - reserved
 
-    @property
+    @cached_property
     def reservation_decides(self) -> bool:
         """Whether the reply's reservation, not `compact_at`, sets the trigger."""
         return self.room < self.context_window * self.compact_at
 
-    @property
+    @cached_property
     def trigger_tokens(self) -> float:
         """The estimate at which compaction starts: `compact_at` of the window, or the room left by the reply.
 
@@ -74,7 +75,7 @@ class Thresholds:
             return self.room
         return self.context_window * self.compact_at
 
-    @property
+    @cached_property
     def target_total(self) -> float:
         """What compaction aims the whole prompt at: `compact_to` of the window, scaled down with a lower trigger."""
         if self.reservation_decides:

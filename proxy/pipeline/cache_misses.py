@@ -108,7 +108,8 @@ class Reported:
         if usage is None or prompt is None:
             return None
         details = usage.get("prompt_tokens_details")
-        details = details if isinstance(details, Mapping) else {}
+        # A dict is checked first: what every format hands over; `isinstance(x, Mapping)` costs an ABC's check.
+        details = details if isinstance(details, (dict, Mapping)) else {}
         cached = min(prompt, _tokens(details.get("cached_tokens")) or 0)
         written = min(prompt - cached, _tokens(details.get("cache_write_tokens")) or 0)
         return cls(prompt, cached, written, _tokens(usage.get("completion_tokens")) or 0)

@@ -88,7 +88,17 @@ def conversation_of(
     :param headers: The request headers, any case.
     :param lowered: The names in `headers` are lower-cased already (the pipeline's): they are looked up as they are.
     """
-    names = (settings.conversation_header, *(wire.conversation_headers if wire is not None else ()))
+    names = _lowered_names(settings.conversation_header, wire.conversation_headers if wire is not None else ())
     if not lowered:
         headers = {name.lower(): value for name, value in headers.items()}
-    return next((headers[name.lower()] for name in names if name.lower() in headers), None)
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+@lru_cache(maxsize=64)
+def _lowered_names(configured: str, named_by_format: tuple[str, ...]) -> tuple[str, ...]:
+    """The conversation headers to look for, in order, lower-cased once per setting and format, not per request."""
+    return tuple(name.lower() for name in (configured, *named_by_format))

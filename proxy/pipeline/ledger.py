@@ -168,6 +168,9 @@ TOTALS: Final = (
 _totalled: Final = attrgetter(*TOTALS)
 """A record's `TOTALS`, in one call."""
 
+_missed: Final = attrgetter(*CAUSES)
+"""A record's misses by cause, in `CAUSES` order, in one call."""
+
 
 @dataclass
 class _Conversation:
@@ -197,7 +200,10 @@ class _Conversation:
         if not self.seen:
             return 0
         latest = self.seen[-1][1]
-        return next((min(tokens, latest) for end, tokens in reversed(self.seen) if end.continued_by(chain)), 0)
+        for end, tokens in reversed(self.seen):
+            if end.continued_by(chain):
+                return min(tokens, latest)
+        return 0
 
     def add(self, record: LedgerRecord, sighting: Sighting) -> None:
         """Keep `record`, count it in the totals, and compare the next request with it (`sighting`)."""
@@ -212,7 +218,7 @@ class _Conversation:
         for name, value in zip(TOTALS, _totalled(record), strict=True):
             if value:
                 totals[name] += value
-        for cause, tokens in record.misses.as_dict().items():
+        for cause, tokens in zip(CAUSES, _missed(record.misses), strict=True):
             if tokens:
                 misses[cause] += tokens
         self.previous = sighting

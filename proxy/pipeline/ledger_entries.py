@@ -48,22 +48,24 @@ def open_entry(ledger: Ledger, plan: ForwardPlan, incoming: IncomingRequest, cal
     named = plan.conversation
     if exchange.provider_state and not named:
         return
-    messages = exchange.request.messages
+    request = exchange.request
     chain = exchange.original
     keys: list[MessageKey] = []
     if not chain and not exchange.provider_state and exchange.size < SIZED_BELOW_BYTES:
         # A request sized by its bytes was never hashed: hashing one that small is cheap.
-        keys = [message_key(message) for message in messages]
+        keys = [message_key(message) for message in request.messages]
         chain = chain_keys(keys)
+    # A conversation the client names is found by its name: its opening is not needed.
+    unnamed = not named and not exchange.provider_state
     opening = ledger.open(
         scope=caller.scope,
         named=named,
-        opening=None if exchange.provider_state else opening_digest(messages, exchange.request.body, keys),
+        opening=opening_digest(request.messages, request.body, keys) if unnamed else None,
         client_chain=chain,
         api=incoming.wire.name,
         model=shown(exchange.model),
         tenant=caller.tenant,
-        lifetime=lifetime(incoming.wire.name, exchange.request.body),
+        lifetime=lifetime(incoming.wire.name, request.body),
     )
     exchange.opening = opening
     _announce(ledger, plan)

@@ -17,7 +17,7 @@ upstream answers (`Prepared.release`): parsed, a body takes about 1.4 times its 
 answer takes."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Prepared:
     """What `prepare` learned about a request, handed back to `complete` through `ForwardPlan.context`.
 

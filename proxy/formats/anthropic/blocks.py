@@ -69,41 +69,6 @@ def block_type(block: Any) -> str:
     return kind if isinstance(kind, str) else ""
 
 
-def text_blocks(blocks: Sequence[Any], role: Any = None) -> bool:
-    """Whether the blocks of a message of `role` map onto the engine's text and tool calls only.
-
-    Text blocks; an assistant's tool calls; a user's tool results of text: what `proxy.pipeline.requests.text_only`
-    finds in the engine's messages the blocks map to (`Conversation.of`), read without mapping them.
-    """
-    for block in blocks:
-        kind = block_type(block)
-        if _text(block) or (kind == "tool_use" and role == "assistant"):
-            continue
-        if kind == "tool_result" and role == "user":
-            content = block.get("content")
-            if not isinstance(content, list) or all(_text(item) for item in content):
-                continue
-        return False
-    return True
-
-
-def holds_compaction(blocks: Sequence[Any], role: Any = None) -> bool:
-    """Whether the blocks of a message of `role` hold a `compaction` block the engine's messages mark as a checkpoint.
-
-    A user's tool results are mapped with their content, and so is a compaction in them.
-    """
-    kinds = [block_type(block) for block in blocks]
-    if "compaction" in kinds:
-        return True
-    if role != "user" or "tool_result" not in kinds:
-        return False
-    return any(
-        isinstance(content := block.get("content"), list) and any(block_type(item) == "compaction" for item in content)
-        for block, kind in zip(blocks, kinds, strict=True)
-        if kind == "tool_result"
-    )
-
-
 def _text(block: Any) -> bool:
     return block_type(block) == "text" and isinstance(block.get("text"), str)
 
@@ -169,7 +134,7 @@ class Conversation:
                 for index, kind in enumerate(kinds):
                     if kind == "tool_result":
                         add(_tool_message(blocks[index]), Source(position, (index,)))
-                rest = tuple(index for index, kind in enumerate(kinds) if kind != "tool_result")
+                rest = tuple([index for index, kind in enumerate(kinds) if kind != "tool_result"])
                 if rest:
                     parts = [_engine_part(blocks[index]) for index in rest]
                     add({"role": "user", "content": parts}, Source(position, rest))

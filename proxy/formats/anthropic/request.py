@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from proxy.engine.messages import Message
+from proxy.engine.messages import Message, is_checkpoint
 from proxy.engine.provider_edits import ProviderEdits
-from proxy.formats.anthropic.blocks import Conversation, Mapped, holds_compaction, text_blocks
+from proxy.formats.anthropic.blocks import Conversation, Mapped
 from proxy.formats.anthropic.context_edits import provider_edits
 from proxy.formats.anthropic.forwarding import forwarding
 from proxy.formats.anthropic.tokens import chat_tools, tool_prompt_tokens
 from proxy.pipeline.requests import (
     BodyFields,
     InvalidRequest,
+    MappedMessages,
     RequestLimits,
     checked_objects,
     json_object,
@@ -30,8 +31,12 @@ from proxy.pipeline.wire import Forwarding
 
 
 @dataclass(frozen=True)
-class MessagesRequest(BodyFields):
+class MessagesRequest(BodyFields, MappedMessages):
     """A parsed Messages API request.
+
+    What it says of its blocks (`text_only`, `last_message`, `compaction_signal`) is read from the engine's messages
+    they map onto (`conversation`): every request that reaches a decision maps them anyway (the ledger keys a small
+    one's messages, the full path views a large one's), once.
 
     :param body: The whole parsed body; never modified.
     """
@@ -46,9 +51,9 @@ class MessagesRequest(BodyFields):
     def conversation(self) -> Conversation:
         """Its `system` and `messages` as the engine's messages, mapped on first use.
 
-        A small request sized by its bytes (`text_only`) never needs them. A copy of the request with the read tool
-        added maps to the same engine messages, objects and all: forwarding tells what compaction changed by them, so
-        a fresh mapping would have every message look changed (and the proxy's cache breakpoint go on the last).
+        A copy of the request with the read tool added maps to the same engine messages, objects and all: forwarding
+        tells what compaction changed by them, so a fresh mapping would have every message look changed (and the
+        proxy's cache breakpoint go on the last).
         """
         mapped = self.mapped_conversation
         system, messages = self.body.get("system"), self.body["messages"]
@@ -56,26 +61,6 @@ class MessagesRequest(BodyFields):
             mapped = Conversation.of(system, messages)
             object.__setattr__(self, "mapped_conversation", mapped)
         return mapped
-
-    @property
-    def last_message(self) -> Message | None:
-        """The last message mapped alone (`Conversation.of`), without mapping the rest.
-
-        Its role and content are what they are in the whole conversation's mapping (its `UNIT_KEY` and
-        `CONTINUES_STEP` are not).
-        """
-        messages = self.body["messages"]
-        last = Conversation.of(None if messages else self.body.get("system"), messages[-1:]).engine
-        return last[-1] if last else None
-
-    @cached_property
-    def text_only(self) -> bool:
-        """Whether every block is text or a tool call with text results (`text_blocks`), read from the blocks."""
-        system = self.body.get("system")
-        return (not isinstance(system, list) or text_blocks(system)) and all(
-            not isinstance(content := message.get("content"), list) or text_blocks(content, message.get("role"))
-            for message in self.body["messages"]
-        )
 
     @property
     def messages(self) -> list[Message]:
@@ -117,16 +102,13 @@ class MessagesRequest(BodyFields):
     def compaction_signal(self) -> str | None:
         """What says the client compacts itself: `compaction` blocks (`compaction-items`), `context_management`.
 
+        `compaction` blocks are found as the checkpoints they map onto.
+
         `context_management` only when the proxy does not understand its edits: edits it understands are estimated
         (`provider_edits`), and their compaction deferred to by its trigger (`proxy.pipeline.client_compaction`).
         None when neither.
         """
-        system = self.body.get("system")
-        if (isinstance(system, list) and holds_compaction(system)) or any(
-            holds_compaction(content, message.get("role"))
-            for message in self.body["messages"]
-            if isinstance(content := message.get("content"), list)
-        ):
+        if any(is_checkpoint(message) for message in self.messages):
             return "compaction-items"
         return "context-management" if self.manages_context and self.provider_edits is None else None
 

@@ -5,8 +5,8 @@ no byte shows) is under the trigger. Over random text conversations (any Unicode
 results as text or text blocks, system as text or blocks, tools forced or not) the bound is never below what the
 proxy counts for the request nor what the strict fake upstream counts; a conversation with any block that is not
 text or a tool call (thinking, images, documents, server tools, unknown blocks) is never bounded by its bytes. What
-a small request reads from its blocks without mapping them onto the engine's messages (`text_only`, its compaction
-blocks, its last message) is what the mapping says.
+a request reads from the engine's messages its blocks map onto (`text_only`, its compaction blocks) is what the
+blocks say, and its last message is the mapping's last.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import counter_for_model
-from proxy.engine.messages import CONTINUES_STEP, is_checkpoint
-from proxy.formats.anthropic.blocks import UNIT_KEY
 from proxy.formats.anthropic.request import MessagesRequest
 from proxy.pipeline.byte_bound import bytes_bound
 from proxy.pipeline.requests import text_only
@@ -28,8 +26,6 @@ from tests.support.anthropic_conversations import TOOLS, Built, conversations
 from tests.support.examples import examples
 
 SIGNER = Signer(b"k" * 32)
-STANDING = (UNIT_KEY, CONTINUES_STEP)
-"""Engine-message fields that say where a message stands in its conversation."""
 MODEL = "claude-sonnet-4-5"
 
 texts = st.text(max_size=120)
@@ -131,16 +127,36 @@ blocks = st.one_of(
         max_size=4,
     ),
 )
-def test_what_is_read_without_mapping_is_what_the_mapping_says(system: Any, messages: list[Any]) -> None:
+def test_what_is_read_from_the_mapping_is_what_the_blocks_say(system: Any, messages: list[Any]) -> None:
+    """`text_only` and the `compaction-items` signal, read from the engine's messages, say what the blocks say."""
     body = {"model": MODEL, "max_tokens": 8, "messages": messages, **({"system": system} if system is not None else {})}
     request = MessagesRequest.parse(orjson.dumps(body))
-    assert request.text_only == text_only(request.messages)
-    assert (request.compaction_signal == "compaction-items") == any(is_checkpoint(m) for m in request.messages)
-    # The last message mapped alone is the whole mapping's last, but for where it stands.
-    last = request.last_message
-    whole = request.messages[-1] if request.messages else None
-    assert (last is None) == (whole is None)
-    if last is not None and whole is not None:
-        assert {k: v for k, v in last.items() if k not in STANDING} == {
-            k: v for k, v in whole.items() if k not in STANDING
-        }
+    sent = [(None, system), *((message["role"], message["content"]) for message in messages)]
+    listed = [(role, content) for role, content in sent if isinstance(content, list)]
+    assert request.text_only == all(_text_or_call(block, role) for role, content in listed for block in content)
+    holds = any(_compaction_in(block, role) for role, content in listed for block in content)
+    assert (request.compaction_signal == "compaction-items") == holds
+    assert request.last_message is (request.messages[-1] if request.messages else None)
+
+
+def _is_text(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+
+
+def _text_or_call(block: Any, role: str | None) -> bool:
+    """A text block, an assistant's tool call, or a user's tool result of text: what a byte bound holds for."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if _is_text(block) or (kind == "tool_use" and role == "assistant"):
+        return True
+    content = block.get("content") if kind == "tool_result" and role == "user" else None
+    return kind == "tool_result" and role == "user" and (not isinstance(content, list) or all(map(_is_text, content)))
+
+
+def _compaction_in(block: Any, role: str | None) -> bool:
+    """A `compaction` block, or one in a user's tool result (mapped with its content)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    content = block.get("content") if kind == "tool_result" and role == "user" else None
+    inner = isinstance(content, list) and any(
+        isinstance(item, dict) and item.get("type") == "compaction" for item in content
+    )
+    return kind == "compaction" or inner
