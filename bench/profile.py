@@ -19,6 +19,7 @@ import cProfile
 import gc
 import io
 import json
+import logging
 import pstats
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from proxy.cli import build_compaction
 from proxy.config import Settings
 from proxy.server.app import create_app, runner_options
 from proxy.server.event_loop import new_event_loop
-from proxy.server.logging import configure_logging
+from proxy.server.logging import configure_logging, flush_logging
 from proxy.server.main import COLLECTOR_THRESHOLDS
 
 OUTPUT = Path(__file__).parent / "results" / "profile.txt"
@@ -136,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             finally:
                 loop.close()
+                flush_logging()  # the last lines into the log file while it is open (not at exit, after it closed)
+                logging.getLogger().handlers.clear()
     head = f"python -m bench.profile --concurrency {args.concurrency} --requests {args.requests} --loop {args.loop}"
     head += f" --events {args.events}\n" if args.events else "\n"
     head += f"small request ({payload.size} B), without the profiler: {json.dumps(figures)}\n"
