@@ -45,7 +45,17 @@ from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.pipeline_calls import complete, prepare, prepare_count
-from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
+from proxy.server.relay import (
+    ClientReply,
+    Transform,
+    answer_whole,
+    arrived_whole,
+    finish,
+    pump,
+    relay_as_it_came,
+    start_response,
+    write,
+)
 from proxy.server.routing import take_route
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
@@ -183,10 +193,7 @@ async def _forward_unplanned(
     if said:
         request[RECORD].decided(said)
     async with _send(request, target, body, header_values=header_values, coded=bool(undecoded)) as response:
-        out = await start_response(request, response, extra_headers=said)
-        if await pump(request, out, response):
-            await finish(request, out)
-        return out
+        return await relay_as_it_came(request, response, extra_headers=said)
 
 
 async def _forward_planned(
@@ -275,6 +282,10 @@ async def _relay_as_it_arrives(
         await complete(request, plan, UpstreamOutcome(response.status, error_body=error))
         return reply.out
     head = held.head
+    if not streamed and not head:
+        whole = arrived_whole(response)
+        if whole is not None:
+            return await _answer_whole(request, response, plan, whole, reply)
     observer: StreamObserver | None = None
     edited: EditedStream | None = None
     collector: Collector | None = None
@@ -312,6 +323,21 @@ async def _relay_as_it_arrives(
         outcome = outcome_from_body(reply.wire, response.status, collector.body(), encoding)
     await finish(request, out)
     await complete(request, plan, outcome)
+    return out
+
+
+async def _answer_whole(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, body: bytes, reply: ClientReply
+) -> web.StreamResponse:
+    """Relay a non-streamed answer that arrived whole in one write (`answer_whole`), then report it to `complete()`.
+
+    As when it is relayed as it arrives: kept for parsing up to `max_body_bytes`, not reported if the client went away.
+    """
+    out = reply.out = await answer_whole(request, response, body, extra_headers=plan.response_headers)
+    if request[RECORD].answered:
+        kept = body if len(body) <= request.app[SETTINGS].max_body_bytes else None
+        encoding = content_encoding(response.headers)
+        await complete(request, plan, outcome_from_body(reply.wire, response.status, kept, encoding))
     return out
 
 
