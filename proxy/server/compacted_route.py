@@ -70,8 +70,8 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     """
     if request.content_length is not None and request.content_length > limit:
         return None
-    if request.content.is_eof():  # the whole body arrived with the head
-        whole = await request.content.read()
+    if request.content.is_eof():  # the whole body arrived with the head: taken from the buffer as it is
+        whole = request.content.read_nowait()
         return whole if len(whole) <= limit else None
     chunks: list[bytes] = []
     size = 0

@@ -77,7 +77,7 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
         return _too_large(request, limit)
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists:
-        body = await request.content.read() if request.content.is_eof() else None
+        body = request.content.read_nowait() if request.content.is_eof() else None
         if body:
             record.bytes_in = len(body)
             if record.bytes_in > limit:
