@@ -19,7 +19,13 @@ from proxy.formats import format_of
 from proxy.pipeline.cache_misses import Misses
 from proxy.pipeline.caller import conversation_of
 from proxy.server.accounting import MAX_CONVERSATION_ID, _conversation_id
-from proxy.server.headers import HOP_BY_HOP, REQUEST_ONLY_DROPS, connection_listed, upstream_request_headers
+from proxy.server.headers import (
+    HOP_BY_HOP,
+    REQUEST_ONLY_DROPS,
+    client_response_headers,
+    connection_listed,
+    upstream_request_headers,
+)
 from proxy.server.record import RequestRecord
 from proxy.server.routes import route_kind
 from tests.support.examples import examples
@@ -107,6 +113,10 @@ header_names = st.sampled_from(
         "X-Custom",
         "x-conversation-id",
         "X-Claude-Code-Session-Id",
+        "connection",
+        "CONTENT-LENGTH",
+        "PROXY-Connection",
+        "x-custom",
     ]
 )
 header_values = st.sampled_from(["a", "keep-alive", "x-custom, Content-Type", "close", " X-CUSTOM ,", "gzip"])
@@ -131,6 +141,20 @@ def test_request_headers_are_filtered_as_the_rule_says(pairs: list[tuple[str, st
     headers = CIMultiDict(pairs)
     fast = upstream_request_headers(headers, drop=drop)
     assert list(fast.items()) == list(general_upstream_headers(headers, tuple(drop)).items())
+
+
+@settings(max_examples=examples(300))
+@given(st.lists(st.tuples(header_names, header_values), max_size=12), st.booleans())
+def test_response_headers_are_filtered_as_the_rule_says(pairs: list[tuple[str, str]], drop_length: bool) -> None:
+    headers = CIMultiDict(pairs)
+    dropped = HOP_BY_HOP | connection_listed(headers) | ({"content-length"} if drop_length else set())
+    general = [(name, value) for name, value in pairs if name.lower() not in dropped and not _proxy_header(name)]
+    fast = client_response_headers(headers, drop_length=drop_length)
+    assert list(fast.items()) == general
+
+
+def _proxy_header(name: str) -> bool:
+    return name.lower().startswith("proxy-")
 
 
 @settings(max_examples=examples(300))
