@@ -83,6 +83,9 @@ HEAD_PIECE_BYTES: Final = 16 * 1024
 WEBSOCKET_CLOSE_WAIT: Final = 10.0
 """Seconds a WebSocket peer has to answer the closing handshake before its connection is dropped."""
 
+URLS_REMEMBERED: Final = 256
+"""Upstream URLs (by raw path and query) an `Upstream` keeps built; others are built for each request."""
+
 DETAIL_LIMIT = 200
 """Longest operating-system error text logged with a failed connection."""
 
@@ -152,6 +155,7 @@ class Upstream:
         self._turn_started = time.monotonic()
         self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
         """The idle timeout of each answer being read, from its headers to its close."""
+        self._urls: dict[tuple[str, str], URL] = {}
         self.unreachable: str | None = None
         """Why the last request could not connect to the upstream (connection refused, DNS lookup failed, ...), or
         None once one did: `/readyz` reports it."""
@@ -162,7 +166,19 @@ class Upstream:
         return upstream_session(settings, pool_limit=0, skip_auto_headers=SKIP_AUTO_HEADERS)
 
     def url_for(self, raw_path: str, raw_query: str) -> URL:
-        """Return the upstream URL for an already-validated raw path and raw query: base path + path + query."""
+        """Return the upstream URL for an already-validated raw path and raw query: base path + path + query.
+
+        The URLs of the paths most requests take are built once (`URLS_REMEMBERED`): the same `URL` object each time
+        also keeps what the client works out from it (host, port, origin), which yarl caches on the object.
+        """
+        url = self._urls.get((raw_path, raw_query))
+        if url is None:
+            url = self._build_url(raw_path, raw_query)
+            if len(self._urls) < URLS_REMEMBERED:
+                self._urls[raw_path, raw_query] = url
+        return url
+
+    def _build_url(self, raw_path: str, raw_query: str) -> URL:
         base_path = self.base.raw_path.rstrip("/")
         return URL.build(
             scheme=self.base.scheme,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from proxy.server.headers import (
 )
 from proxy.server.record import RequestRecord
 from proxy.server.routes import route_kind
+from proxy.server.upstream import Upstream
 from tests.support.examples import examples
 
 maybe_text = st.none() | st.text(max_size=12)
@@ -179,3 +181,20 @@ def test_a_remembered_route_kind_is_the_one_worked_out_again(method: str, segmen
     path = "/" + "/".join(segments)
     first = route_kind(method, path)
     assert route_kind.__wrapped__(method, path) == first == route_kind(method, path)
+
+
+@settings(max_examples=examples(100))
+@given(
+    st.sampled_from(["http://127.0.0.1:1", "http://127.0.0.1:1/base/", "https://upstream.example:8443/v"]),
+    st.lists(
+        st.tuples(st.sampled_from(["/v1/chat/completions", "/v1/models", "/a%20b", "/"]), st.sampled_from(["", "a=1"])),
+        max_size=6,
+    ),
+)
+async def test_a_remembered_upstream_url_is_the_one_built_anew(base: str, requests: list[tuple[str, str]]) -> None:
+    async with aiohttp.ClientSession() as session:
+        upstream = Upstream(Settings(upstream=base), session)
+        for raw_path, raw_query in requests:
+            url = upstream.url_for(raw_path, raw_query)
+            assert url == upstream._build_url(raw_path, raw_query)
+            assert upstream.url_for(raw_path, raw_query) is url
