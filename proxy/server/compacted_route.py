@@ -219,7 +219,7 @@ async def _forward_planned(
             outcome = outcome_from_body(reply.wire, response.status, error if whole else None, encoding)
             retry = await complete(request, plan, outcome)
             if retry is None:
-                return await _relay_buffered(request, response, plan, error)
+                return await _relay_buffered(request, response, plan, error, whole=whole)
     record = request[RECORD]
     record.retried = True
     record.decided(retry.response_headers)
@@ -256,9 +256,14 @@ def _relay_answer(
 
 
 async def _relay_buffered(
-    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes, *, whole: bool
 ) -> web.StreamResponse:
-    """Relay an answer whose first bytes were already read: those, then whatever is left."""
+    """Relay an answer whose first bytes were already read: those, then whatever is left.
+
+    :param whole: `head` is the whole body: with its length declared, it is answered in one write (`answer_whole`).
+    """
+    if whole and response.content_length == len(head):
+        return await answer_whole(request, response, head, extra_headers=plan.response_headers)
     out = await start_response(request, response, extra_headers=plan.response_headers)
     if await write(request, out, head) and await pump(request, out, response):
         await finish(request, out)
