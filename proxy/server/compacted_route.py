@@ -219,7 +219,7 @@ async def _forward_planned(
             outcome = outcome_from_body(reply.wire, response.status, error if whole else None, encoding)
             retry = await complete(request, plan, outcome)
             if retry is None:
-                return await _relay_buffered(request, response, plan, error, whole=whole)
+                return await _relay_buffered(request, response, plan, error)
     record = request[RECORD]
     record.retried = True
     record.decided(retry.response_headers)
@@ -256,14 +256,15 @@ def _relay_answer(
 
 
 async def _relay_buffered(
-    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes, *, whole: bool
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes
 ) -> web.StreamResponse:
     """Relay an answer whose first bytes were already read: those, then whatever is left.
 
-    :param whole: `head` is the whole body: with its length declared, it is answered in one write (`answer_whole`).
+    An answer all of which has arrived goes in one write (`answer_whole`).
     """
-    if whole and response.content_length == len(head):
-        return await answer_whole(request, response, head, extra_headers=plan.response_headers)
+    whole = arrived_whole(response, head)
+    if whole is not None:
+        return await answer_whole(request, response, whole, extra_headers=plan.response_headers)
     out = await start_response(request, response, extra_headers=plan.response_headers)
     if await write(request, out, head) and await pump(request, out, response):
         await finish(request, out)
@@ -287,8 +288,8 @@ async def _relay_as_it_arrives(
         await complete(request, plan, UpstreamOutcome(response.status, error_body=error))
         return reply.out
     head = held.head
-    if not streamed and not head:
-        whole = arrived_whole(response)
+    if not streamed:
+        whole = arrived_whole(response, head)
         if whole is not None:
             return await _answer_whole(request, response, plan, whole, reply)
     observer: StreamObserver | None = None

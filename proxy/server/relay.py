@@ -20,17 +20,19 @@ Transform = Callable[[bytes], bytes]
 """Takes a chunk from the upstream, returns the bytes to relay for it (the same bytes unless editing)."""
 
 
-def arrived_whole(response: aiohttp.ClientResponse) -> bytes | None:
-    """The answer's whole body when all of it arrived with its head (its `Content-Length`, none read yet), else None.
+def arrived_whole(response: aiohttp.ClientResponse, head: bytes = b"") -> bytes | None:
+    """The answer's whole body when all of it has arrived (its `Content-Length`), else None (nothing read then).
 
     Most non-streamed answers come in one piece: their body is in the client's buffer by the time the head is parsed.
     Relayed with `answer_whole`, the client gets such an answer in one write instead of a head, a body and an end.
+
+    :param head: What was read of the body already (by a hold, say): the rest is taken from the buffer after it.
     """
     length = response.content_length
     content = response.content
     if length is None or not content.is_eof() or content.exception() is not None or content.total_bytes != length:
         return None
-    return content.read_nowait()
+    return head + content.read_nowait() if head else content.read_nowait()
 
 
 async def answer_whole(
