@@ -35,7 +35,7 @@ async def client_chunks(request: web.Request, pause_limit: float) -> AsyncIterat
     :raises ClientBodyTimeout: The client stalled or trickled (recorded on the request as `client_timeout`).
     """
     if request.content.is_eof():  # the whole body arrived with the head: nothing to wait for
-        if body := await request.content.read():
+        if body := request.content.read_nowait():
             yield body
         return
     min_rate = request.app[SETTINGS].client_body_min_rate

@@ -45,7 +45,17 @@ from proxy.server.logging import SERVER_LOGGER
 from proxy.server.offload_reads import answer_reads
 from proxy.server.offload_streams import EditedStream, StreamEdits
 from proxy.server.pipeline_calls import complete, prepare, prepare_count
-from proxy.server.relay import ClientReply, Transform, finish, pump, start_response, write
+from proxy.server.relay import (
+    ClientReply,
+    Transform,
+    answer_whole,
+    arrived_whole,
+    finish,
+    pump,
+    relay_as_it_came,
+    start_response,
+    write,
+)
 from proxy.server.routing import take_route
 from proxy.server.sse import StopReason, StreamObserver
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
@@ -60,8 +70,8 @@ async def read_body(request: web.Request, limit: int, pause_limit: float) -> byt
     """
     if request.content_length is not None and request.content_length > limit:
         return None
-    if request.content.is_eof():  # the whole body arrived with the head
-        whole = await request.content.read()
+    if request.content.is_eof():  # the whole body arrived with the head: taken from the buffer as it is
+        whole = request.content.read_nowait()
         return whole if len(whole) <= limit else None
     chunks: list[bytes] = []
     size = 0
@@ -183,10 +193,7 @@ async def _forward_unplanned(
     if said:
         request[RECORD].decided(said)
     async with _send(request, target, body, header_values=header_values, coded=bool(undecoded)) as response:
-        out = await start_response(request, response, extra_headers=said)
-        if await pump(request, out, response):
-            await finish(request, out)
-        return out
+        return await relay_as_it_came(request, response, extra_headers=said)
 
 
 async def _forward_planned(
@@ -251,7 +258,13 @@ def _relay_answer(
 async def _relay_buffered(
     request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes
 ) -> web.StreamResponse:
-    """Relay an answer whose first bytes were already read: those, then whatever is left."""
+    """Relay an answer whose first bytes were already read: those, then whatever is left.
+
+    An answer all of which has arrived goes in one write (`answer_whole`).
+    """
+    whole = arrived_whole(response, head)
+    if whole is not None:
+        return await answer_whole(request, response, whole, extra_headers=plan.response_headers)
     out = await start_response(request, response, extra_headers=plan.response_headers)
     if await write(request, out, head) and await pump(request, out, response):
         await finish(request, out)
@@ -275,6 +288,10 @@ async def _relay_as_it_arrives(
         await complete(request, plan, UpstreamOutcome(response.status, error_body=error))
         return reply.out
     head = held.head
+    if not streamed:
+        whole = arrived_whole(response, head)
+        if whole is not None:
+            return await _answer_whole(request, response, plan, whole, reply)
     observer: StreamObserver | None = None
     edited: EditedStream | None = None
     collector: Collector | None = None
@@ -312,6 +329,21 @@ async def _relay_as_it_arrives(
         outcome = outcome_from_body(reply.wire, response.status, collector.body(), encoding)
     await finish(request, out)
     await complete(request, plan, outcome)
+    return out
+
+
+async def _answer_whole(
+    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, body: bytes, reply: ClientReply
+) -> web.StreamResponse:
+    """Relay a non-streamed answer that arrived whole in one write (`answer_whole`), then report it to `complete()`.
+
+    As when it is relayed as it arrives: kept for parsing up to `max_body_bytes`, not reported if the client went away.
+    """
+    out = reply.out = await answer_whole(request, response, body, extra_headers=plan.response_headers)
+    if request[RECORD].answered:
+        kept = body if len(body) <= request.app[SETTINGS].max_body_bytes else None
+        encoding = content_encoding(response.headers)
+        await complete(request, plan, outcome_from_body(reply.wire, response.status, kept, encoding))
     return out
 
 

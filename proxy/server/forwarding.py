@@ -14,7 +14,7 @@ from proxy.server.compacted_route import handle_compacted
 from proxy.server.headers import upstream_request_headers
 from proxy.server.keys import RECORD, ROUTE, SETTINGS
 from proxy.server.record import RequestRecord
-from proxy.server.relay import finish, pump, start_response
+from proxy.server.relay import relay_as_it_came
 from proxy.server.routes import is_websocket_upgrade, safe_raw_path, socket_format
 from proxy.server.routing import take_route
 from proxy.server.upstream import UpstreamError, UpstreamTimeout
@@ -77,7 +77,7 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
         return _too_large(request, limit)
     body: bytes | AsyncIterator[bytes] | None = None
     if request.body_exists:
-        body = await request.content.read() if request.content.is_eof() else None
+        body = request.content.read_nowait() if request.content.is_eof() else None
         if body:
             record.bytes_in = len(body)
             if record.bytes_in > limit:
@@ -91,10 +91,7 @@ async def forward(request: web.Request, target: URL) -> web.StreamResponse:
             refused = _body_refused(request, limit)
             if refused is not None:
                 return refused
-            out = await start_response(request, response)
-            if await pump(request, out, response):
-                await finish(request, out)
-            return out
+            return await relay_as_it_came(request, response)
     except UpstreamError as exc:
         refused = _body_refused(request, limit)
         return refused if refused is not None else upstream_error_response(request, exc)

@@ -20,6 +20,55 @@ Transform = Callable[[bytes], bytes]
 """Takes a chunk from the upstream, returns the bytes to relay for it (the same bytes unless editing)."""
 
 
+def arrived_whole(response: aiohttp.ClientResponse, head: bytes = b"") -> bytes | None:
+    """The answer's whole body when all of it has arrived (its `Content-Length`), else None (nothing read then).
+
+    Most non-streamed answers come in one piece: their body is in the client's buffer by the time the head is parsed.
+    Relayed with `answer_whole`, the client gets such an answer in one write instead of a head, a body and an end.
+
+    :param head: What was read of the body already (by a hold, say): the rest is taken from the buffer after it.
+    """
+    length = response.content_length
+    content = response.content
+    if length is None or not content.is_eof() or content.exception() is not None or content.total_bytes != length:
+        return None
+    return head + content.read_nowait() if head else content.read_nowait()
+
+
+async def answer_whole(
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    body: bytes,
+    *,
+    extra_headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Relay an answer whose whole `body` was read (`arrived_whole`): its status, headers and body in one write.
+
+    The client gets what `start_response`, `write` and `finish` would have sent it, recorded the same way.
+    """
+    headers = client_response_headers(response.headers, extra=extra_headers)
+    out = web.Response(body=body, status=response.status, reason=response.reason, headers=headers)
+    await out.prepare(request)  # a `web.Response` sends its head with its body, at the end
+    record = request[RECORD]
+    record.status = response.status
+    if await finish(request, out):
+        record.bytes_out += len(body)
+    return out
+
+
+async def relay_as_it_came(
+    request: web.Request, response: aiohttp.ClientResponse, *, extra_headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    """Relay the answer unchanged: in one write when it arrived whole with its head, else as it arrives."""
+    whole = arrived_whole(response)
+    if whole is not None:
+        return await answer_whole(request, response, whole, extra_headers=extra_headers)
+    out = await start_response(request, response, extra_headers=extra_headers)
+    if await pump(request, out, response):
+        await finish(request, out)
+    return out
+
+
 async def start_response(
     request: web.Request,
     response: aiohttp.ClientResponse,

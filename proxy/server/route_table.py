@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Final
 
 import orjson
 
@@ -22,6 +23,9 @@ from proxy.formats import api_of
 from proxy.pipeline.off_loop import OFF_LOOP_BYTES
 from proxy.pipeline.wire import WireFormat
 from proxy.server.upstream import Upstream
+
+PATHS_REMEMBERED: Final = 256
+"""Paths (with their API) whose route a table without header or model conditions remembers; others are matched anew."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class RouteTable:
         self.routes = routes
         self.reads_models = any(route.settings.models for route in routes)
         """Whether a route names model patterns: only then is a body parsed to choose."""
+        by_path_alone = not any(route.settings.models or route.settings.header is not None for route in routes)
+        self._taken: dict[tuple[str, str], Route] | None = {} if by_path_alone else None
+        """The route each path and API took, when nothing else decides (no route names a header or a model)."""
 
     @classmethod
     def open(cls, settings: Settings) -> RouteTable:
@@ -93,6 +100,17 @@ class RouteTable:
         """
         wire = wire or api_of(method, path, headers)
         api = wire.api if wire is not None else DEFAULT_API
+        taken = self._taken
+        if taken is None:
+            return self._first(path, headers, model, api)
+        route = taken.get((path, api))
+        if route is None:
+            route = self._first(path, headers, model, api)
+            if len(taken) < PATHS_REMEMBERED:
+                taken[path, api] = route
+        return route
+
+    def _first(self, path: str, headers: Mapping[str, str], model: str | None, api: str) -> Route:
         return next(route for route in self.routes if route.takes(path, headers, model, api))
 
     async def choose_for_body(

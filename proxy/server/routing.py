@@ -19,7 +19,7 @@ async def take_route(
     :param wire: The format the server matched the request's path to, when it did (the route needs its API).
     """
     routes = request.app[ROUTES]
-    if body is None:
+    if body is None or not routes.reads_models:
         route = routes.choose(request.method, request.path, request.headers, wire=wire)
     else:
         route = await routes.choose_for_body(request.method, request.path, request.headers, body, wire)

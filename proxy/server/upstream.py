@@ -83,6 +83,9 @@ HEAD_PIECE_BYTES: Final = 16 * 1024
 WEBSOCKET_CLOSE_WAIT: Final = 10.0
 """Seconds a WebSocket peer has to answer the closing handshake before its connection is dropped."""
 
+URLS_REMEMBERED: Final = 256
+"""Upstream URLs (by raw path and query) an `Upstream` keeps built; others are built for each request."""
+
 DETAIL_LIMIT = 200
 """Longest operating-system error text logged with a failed connection."""
 
@@ -151,7 +154,9 @@ class Upstream:
         self.idle_timeout = settings.idle_timeout
         self._turn_started = time.monotonic()
         self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
-        """The idle timeout of each answer being read, from its headers to its close."""
+        """The idle timeout of each answer being read, from its first read to its close (an answer that arrived
+        whole with its head is never waited for, and needs none)."""
+        self._urls: dict[tuple[str, str], URL] = {}
         self.unreachable: str | None = None
         """Why the last request could not connect to the upstream (connection refused, DNS lookup failed, ...), or
         None once one did: `/readyz` reports it."""
@@ -162,7 +167,19 @@ class Upstream:
         return upstream_session(settings, pool_limit=0, skip_auto_headers=SKIP_AUTO_HEADERS)
 
     def url_for(self, raw_path: str, raw_query: str) -> URL:
-        """Return the upstream URL for an already-validated raw path and raw query: base path + path + query."""
+        """Return the upstream URL for an already-validated raw path and raw query: base path + path + query.
+
+        The URLs of the paths most requests take are built once (`URLS_REMEMBERED`): the same `URL` object each time
+        also keeps what the client works out from it (host, port, origin), which yarl caches on the object.
+        """
+        url = self._urls.get((raw_path, raw_query))
+        if url is None:
+            url = self._build_url(raw_path, raw_query)
+            if len(self._urls) < URLS_REMEMBERED:
+                self._urls[raw_path, raw_query] = url
+        return url
+
+    def _build_url(self, raw_path: str, raw_query: str) -> URL:
         base_path = self.base.raw_path.rstrip("/")
         return URL.build(
             scheme=self.base.scheme,
@@ -213,7 +230,9 @@ class Upstream:
 
     def _done(self, response: aiohttp.ClientResponse) -> None:
         """Stop watching the response and let its connection go."""
-        self._watches.pop(response).close()
+        watch = self._watches.pop(response, None)
+        if watch is not None:
+            watch.close()
         # Closing (not releasing) drops a half-read connection at once: a client that went away mid-stream
         # stops the upstream's generation instead of the proxy draining it.
         if response.content.at_eof():
@@ -273,7 +292,10 @@ class Upstream:
         :raises UpstreamUnreachable: The connection broke mid-body.
         """
         try:
-            chunk = await self._watches[response].read(RELAY_PIECE_BYTES)
+            watch = self._watches.get(response)
+            if watch is None:
+                watch = self._watches[response] = IdleWatch(response.content, self.idle_timeout)
+            chunk = await watch.read(RELAY_PIECE_BYTES)
         except IdleTimedOut as exc:
             raise UpstreamTimeout(f"the response paused for more than {self.idle_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -321,7 +343,7 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
         self._response: aiohttp.ClientResponse | None = None
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
-        """Send the request; the response once its headers arrived, watched for pauses in its body from then on."""
+        """Send the request; the response once its headers arrived, its body's pauses watched once it is read."""
         upstream, data, record = self._upstream, self._data, self._record
         if isinstance(data, bytes) and len(data) >= PIECES_FROM_BYTES:
             data = _in_pieces(data)
@@ -343,7 +365,6 @@ class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):
         if record is not None:
             record.upstream_latency = time.perf_counter() - sent
             record.upstream_status = response.status
-        upstream._watches[response] = IdleWatch(response.content, upstream.idle_timeout)
         self._response = response
         return response
 

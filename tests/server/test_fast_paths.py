@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,9 +20,16 @@ from proxy.formats import format_of
 from proxy.pipeline.cache_misses import Misses
 from proxy.pipeline.caller import conversation_of
 from proxy.server.accounting import MAX_CONVERSATION_ID, _conversation_id
-from proxy.server.headers import HOP_BY_HOP, REQUEST_ONLY_DROPS, connection_listed, upstream_request_headers
+from proxy.server.headers import (
+    HOP_BY_HOP,
+    REQUEST_ONLY_DROPS,
+    client_response_headers,
+    connection_listed,
+    upstream_request_headers,
+)
 from proxy.server.record import RequestRecord
 from proxy.server.routes import route_kind
+from proxy.server.upstream import Upstream
 from tests.support.examples import examples
 
 maybe_text = st.none() | st.text(max_size=12)
@@ -107,6 +115,10 @@ header_names = st.sampled_from(
         "X-Custom",
         "x-conversation-id",
         "X-Claude-Code-Session-Id",
+        "connection",
+        "CONTENT-LENGTH",
+        "PROXY-Connection",
+        "x-custom",
     ]
 )
 header_values = st.sampled_from(["a", "keep-alive", "x-custom, Content-Type", "close", " X-CUSTOM ,", "gzip"])
@@ -134,6 +146,20 @@ def test_request_headers_are_filtered_as_the_rule_says(pairs: list[tuple[str, st
 
 
 @settings(max_examples=examples(300))
+@given(st.lists(st.tuples(header_names, header_values), max_size=12), st.booleans())
+def test_response_headers_are_filtered_as_the_rule_says(pairs: list[tuple[str, str]], drop_length: bool) -> None:
+    headers = CIMultiDict(pairs)
+    dropped = HOP_BY_HOP | connection_listed(headers) | ({"content-length"} if drop_length else set())
+    general = [(name, value) for name, value in pairs if name.lower() not in dropped and not _proxy_header(name)]
+    fast = client_response_headers(headers, drop_length=drop_length)
+    assert list(fast.items()) == general
+
+
+def _proxy_header(name: str) -> bool:
+    return name.lower().startswith("proxy-")
+
+
+@settings(max_examples=examples(300))
 @given(
     st.lists(st.tuples(header_names, st.text(max_size=6)), max_size=8),
     st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings"]),
@@ -155,3 +181,20 @@ def test_a_remembered_route_kind_is_the_one_worked_out_again(method: str, segmen
     path = "/" + "/".join(segments)
     first = route_kind(method, path)
     assert route_kind.__wrapped__(method, path) == first == route_kind(method, path)
+
+
+@settings(max_examples=examples(100))
+@given(
+    st.sampled_from(["http://127.0.0.1:1", "http://127.0.0.1:1/base/", "https://upstream.example:8443/v"]),
+    st.lists(
+        st.tuples(st.sampled_from(["/v1/chat/completions", "/v1/models", "/a%20b", "/"]), st.sampled_from(["", "a=1"])),
+        max_size=6,
+    ),
+)
+async def test_a_remembered_upstream_url_is_the_one_built_anew(base: str, requests: list[tuple[str, str]]) -> None:
+    async with aiohttp.ClientSession() as session:
+        upstream = Upstream(Settings(upstream=base), session)
+        for raw_path, raw_query in requests:
+            url = upstream.url_for(raw_path, raw_query)
+            assert url == upstream._build_url(raw_path, raw_query)
+            assert upstream.url_for(raw_path, raw_query) is url

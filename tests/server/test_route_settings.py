@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.cli import build_parser, settings_from_args
 from proxy.config import ConfigError, Settings, load_settings
+from proxy.config.routes import DEFAULT_API
+from proxy.formats import api_of
 from proxy.server.route_table import Route, RouteTable
 from tests.support.examples import examples
 
@@ -120,3 +122,21 @@ def test_one_upstream_takes_everything_and_two_split_by_api(path: str, sent: dic
     openai_format = path in ("/v1/chat/completions", "/v1/responses")
     anthropic = path == "/v1/messages" or (not openai_format and "anthropic-version" in sent)
     assert split.choose("POST", path, sent, model).name == ("anthropic" if anthropic else "default")
+
+
+@settings(max_examples=examples(100))
+@given(
+    routes=st.sampled_from(
+        ["", "codex=http://127.0.0.1:7;path_prefix=/backend-api", "x=http://127.0.0.1:7;api=openai"]
+    ),
+    requests=st.lists(st.tuples(paths | st.just("/backend-api/codex/responses"), headers), max_size=8),
+)
+def test_a_remembered_route_is_the_first_whose_conditions_hold(
+    routes: str, requests: list[tuple[str, dict[str, str]]]
+) -> None:
+    routes_table = table(load_settings(environ={"COMPACTION_PROXY_ROUTES": routes} if routes else {}))
+    for path, sent in requests:
+        chosen = routes_table.choose("POST", path, sent)
+        wire = api_of("POST", path, sent)
+        api = wire.api if wire is not None else DEFAULT_API
+        assert chosen is next(route for route in routes_table.routes if route.takes(path, sent, None, api))
