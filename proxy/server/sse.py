@@ -23,6 +23,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.engine.messages import Message
+from proxy.formats.event_bytes import SCALAR
 from proxy.pipeline.wire import StreamReport, WireFormat
 
 MAX_PENDING: Final = 8 * 1024 * 1024
@@ -38,6 +39,12 @@ _EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 _DATA_FIELD: Final = re.compile(rb"(?<![^\r\n])data(?::\x20?([^\r\n]*))?(?![^\r\n])")
 """A `data` line (at the start of a line, up to its end); group 1 is its value without the one optional space."""
 _USAGE_NULL_AFTER: Final = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])')
+_USAGE_NULL: Final = b',"usage":null'
+_VALUE_END: Final = frozenset(b'"]}0123456789el')
+"""The bytes a JSON value (a string, an array, an object, a number, `true`, `false`, `null`) ends with."""
+_LAST_MEMBERS: Final = re.compile(rb'(?:,"[^"\\\x00-\x1f]*":' + SCALAR + rb")*\}")
+"""Members with plain values, then the end of the object: what may follow a top-level `"usage":null` (see
+`without_usage_null`)."""
 _USAGE_NULL_BEFORE: Final = re.compile(rb'"usage"\s*:\s*null\s*,\s*')
 
 
@@ -125,11 +132,32 @@ def data_lines(chunk: bytes) -> list[bytes] | None:
     """
     if b"\r" in chunk or not chunk.endswith(b"\n\n"):
         return None
+    if chunk.find(b"\n") == len(chunk) - 2:  # one event, as a paced stream's reads mostly are
+        return [chunk[:-2]] if chunk.startswith(b"data:") else None
     lines = chunk[:-2].split(b"\n\n")
     for line in lines:
         if not line.startswith(b"data:") or b"\n" in line:
             return None
     return lines
+
+
+def without_usage_null(data: bytes) -> bytes | None:
+    """`data` without its top-level `"usage":null` member, when written compact and its only mention of usage.
+
+    Every chunk of a chat stream that includes usage has that member until the last (OpenAI's, under
+    `stream_options.include_usage`), where a parse finds nothing; cut from the bytes, the chunk can be skimmed like
+    any other (`StreamObserver`). None unless the member is the one `"usage"` in the bytes, written `,"usage":null`,
+    right after a value, and only members with plain values (`SCALAR`) follow it to the last byte, a closing brace:
+    a member of the top-level object, then, whenever the bytes are a JSON object (no closing bracket comes between,
+    and no string can hold the quotes around its key), and the bytes without it are a JSON object exactly when they
+    are one.
+    """
+    at = data.find(_USAGE_NULL)
+    if at <= 0 or data[at - 1] not in _VALUE_END or data.count(b'"usage"') != 1:
+        return None
+    if _LAST_MEMBERS.fullmatch(data, at + len(_USAGE_NULL)) is None:
+        return None
+    return data[:at] + data[at + len(_USAGE_NULL) :]
 
 
 def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
@@ -152,6 +180,9 @@ def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
 
 def rewrite_event(event: bytes, data: bytes) -> bytes:
     """Return the event with its data line(s) replaced by one `data: <data>` line, other lines kept as they were."""
+    lines = data_lines(event)
+    if lines is not None and len(lines) == 1:
+        return b"data: " + data + b"\n\n"  # the event is its one data line: what the general case makes of it
     parts = _LINE_END.split(event)
     terminator = _LINE_END.search(event)
     newline = terminator.group() if terminator else b"\n"
@@ -272,8 +303,12 @@ class StreamObserver:
         When stripping, that is without what the proxy caused (the usage chunk, `"usage": null`).
         """
         data = event_data(event) if data is None else data
-        if data is not None and self.skim and self.wire.skim_event(data, self.report):
-            return event
+        if data is not None and self.skim:
+            bare = without_usage_null(data) if _USAGE_NULL in data else None
+            if self.wire.skim_event(data if bare is None else bare, self.report):
+                if bare is None or not self.strip_usage:
+                    return event
+                return rewrite_event(event, bare) if self._object(bare) else event
         chunk = self._read(data)
         if not self.strip_usage or chunk is None or "usage" not in chunk:
             return event
@@ -284,3 +319,11 @@ class StreamObserver:
             assert data is not None  # _read parsed it
             return rewrite_event(event, _without_usage_null(data, chunk))
         return event
+
+    @staticmethod
+    def _object(data: bytes) -> bool:
+        """Whether `data` parses to an object: a skim tells what a parse would read, not that one would succeed."""
+        try:
+            return isinstance(orjson.loads(data), dict)
+        except orjson.JSONDecodeError:
+            return False
