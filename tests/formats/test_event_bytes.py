@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.formats.anthropic.wire import MESSAGES
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
+from proxy.formats.responses.answers import FINAL_EVENTS
 from proxy.formats.responses.wire import RESPONSES
 from proxy.pipeline.wire import WireFormat
 from proxy.server.sse import StreamObserver, without_usage_null
@@ -218,3 +219,10 @@ def test_a_usage_null_is_stripped_only_from_a_chunk_that_parses() -> None:
     for wire in (RESPONSES, CHAT_COMPLETIONS):
         skimming, parsing = (StreamObserver(wire, strip_usage=True, skim=skim) for skim in (True, False))
         assert skimming.feed(broken) == parsing.feed(broken) == broken
+
+
+def test_every_final_event_of_the_responses_api_is_left_to_the_parse() -> None:
+    """The Responses API's skim looks for `complete`, which every final event's type names: none is skimmed."""
+    for kind in FINAL_EVENTS:
+        data = json.dumps({"type": kind, "response": {"id": "r"}}, separators=(",", ":")).encode()
+        assert not RESPONSES.skim_event(data, StreamObserver(RESPONSES, strip_usage=False).report)
