@@ -187,8 +187,8 @@ def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
 
 def rewrite_event(event: bytes, data: bytes) -> bytes:
     """Return the event with its data line(s) replaced by one `data: <data>` line, other lines kept as they were."""
-    lines = data_lines(event)
-    if lines is not None and len(lines) == 1:
+    whole = data_lines(event)
+    if whole is not None and len(whole) == 1:
         return b"data: " + data + b"\n\n"  # the event is its one data line: what the general case makes of it
     parts = _LINE_END.split(event)
     terminator = _LINE_END.search(event)

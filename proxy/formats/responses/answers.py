@@ -83,21 +83,19 @@ def read_event(event: Mapping[str, Any], report: StreamReport) -> None:
         report.native_usage = usage if isinstance(usage, Mapping) else None
 
 
-_READ_NAMES: Final = (b"\\u", b"usage", b"complete")
-"""Bytes an event `read_event` reads holds: `complete`, which both final types' names hold (`FINAL_EVENTS`), or a
-`\\u` escape where a name hides; and `usage`, which no skimmed event may have (`WireFormat.skim_event`)."""
+_FINAL_NAME: Final = b"complete"
+"""Bytes both final types' names hold (`FINAL_EVENTS`): an event `read_event` reads holds them, or an escape."""
 
 
 def skim_event(data: bytes, report: StreamReport) -> bool:
-    """Take an event that is not a final one, told from its bytes (none of `_READ_NAMES`); `read_event` skips it too.
+    """Take an event that is not a final one, told from its bytes; `read_event` skips it too.
 
-    The events that tell the text (`response.output_text.delta`, ...) are skipped: the final event carries the whole
-    response, reply and usage alike. Each name is looked for by `bytes.find`, several times faster than `in`.
+    An event is taken when it holds neither `_FINAL_NAME` nor a unicode escape (where a name could hide), nor `usage`,
+    which no skimmed event may have (`WireFormat.skim_event`). The events that tell the text
+    (`response.output_text.delta`, ...) are skipped: the final event carries the whole response, reply and usage
+    alike. Each is looked for by `bytes.find`, several times faster than `in`.
     """
-    for name in _READ_NAMES:
-        if data.find(name) >= 0:
-            return False
-    return True
+    return data.find(_FINAL_NAME) < 0 and data.find(b"\\u") < 0 and data.find(b"usage") < 0
 
 
 def reply_of(report: StreamReport) -> Message | None:
