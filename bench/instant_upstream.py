@@ -10,7 +10,9 @@ Request headers steer it (the proxy forwards them untouched):
 - `X-Bench-Stream: 1` answers Server-Sent Events (role, content, finish and usage chunks, then `[DONE]`);
 - `X-Bench-Delay: SECONDS` waits that long after reading the body (a slow upstream, for the memory figures);
 - `X-Bench-Events: N` streams N content events (default 1), `X-Bench-Pace: SECONDS` apart (default 0): an answer
-  paced like a model's tokens, for the CPU per streamed event.
+  paced like a model's tokens, for the CPU per streamed event;
+- `X-Bench-Usage-Null: 1` writes `"usage":null` in every streamed chunk but the usage chunk, as OpenAI does when the
+  request asks `stream_options.include_usage` (which the proxy asks for when the client did not).
 
     python -m bench.instant_upstream --port 0 [--bytes-per-token 4.0]
 
@@ -35,6 +37,7 @@ STREAM_HEADER = "X-Bench-Stream"
 DELAY_HEADER = "X-Bench-Delay"
 EVENTS_HEADER = "X-Bench-Events"
 PACE_HEADER = "X-Bench-Pace"
+USAGE_NULL_HEADER = "X-Bench-Usage-Null"
 FRAMING_EVENTS = 4
 """Events of a streamed answer besides its content events: role, finish, usage and `[DONE]`."""
 
@@ -86,14 +89,19 @@ def _usage(prompt_tokens: int) -> dict[str, int]:
     }
 
 
-def stream_events(prompt_tokens: int, content_events: int = 1) -> list[bytes]:
-    """The canned streamed answer as separate SSE events (each is written and flushed on its own)."""
+def stream_events(prompt_tokens: int, content_events: int = 1, *, usage_null: bool = False) -> list[bytes]:
+    """The canned streamed answer as separate SSE events (each is written and flushed on its own).
+
+    :param usage_null: Every chunk but the usage chunk says `"usage":null` (OpenAI's under `include_usage`).
+    """
     head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "gpt-4.1"}
-    content = {**head, "choices": [{"index": 0, "delta": {"content": REPLY_TEXT}, "finish_reason": None}]}
+    tail = {"usage": None} if usage_null else {}
+    content = {**head, "choices": [{"index": 0, "delta": {"content": REPLY_TEXT}, "finish_reason": None}], **tail}
+    opening = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
     chunks = [
-        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {**head, "choices": opening, **tail},
         *[content] * content_events,
-        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], **tail},
         {**head, "choices": [], "usage": _usage(prompt_tokens)},
     ]
     return [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks] + [b"data: [DONE]\n\n"]
@@ -115,7 +123,8 @@ async def answer(request: web.Request) -> web.StreamResponse:
     pace = float(request.headers.get(PACE_HEADER, "0"))
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await out.prepare(request)
-    for event in stream_events(prompt_tokens, int(request.headers.get(EVENTS_HEADER, "1"))):
+    usage_null = request.headers.get(USAGE_NULL_HEADER) == "1"
+    for event in stream_events(prompt_tokens, int(request.headers.get(EVENTS_HEADER, "1")), usage_null=usage_null):
         await out.write(event)
         if pace:
             await asyncio.sleep(pace)

@@ -85,19 +85,20 @@ class TextEvents:
         self.group = group
         self._found: re.Match[bytes] | None = None
         self._head = self._tail = b""
+        self._edges = LONGEST + 1  # no event is this long: nothing is compared before a first match
+        self._after = 0
 
     def read(self, data: bytes) -> tuple[str, re.Match[bytes]] | None:
         """The text of an event the pattern matches, and the match (its other groups); None for any other event.
 
         Always None past `LONGEST` bytes.
         """
-        if len(data) > LONGEST:
+        size = len(data)
+        if size > LONGEST:
             return None
-        found = self._found
-        head, tail = self._head, self._tail
-        if found is not None and len(data) >= len(head) + len(tail) and data.startswith(head) and data.endswith(tail):
-            text = text_of(data[len(head) : len(data) - len(tail)])
-            return None if text is None else (text, found)
+        if size >= self._edges and data.startswith(self._head) and data.endswith(self._tail):
+            text = text_of(data[len(self._head) : size - self._after])
+            return None if text is None or self._found is None else (text, self._found)
         found = self.pattern.fullmatch(data)
         if found is None or not utf8(data):
             return None
@@ -105,6 +106,7 @@ class TextEvents:
         if text is None:
             return None
         self._found, self._head, self._tail = found, data[: found.start(self.group)], data[found.end(self.group) :]
+        self._edges, self._after = len(self._head) + len(self._tail), len(self._tail)
         return text, found
 
 

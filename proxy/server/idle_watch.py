@@ -1,18 +1,26 @@
-"""The idle timeout of an upstream answer's body: one timer per idle period, not one per read.
+"""The idle timeout of an upstream answer's body: one timer for the answer's life, a deadline stored per read.
 
 An answer streamed token by token is read in hundreds of small pieces; wrapping each read in `asyncio.timeout` costs
-a timeout object and a timer each (a few microseconds, as much as a piece's own relay). The watch keeps one timer and
-moves a deadline instead: each read sets the deadline to its start plus `idle_timeout`, and the timer, when it fires,
-either finds the deadline moved (and waits for it) or the read still waiting past it, which it fails. A read
-therefore fails exactly when it waited `idle_timeout` without a byte, as with a timeout around each read; time spent
-between reads (writing to a slow client) never counts.
+a timeout object and a timer each (a few microseconds, as much as a piece's own relay), and even a watch armed per
+read costs a call and a frame. The watch keeps one timer and a deadline the reader moves instead: before each read
+it stores the read's start plus `idle` (`IdleWatch.deadline`), after it `BETWEEN_READS`. The timer, when it fires,
+either finds the deadline moved or unset (and looks again when it is due, or after `idle` seconds) or the read still
+waiting past it, which it fails. A read therefore fails exactly when it waited `idle` seconds without a byte, as with
+a timeout around each read; time spent between reads (writing to a slow client) never counts. The clock is
+`time.monotonic`, which asyncio's loop time is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from typing import Final
 
 import aiohttp
+
+BETWEEN_READS: Final = math.inf
+"""The deadline while no read waits: nothing to fail."""
 
 
 class IdleTimedOut(Exception):
@@ -20,41 +28,29 @@ class IdleTimedOut(Exception):
 
 
 class IdleWatch:
-    """Reads of one answer's body, each failing with `IdleTimedOut` when it waits longer than `idle` seconds.
+    """Fails the read of one answer's body (with `IdleTimedOut`) that waits longer than `idle` seconds.
+
+    The reader keeps `deadline`: `time.monotonic()` + `idle` when a read starts, `BETWEEN_READS` once it returned.
 
     :param content: The answer's body stream.
     :param idle: Seconds a read may wait for its first byte.
     """
 
+    __slots__ = ("_content", "_idle", "_loop", "_timer", "deadline")
+
     def __init__(self, content: aiohttp.StreamReader, idle: float) -> None:
         self._content = content
         self._idle = idle
         self._loop = asyncio.get_running_loop()
-        self._deadline = 0.0
-        self._reading = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    async def read(self, size: int) -> bytes:
-        """Up to `size` bytes of the body as they arrive (b"" at its end).
-
-        :raises IdleTimedOut: Nothing arrived for `idle` seconds.
-        """
-        self._deadline = self._loop.time() + self._idle
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._deadline, self._check)
-        self._reading = True
-        try:
-            return await self._content.read(size)
-        finally:
-            self._reading = False
+        self.deadline = BETWEEN_READS
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(time.monotonic() + idle, self._check)
 
     def _check(self) -> None:
-        self._timer = None
-        if not self._reading:
-            return  # the next read arms the timer again
-        if self._loop.time() < self._deadline:
-            self._timer = self._loop.call_at(self._deadline, self._check)
+        now = time.monotonic()
+        if now < self.deadline:  # no read waits, or the one waiting is not due yet
+            self._timer = self._loop.call_at(min(self.deadline, now + self._idle), self._check)
             return
+        self._timer = None
         self._content.set_exception(IdleTimedOut())
 
     def close(self) -> None:

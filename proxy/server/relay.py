@@ -145,6 +145,9 @@ async def pump(
 ) -> bool:
     """Copy the upstream body to the client chunk by chunk, never holding more than one chunk.
 
+    A streamed answer passes here once per event: a chunk costs its read, its transform and its write, no more (the
+    write is `write`'s, inline).
+
     :returns: True when the whole body was relayed; False when the client went away (the upstream response is then
         closed by its context manager) or the upstream broke off (the client connection is then aborted).
     """
@@ -164,8 +167,13 @@ async def pump(
         if not chunk:
             return True
         data = transform(chunk) if transform is not None else chunk
-        if data and not await write(request, out, data):
-            return False
+        if data:
+            try:
+                await out.write(data)
+            except ConnectionError:
+                record.client_disconnected = True
+                return False
+            record.bytes_out += len(data)
 
 
 async def finish(request: web.Request, out: web.StreamResponse) -> bool:

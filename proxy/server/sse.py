@@ -23,12 +23,15 @@ from typing import Any, Final
 import orjson
 
 from proxy.engine.messages import Message
+from proxy.formats.event_bytes import SCALAR
 from proxy.pipeline.wire import StreamReport, WireFormat
 
 MAX_PENDING: Final = 8 * 1024 * 1024
 """An event longer than this (no blank line in sight) is not an SSE stream we understand: stop parsing it."""
 
 _CR: Final = ord("\r")
+_LF: Final = ord("\n")
+"""Line ends as ints: `_CR in chunk` is one `memchr`, several times faster than `b"\r" in chunk`."""
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _BLANK_LINES: Final = re.compile(rb"[\r\n]+")
 """A run of line ends: any run of CR and LF is CRLF, CR and LF line ends; a character class scans it 100 times faster
@@ -38,6 +41,12 @@ _EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 _DATA_FIELD: Final = re.compile(rb"(?<![^\r\n])data(?::\x20?([^\r\n]*))?(?![^\r\n])")
 """A `data` line (at the start of a line, up to its end); group 1 is its value without the one optional space."""
 _USAGE_NULL_AFTER: Final = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])')
+_USAGE_NULL: Final = b',"usage":null'
+_VALUE_END: Final = frozenset(b'"]}0123456789el')
+"""The bytes a JSON value (a string, an array, an object, a number, `true`, `false`, `null`) ends with."""
+_LAST_MEMBERS: Final = re.compile(rb'(?:,"[^"\\\x00-\x1f]*":' + SCALAR + rb")*\}")
+"""Members with plain values, then the end of the object: what may follow a top-level `"usage":null` (see
+`without_usage_null`)."""
 _USAGE_NULL_BEFORE: Final = re.compile(rb'"usage"\s*:\s*null\s*,\s*')
 
 
@@ -123,13 +132,39 @@ def data_lines(chunk: bytes) -> list[bytes] | None:
     is cut by `bytes.split`, without the splitter's and `event_data`'s regular expressions, which cut any other
     chunk as the spec says.
     """
-    if b"\r" in chunk or not chunk.endswith(b"\n\n"):
+    if _CR in chunk or not chunk.endswith(b"\n\n"):
         return None
+    if chunk.find(b"\n") == len(chunk) - 2:  # one event, as a paced stream's reads mostly are
+        return [chunk[:-2]] if chunk.startswith(b"data:") else None
     lines = chunk[:-2].split(b"\n\n")
     for line in lines:
-        if not line.startswith(b"data:") or b"\n" in line:
+        if not line.startswith(b"data:") or _LF in line:
             return None
     return lines
+
+
+def _line_data(line: bytes) -> bytes:
+    """The data of a `data:` line: its value, without the one space that may open it."""
+    return line[6:] if line.startswith(b" ", 5) else line[5:]
+
+
+def without_usage_null(data: bytes) -> bytes | None:
+    """`data` without its top-level `"usage":null` member, when written compact and its only mention of usage.
+
+    Every chunk of a chat stream that includes usage has that member until the last (OpenAI's, under
+    `stream_options.include_usage`), where a parse finds nothing; cut from the bytes, the chunk can be skimmed like
+    any other (`StreamObserver`). None unless the member is the one `"usage"` in the bytes, written `,"usage":null`,
+    right after a value, and only members with plain values (`SCALAR`) follow it to the last byte, a closing brace:
+    a member of the top-level object, then, whenever the bytes are a JSON object (no closing bracket comes between,
+    and no string can hold the quotes around its key), and the bytes without it are a JSON object exactly when they
+    are one.
+    """
+    at = data.find(_USAGE_NULL)
+    if at <= 0 or data[at - 1] not in _VALUE_END or data.count(b'"usage"') != 1:
+        return None
+    if _LAST_MEMBERS.fullmatch(data, at + len(_USAGE_NULL)) is None:
+        return None
+    return data[:at] + data[at + len(_USAGE_NULL) :]
 
 
 def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
@@ -152,6 +187,9 @@ def _without_usage_null(data: bytes, chunk: dict[str, Any]) -> bytes:
 
 def rewrite_event(event: bytes, data: bytes) -> bytes:
     """Return the event with its data line(s) replaced by one `data: <data>` line, other lines kept as they were."""
+    whole = data_lines(event)
+    if whole is not None and len(whole) == 1:
+        return b"data: " + data + b"\n\n"  # the event is its one data line: what the general case makes of it
     parts = _LINE_END.split(event)
     terminator = _LINE_END.search(event)
     newline = terminator.group() if terminator else b"\n"
@@ -207,32 +245,17 @@ class StreamObserver:
         if self.stopped is not None:
             return chunk
         if not self._splitter.pending and (lines := data_lines(chunk)) is not None:
-            return self._lines(chunk, lines)
-        events = self._splitter.feed(chunk)
-        relayed: list[bytes] = []
-        try:
-            for event in events:
-                relayed.append(self._process(event))
-        except Exception as exc:
-            self._fail(exc)
-            relayed.extend(events[len(relayed) :])
+            if len(lines) == 1:  # the chunk is one event, as a paced stream's mostly are
+                relayed = self._process(chunk, _line_data(lines[0]))
+            else:
+                relayed = b"".join(self._process(line + b"\n\n", _line_data(line)) for line in lines)
+            return relayed if self.strip_usage else chunk
+        relayed = b"".join(self._process(event) for event in self._splitter.feed(chunk))
         if self.stopped is None and self._splitter.pending > MAX_PENDING:
             self.stopped = StopReason.EVENT_TOO_LONG
         if self.stopped is not None:
-            relayed.append(self._splitter.flush())
-        return b"".join(relayed) if self.strip_usage else chunk
-
-    def _lines(self, chunk: bytes, lines: list[bytes]) -> bytes:
-        """`feed` for a chunk of whole one-line `data` events (`data_lines`): nothing is held back."""
-        relayed: list[bytes] = []
-        try:
-            for line in lines:
-                event = chunk if len(lines) == 1 else line + b"\n\n"
-                relayed.append(self._process(event, line[6:] if line[5:6] == b" " else line[5:]))
-        except Exception as exc:
-            self._fail(exc)
-            relayed.extend(line + b"\n\n" for line in lines[len(relayed) :])
-        return b"".join(relayed) if self.strip_usage else chunk
+            relayed += self._splitter.flush()
+        return relayed if self.strip_usage else chunk
 
     def stop(self, reason: StopReason) -> bytes:
         """Stop inspecting; return the held-back bytes, which a stripping caller must relay before anything else."""
@@ -269,11 +292,26 @@ class StreamObserver:
     def _process(self, event: bytes, data: bytes | None = None) -> bytes:
         """Inspect one event (`data`: its data, when known); return it as it should be relayed.
 
-        When stripping, that is without what the proxy caused (the usage chunk, `"usage": null`).
+        When stripping, that is without what the proxy caused (the usage chunk, `"usage": null`). Never raises: an
+        exception stops inspection (`StopReason.ERROR`), and this event and every later one are relayed unedited.
         """
-        data = event_data(event) if data is None else data
-        if data is not None and self.skim and self.wire.skim_event(data, self.report):
+        if self.stopped is not None:
             return event
+        try:
+            data = event_data(event) if data is None else data
+            if data is not None and self.skim:
+                bare = without_usage_null(data)
+                if self.wire.skim_event(data if bare is None else bare, self.report):
+                    if bare is None or not self.strip_usage:
+                        return event
+                    return rewrite_event(event, bare) if self._object(bare) else event
+            return self._parsed(event, data)
+        except Exception as exc:
+            self._fail(exc)
+            return event
+
+    def _parsed(self, event: bytes, data: bytes | None) -> bytes:
+        """`_process` of an event the format does not skim: parsed, folded in, and stripped of what the proxy caused."""
         chunk = self._read(data)
         if not self.strip_usage or chunk is None or "usage" not in chunk:
             return event
@@ -284,3 +322,11 @@ class StreamObserver:
             assert data is not None  # _read parsed it
             return rewrite_event(event, _without_usage_null(data, chunk))
         return event
+
+    @staticmethod
+    def _object(data: bytes) -> bool:
+        """Whether `data` parses to an object: a skim tells what a parse would read, not that one would succeed."""
+        try:
+            return isinstance(orjson.loads(data), dict)
+        except orjson.JSONDecodeError:
+            return False

@@ -28,7 +28,7 @@ from yarl import URL
 
 from proxy.config import Settings
 from proxy.server.deadlines import Deadlines
-from proxy.server.idle_watch import IdleTimedOut, IdleWatch
+from proxy.server.idle_watch import BETWEEN_READS, IdleTimedOut, IdleWatch
 from proxy.server.logging import SERVER_LOGGER
 from proxy.server.record import RequestRecord
 from proxy.upstream_session import upstream_session
@@ -288,24 +288,29 @@ class Upstream:
     async def read_chunk(self, response: aiohttp.ClientResponse) -> bytes:
         """Return the next piece of the response body as it arrives (b"" at the end), within `idle_timeout`.
 
+        One frame between the relay and the body's stream: the idle watch is told of the read by its deadline.
+
         :raises UpstreamTimeout: The upstream stayed silent too long.
         :raises UpstreamUnreachable: The connection broke mid-body.
         """
+        watch = self._watches.get(response)
+        if watch is None:  # made at the first read: an answer that arrived whole with its head never needs one
+            watch = self._watches[response] = IdleWatch(response.content, self.idle_timeout)
+        now = time.monotonic()
+        if now - self._turn_started >= LOOP_SLICE_SECONDS:
+            now = await self._share_the_loop()
+        watch.deadline = now + self.idle_timeout
         try:
-            watch = self._watches.get(response)
-            if watch is None:
-                watch = self._watches[response] = IdleWatch(response.content, self.idle_timeout)
-            chunk = await watch.read(RELAY_PIECE_BYTES)
+            return await response.content.read(RELAY_PIECE_BYTES)
         except IdleTimedOut as exc:
             raise UpstreamTimeout(f"the response paused for more than {self.idle_timeout:g} seconds") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(_failure(exc)) from exc
-        if time.monotonic() - self._turn_started >= LOOP_SLICE_SECONDS:
-            await self._share_the_loop()
-        return chunk
+        finally:
+            watch.deadline = BETWEEN_READS
 
-    async def _share_the_loop(self) -> None:
-        """Give the event loop a turn: reading has held it `LOOP_SLICE_SECONDS` (checked by `read_chunk`).
+    async def _share_the_loop(self) -> float:
+        """Give the event loop a turn: reading has held it `LOOP_SLICE_SECONDS` (checked by `read_chunk`); the time.
 
         A read of data already buffered returns without suspending, so a relay of an upstream that sends faster than
         the client reads (a flood of small events) would otherwise hold the loop, `/healthz` and every other request
@@ -313,6 +318,7 @@ class Upstream:
         """
         await asyncio.sleep(0)
         self._turn_started = time.monotonic()
+        return self._turn_started
 
 
 class Exchange(AbstractAsyncContextManager[aiohttp.ClientResponse]):

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from proxy.formats.anthropic.wire import MESSAGES
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
+from proxy.formats.responses.answers import FINAL_EVENTS
 from proxy.formats.responses.wire import RESPONSES
 from proxy.pipeline.wire import WireFormat
-from proxy.server.sse import StreamObserver
+from proxy.server.sse import StreamObserver, without_usage_null
 from tests.server.test_sse import chunked
 from tests.support.examples import examples
 
@@ -142,3 +143,86 @@ def test_the_common_events_are_skimmed() -> None:
     for wire, data in common.items():
         observer = StreamObserver(wire, strip_usage=False)
         assert all(wire.skim_event(data, observer.report) for _ in range(2)), wire.name
+
+
+@st.composite
+def openai_chunks(draw: st.DrawFn, *, include_usage: bool) -> list[bytes]:
+    """A chat stream's data as OpenAI writes it: role, text or tool-call deltas, the finish, perhaps the usage.
+
+    Under `include_usage` every chunk has `"usage":null` but the last, which has the usage and no choices; the
+    `obfuscation` member (on by default) follows it.
+    """
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    obfuscated = draw(st.booleans())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if include_usage:
+            body["usage"] = None
+        if obfuscated:
+            body["obfuscation"] = draw(st.text("abcXYZ", max_size=6))
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=draw(st.booleans())).encode()
+
+    deltas = draw(st.lists(st.one_of(TEXTS.map(lambda text: {"content": text}), TEXTS.map(arguments)), max_size=8))
+    chunks = [chunk({"role": "assistant", "content": "", "refusal": None}), *map(chunk, deltas), chunk({}, "stop")]
+    if include_usage:
+        usage = {"prompt_tokens": 5, "completion_tokens": len(deltas), "total_tokens": 5 + len(deltas)}
+        chunks.append(json.dumps({**head, "choices": [], "usage": usage}, separators=(",", ":")).encode())
+    return chunks
+
+
+def arguments(text: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+
+
+def sse(chunks: list[bytes]) -> bytes:
+    return b"".join(b"data: " + data + b"\n\n" for data in chunks) + b"data: [DONE]\n\n"
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    chunks=openai_chunks(include_usage=True),
+    cut_points=st.lists(st.integers(min_value=0), max_size=8),
+    strip=st.booleans(),
+)
+def test_a_stream_that_includes_usage_is_skimmed_to_what_parsing_finds(
+    chunks: list[bytes], cut_points: list[int], strip: bool
+) -> None:
+    """Every chunk's `"usage":null` (OpenAI's, under `include_usage`) is skimmed past; stripped, it is not relayed."""
+    with_usage = sse(chunks)
+    skimming = StreamObserver(CHAT_COMPLETIONS, strip_usage=strip)
+    parsing = StreamObserver(CHAT_COMPLETIONS, strip_usage=strip, skim=False)
+    pieces = chunked(with_usage, cut_points)
+    relayed = [skimming.feed(piece) for piece in pieces] + [skimming.finish()]
+    assert relayed == [parsing.feed(piece) for piece in pieces] + [parsing.finish()]
+    assert skimming.usage == parsing.usage is not None
+    assert (skimming.reply, skimming.stripped_chunks) == (parsing.reply, parsing.stripped_chunks)
+    if strip:
+        without = with_usage.replace(b',"usage":null', b"")
+        assert b"".join(relayed) == without[: without.rindex(b"data: {")] + b"data: [DONE]\n\n"
+
+
+def test_the_chunks_of_a_stream_that_includes_usage_are_skimmed() -> None:
+    """A text chunk under `include_usage` is a text chunk once its `"usage":null` is cut (`without_usage_null`)."""
+    data = (
+        b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+        b'"delta":{"content":"hi"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":"a"}'
+    )
+    bare = without_usage_null(data)
+    assert bare == data.replace(b',"usage":null', b"")
+    assert CHAT_COMPLETIONS.skim_event(bare, StreamObserver(CHAT_COMPLETIONS, strip_usage=True).report)
+
+
+def test_a_usage_null_is_stripped_only_from_a_chunk_that_parses() -> None:
+    """A skim says what a parse would read, not that one would succeed: broken bytes are relayed as they came."""
+    broken = b'data: {"type":"response.output_text.delta","delta":"1,"usage":null}\n\n'
+    for wire in (RESPONSES, CHAT_COMPLETIONS):
+        skimming, parsing = (StreamObserver(wire, strip_usage=True, skim=skim) for skim in (True, False))
+        assert skimming.feed(broken) == parsing.feed(broken) == broken
+
+
+def test_every_final_event_of_the_responses_api_is_left_to_the_parse() -> None:
+    """The Responses API's skim looks for `complete`, which every final event's type names: none is skimmed."""
+    for kind in FINAL_EVENTS:
+        data = json.dumps({"type": kind, "response": {"id": "r"}}, separators=(",", ":")).encode()
+        assert not RESPONSES.skim_event(data, StreamObserver(RESPONSES, strip_usage=False).report)

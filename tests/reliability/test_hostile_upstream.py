@@ -221,6 +221,27 @@ async def test_gzip_newline_bomb_is_relayed_whole_and_healthz_answers_meanwhile(
     assert await stream_while_probing(http, proxy, strip=False) == bomb
 
 
+async def test_a_client_slower_than_the_idle_timeout_gets_the_whole_stream(
+    make_proxy: MakeProxy, http: aiohttp.ClientSession, scripted: list[ScriptedUpstream]
+) -> None:
+    """The idle timeout counts the upstream's silence only, never the time the relay waits on a slow client.
+
+    The answer (32 MiB) is more than the sockets between the proxy and the client hold, so while the client reads
+    nothing the proxy's relay waits on its write, three idle timeouts long, with the upstream's next bytes ready.
+    """
+    upstream = await start(scripted, ScriptedUpstream([delta("x" * 1000, usage_null=True)] * (32 << 10)))
+    proxy = await make_proxy(upstream.url, idle_timeout=0.3)
+    body = chat_body(stream=True, **STREAM_OPTIONS)
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+    async with http.post(proxy.url + "/v1/chat/completions", data=body, headers=headers) as response:
+        assert response.status == 200
+        first = await response.content.readany()
+        await asyncio.sleep(1.0)  # the slow client: nothing read for over three idle timeouts
+        received = first + await response.read()
+    assert received == upstream.body
+    assert proxy.metric("compaction_proxy_upstream_errors_total", kind="timeout") == 0
+
+
 @pytest.mark.parametrize("strip", [False, True])
 async def test_huge_event_in_tiny_chunks_is_relayed_whole(
     make_proxy: MakeProxy, http: aiohttp.ClientSession, scripted: list[ScriptedUpstream], strip: bool

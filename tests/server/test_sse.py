@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 from proxy.formats.chat_completions.wire import CHAT_COMPLETIONS
 from proxy.pipeline.exchange import UpstreamOutcome
 from proxy.server.decoding import DecodingObserver, decoded, inflation_allowance, outcome_from_body
-from proxy.server.sse import MAX_PENDING, EventSplitter, StopReason, StreamObserver, data_lines, event_data
+from proxy.server.sse import (
+    MAX_PENDING,
+    EventSplitter,
+    StopReason,
+    StreamObserver,
+    data_lines,
+    event_data,
+    rewrite_event,
+    without_usage_null,
+)
 from tests.support.examples import examples
 
 USAGE = '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}'
@@ -312,3 +321,63 @@ def test_an_event_a_chunk_is_relayed_and_read_as_the_stream_cut_anywhere_else(da
         whole.stripped_chunks,
         whole.stopped,
     )
+
+
+@st.composite
+def usage_null_data(draw: st.DrawFn) -> bytes:
+    """An event's data with a `"usage":null` member somewhere (compact or not, at any depth), perhaps mangled."""
+    chunk = draw(st.dictionaries(CHUNK_KEYS, JSON_VALUES, max_size=4))
+    data = json.dumps(chunk, separators=(",", ":") if draw(st.booleans()) else (", ", ": ")).encode()
+    ends = [at for at, byte in enumerate(data) if byte in b"}],"]
+    at = draw(st.sampled_from(ends)) if ends else len(data)
+    member = draw(st.sampled_from([b',"usage":null', b'"usage":null,', b', "usage": null', b',"usage":{}']))
+    data = data[:at] + member + data[at:]
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(st.sampled_from([b'"', b"\\", b"}", b"]", b",", b'"x":1', b"\xff"])) + data[at:]
+    return data
+
+
+def parsed(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return "unparsable"
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(data=usage_null_data())
+def test_a_usage_null_cut_from_the_bytes_is_the_top_level_member_a_parse_finds(data: bytes) -> None:
+    """What `without_usage_null` cuts is a top-level `"usage": null`: the rest parses to the object without it."""
+    bare = without_usage_null(data)
+    if bare is None:
+        return
+    whole = parsed(data)
+    if isinstance(whole, dict):
+        assert whole.pop("usage", "missing") is None
+        assert parsed(bare) == whole
+    else:
+        assert not isinstance(parsed(bare), dict)
+
+
+def test_the_usage_null_of_an_openai_chunk_is_cut_wherever_the_top_level_members_put_it() -> None:
+    tail = b',"logprobs":null,"finish_reason":null}]'
+    head = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a,\\"usage\\":null}"}' + tail
+    assert without_usage_null(head + b',"usage":null}') == head + b"}"
+    assert without_usage_null(head + b',"usage":null,"obfuscation":"x}","n":1}') == head + b',"obfuscation":"x}","n":1}'
+    for kept in (b',"usage":null,"o":{}}', b',"usage":null}}', b',"usage": null}', b',"usage":null,"usage":null}'):
+        assert without_usage_null(head + kept) is None
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(stream=SSE_LIKE, data=st.binary(max_size=20).filter(lambda data: b"\r" not in data and b"\n" not in data))
+def test_a_rewritten_event_has_the_new_data_and_keeps_every_other_line(stream: bytes, data: bytes) -> None:
+    def others(event: bytes) -> list[bytes]:
+        lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        return [line for line in lines if line and not line.startswith(b"data:") and line != b"data"]
+
+    for event in EventSplitter().feed(stream):  # whole events, as the observer rewrites them
+        if event_data(event) is not None:
+            rewritten = rewrite_event(event, data)
+            assert event_data(rewritten) == data
+            assert others(rewritten) == others(event)

@@ -83,18 +83,19 @@ def read_event(event: Mapping[str, Any], report: StreamReport) -> None:
         report.native_usage = usage if isinstance(usage, Mapping) else None
 
 
-_READ_NAMES: Final = (b"\\u", b"usage", *(name.encode() for name in FINAL_EVENTS))
-"""Bytes an event `read_event` reads holds: its final type's name, or a `\\u` escape where the name hides; and `usage`,
-which no skimmed event may have (`WireFormat.skim_event`)."""
+_FINAL_NAME: Final = b"complete"
+"""Bytes both final types' names hold (`FINAL_EVENTS`): an event `read_event` reads holds them, or an escape."""
 
 
 def skim_event(data: bytes, report: StreamReport) -> bool:
-    """Take an event that is not a final one, told from its bytes (none of `_READ_NAMES`); `read_event` skips it too.
+    """Take an event that is not a final one, told from its bytes; `read_event` skips it too.
 
-    The events that tell the text (`response.output_text.delta`, ...) are skipped: the final event carries the whole
-    response, reply and usage alike.
+    An event is taken when it holds neither `_FINAL_NAME` nor a unicode escape (where a name could hide), nor `usage`,
+    which no skimmed event may have (`WireFormat.skim_event`). The events that tell the text
+    (`response.output_text.delta`, ...) are skipped: the final event carries the whole response, reply and usage
+    alike. Each is looked for by `bytes.find`, several times faster than `in`.
     """
-    return not any(name in data for name in _READ_NAMES)
+    return data.find(_FINAL_NAME) < 0 and data.find(b"\\u") < 0 and data.find(b"usage") < 0
 
 
 def reply_of(report: StreamReport) -> Message | None:
