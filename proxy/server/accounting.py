@@ -18,7 +18,8 @@ from proxy.formats import format_of
 from proxy.pipeline.caller import conversation_of
 from proxy.server.errors import internal_error, shape_of
 from proxy.server.keys import METRICS, RECORD, SETTINGS
-from proxy.server.logging import ACCESS_LOGGER, REQUEST_ID, SERVER_LOGGER, log_fields
+from proxy.server.log_formats import REQUEST_ID
+from proxy.server.logging import ACCESS_LOGGER, SERVER_LOGGER, log_fields
 from proxy.server.record import RequestRecord
 from proxy.server.relay import abort
 from proxy.server.routes import RouteKind, route_kind

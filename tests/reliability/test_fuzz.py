@@ -30,7 +30,7 @@ from proxy.formats.chat_completions.request import ChatRequest
 from proxy.pipeline.requests import InvalidRequest
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server import create_app
-from proxy.server.logging import JsonFormatter
+from proxy.server.log_formats import JsonFormatter
 from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.support.examples import examples
 

@@ -29,7 +29,8 @@ from proxy.engine import CompactionChain, Strategy, Transcript
 from proxy.engine.plan import EditPlan
 from proxy.pipeline.service import CompactionPipeline
 from proxy.server.auth import key_matches
-from proxy.server.logging import ACCESS_LOGGER, JsonFormatter, TextFormatter, logfmt_value
+from proxy.server.log_formats import JsonFormatter, TextFormatter, logfmt_value
+from proxy.server.logging import ACCESS_LOGGER
 from proxy.simulator.openai_upstream import OpenAIUpstream
 from tests.reliability.conftest import MODEL, MakeProxy, Proxy, chat_body, openai_error, post_chat
 
