@@ -53,7 +53,6 @@ from proxy.server.relay import (
     finish,
     pump,
     relay_as_it_came,
-    start_response,
     write,
 )
 from proxy.server.routing import take_route
@@ -219,7 +218,7 @@ async def _forward_planned(
             outcome = outcome_from_body(reply.wire, response.status, error if whole else None, encoding)
             retry = await complete(request, plan, outcome)
             if retry is None:
-                return await _relay_buffered(request, response, plan, error)
+                return await relay_as_it_came(request, response, error, extra_headers=plan.response_headers)
     record = request[RECORD]
     record.retried = True
     record.decided(retry.response_headers)
@@ -253,22 +252,6 @@ def _relay_answer(
     send = partial(_send, request, target, plain=True, header_values=plan.header_values)
     relay = _relay_as_it_arrives
     return answer_reads(request, response, plan, held, reply, send=send, relay=relay, complete=complete)
-
-
-async def _relay_buffered(
-    request: web.Request, response: aiohttp.ClientResponse, plan: ForwardPlan, head: bytes
-) -> web.StreamResponse:
-    """Relay an answer whose first bytes were already read: those, then whatever is left.
-
-    An answer all of which has arrived goes in one write (`answer_whole`).
-    """
-    whole = arrived_whole(response, head)
-    if whole is not None:
-        return await answer_whole(request, response, whole, extra_headers=plan.response_headers)
-    out = await start_response(request, response, extra_headers=plan.response_headers)
-    if await write(request, out, head) and await pump(request, out, response):
-        await finish(request, out)
-    return out
 
 
 async def _relay_as_it_arrives(

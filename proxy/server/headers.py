@@ -48,20 +48,17 @@ def connection_listed(headers: Headers) -> set[str]:
 
 
 NAMES_REMEMBERED: Final = 1024
-"""Header names (as spelled) whose verdict `_end_to_end` remembers per set of drops; any others are judged anew."""
+"""Header names (as spelled, with a set of drops) whose verdict `_passes` remembers, the least recently used
+forgotten first."""
 
 
-@lru_cache(maxsize=16)
-def _verdicts(drop: frozenset[str]) -> dict[str, bool]:
-    """Whether each header name seen so far passes `drop` (`_passes`), by its exact spelling.
-
-    The same few names come with every request: a lookup costs less than lower-casing and testing each anew.
-    """
-    return {}
-
-
+@lru_cache(maxsize=NAMES_REMEMBERED)
 def _passes(name: str, drop: frozenset[str]) -> bool:
-    """Whether a header named `name` is neither in `drop` (lower case) nor a `Proxy-*` header."""
+    """Whether a header named `name` is neither in `drop` (lower case) nor a `Proxy-*` header.
+
+    Remembered by the name's exact spelling: the same few names come with every request, and a lookup costs less
+    than lower-casing and testing each anew.
+    """
     lower = name.lower()
     return lower not in drop and not lower.startswith("proxy-")
 
@@ -69,16 +66,10 @@ def _passes(name: str, drop: frozenset[str]) -> bool:
 def _end_to_end(headers: Headers, drop: frozenset[str]) -> CIMultiDict[str]:
     """`headers` without `Proxy-*`, what `Connection` lists and the names in `drop` (lower case, hop-by-hop too)."""
     listed = connection_listed(headers) if "Connection" in headers else None
-    verdicts = _verdicts(drop)
     kept: CIMultiDict[str] = CIMultiDict()
     add = kept.add
     for name, value in headers.items():
-        passes = verdicts.get(name)
-        if passes is None:
-            passes = _passes(name, drop)
-            if len(verdicts) < NAMES_REMEMBERED:
-                verdicts[name] = passes
-        if passes and (listed is None or name.lower() not in listed):
+        if _passes(name, drop) and (listed is None or name.lower() not in listed):
             add(name, value)
     return kept
 

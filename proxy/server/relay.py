@@ -57,14 +57,21 @@ async def answer_whole(
 
 
 async def relay_as_it_came(
-    request: web.Request, response: aiohttp.ClientResponse, *, extra_headers: dict[str, str] | None = None
+    request: web.Request,
+    response: aiohttp.ClientResponse,
+    head: bytes = b"",
+    *,
+    extra_headers: dict[str, str] | None = None,
 ) -> web.StreamResponse:
-    """Relay the answer unchanged: in one write when it arrived whole with its head, else as it arrives."""
-    whole = arrived_whole(response)
+    """Relay the answer unchanged: in one write when it arrived whole with its head, else as it arrives.
+
+    :param head: The body's first bytes, when they were read already: they go first.
+    """
+    whole = arrived_whole(response, head)
     if whole is not None:
         return await answer_whole(request, response, whole, extra_headers=extra_headers)
     out = await start_response(request, response, extra_headers=extra_headers)
-    if await pump(request, out, response):
+    if (not head or await write(request, out, head)) and await pump(request, out, response):
         await finish(request, out)
     return out
 
@@ -145,8 +152,7 @@ async def pump(
 ) -> bool:
     """Copy the upstream body to the client chunk by chunk, never holding more than one chunk.
 
-    A streamed answer passes here once per event: a chunk costs its read, its transform and its write, no more (the
-    write is `write`'s, inline).
+    A streamed answer passes here once per event: a chunk costs its read, its transform and its write, no more.
 
     :returns: True when the whole body was relayed; False when the client went away (the upstream response is then
         closed by its context manager) or the upstream broke off (the client connection is then aborted).
@@ -167,13 +173,8 @@ async def pump(
         if not chunk:
             return True
         data = transform(chunk) if transform is not None else chunk
-        if data:
-            try:
-                await out.write(data)
-            except ConnectionError:
-                record.client_disconnected = True
-                return False
-            record.bytes_out += len(data)
+        if data and not await write(request, out, data):
+            return False
 
 
 async def finish(request: web.Request, out: web.StreamResponse) -> bool:

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from typing import Final
 
 import orjson
@@ -25,7 +26,8 @@ from proxy.pipeline.wire import WireFormat
 from proxy.server.upstream import Upstream
 
 PATHS_REMEMBERED: Final = 256
-"""Paths (with their API) whose route a table without header or model conditions remembers; others are matched anew."""
+"""Paths (with their API) whose route a table without header or model conditions remembers, the least recently used
+forgotten first."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,8 @@ class RouteTable:
         self.reads_models = any(route.settings.models for route in routes)
         """Whether a route names model patterns: only then is a body parsed to choose."""
         by_path_alone = not any(route.settings.models or route.settings.header is not None for route in routes)
-        self._taken: dict[tuple[str, str], Route] | None = {} if by_path_alone else None
-        """The route each path and API took, when nothing else decides (no route names a header or a model)."""
+        self._by_path = lru_cache(maxsize=PATHS_REMEMBERED)(self._first_by_path) if by_path_alone else None
+        """The route of each path and API, remembered when nothing else decides (no route names a header or a model)."""
 
     @classmethod
     def open(cls, settings: Settings) -> RouteTable:
@@ -100,18 +102,13 @@ class RouteTable:
         """
         wire = wire or api_of(method, path, headers)
         api = wire.api if wire is not None else DEFAULT_API
-        taken = self._taken
-        if taken is None:
-            return self._first(path, headers, model, api)
-        route = taken.get((path, api))
-        if route is None:
-            route = self._first(path, headers, model, api)
-            if len(taken) < PATHS_REMEMBERED:
-                taken[path, api] = route
-        return route
-
-    def _first(self, path: str, headers: Mapping[str, str], model: str | None, api: str) -> Route:
+        if self._by_path is not None:
+            return self._by_path(path, api)
         return next(route for route in self.routes if route.takes(path, headers, model, api))
+
+    def _first_by_path(self, path: str, api: str) -> Route:
+        """The first route that takes a request to `path` of `api`, for routes that name no header and no model."""
+        return next(route for route in self.routes if route.takes(path, {}, None, api))
 
     async def choose_for_body(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, wire: WireFormat | None = None

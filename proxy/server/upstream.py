@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import lru_cache
 from typing import Any, Final, Literal
 
 import aiohttp
@@ -84,7 +85,7 @@ WEBSOCKET_CLOSE_WAIT: Final = 10.0
 """Seconds a WebSocket peer has to answer the closing handshake before its connection is dropped."""
 
 URLS_REMEMBERED: Final = 256
-"""Upstream URLs (by raw path and query) an `Upstream` keeps built; others are built for each request."""
+"""Upstream URLs (by raw path and query) an `Upstream` keeps built, the least recently used forgotten first."""
 
 DETAIL_LIMIT = 200
 """Longest operating-system error text logged with a failed connection."""
@@ -156,7 +157,7 @@ class Upstream:
         self._watches: dict[aiohttp.ClientResponse, IdleWatch] = {}
         """The idle timeout of each answer being read, from its first read to its close (an answer that arrived
         whole with its head is never waited for, and needs none)."""
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._url_for = lru_cache(maxsize=URLS_REMEMBERED)(self._build_url)
         self.unreachable: str | None = None
         """Why the last request could not connect to the upstream (connection refused, DNS lookup failed, ...), or
         None once one did: `/readyz` reports it."""
@@ -172,12 +173,7 @@ class Upstream:
         The URLs of the paths most requests take are built once (`URLS_REMEMBERED`): the same `URL` object each time
         also keeps what the client works out from it (host, port, origin), which yarl caches on the object.
         """
-        url = self._urls.get((raw_path, raw_query))
-        if url is None:
-            url = self._build_url(raw_path, raw_query)
-            if len(self._urls) < URLS_REMEMBERED:
-                self._urls[raw_path, raw_query] = url
-        return url
+        return self._url_for(raw_path, raw_query)
 
     def _build_url(self, raw_path: str, raw_query: str) -> URL:
         base_path = self.base.raw_path.rstrip("/")
